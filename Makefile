@@ -1,0 +1,34 @@
+# `make train` and `make test` build .venv on first use, with the fbgemm variant that fits this machine.
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# cuda when a GPU is visible to nvidia-smi, cpu otherwise; override with `make VARIANT=cpu ...`.
+VARIANT ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+STAMP := $(VENV)/.installed-$(VARIANT)
+PYTEST_ARGS ?=
+
+.PHONY: train test lint format clean
+
+$(STAMP): pyproject.toml requirements/*.txt
+	rm -rf $(VENV)
+	python3 -m venv $(VENV)
+	$(PIP) install --quiet -r requirements/base.txt -r requirements/$(VARIANT).txt -r requirements/dev.txt
+	$(PIP) install --quiet --no-deps -r requirements/torchrec.txt
+	$(PIP) install --quiet --no-deps -e .
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(VENV)/bin/fae-torchrec profile --data synthetic --num-samples 2000000 --sample 0.05 \
+		--budget 256MiB --out runs/profile/stats.npz
+
+test: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,150 @@
+"""What a profile found: per-table access counts of the sampled inputs, and a holdout of unseen inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from fae_torchrec.hot_set import HotSet
+from fae_torchrec.ranking import RowRanking
+from fae_torchrec.tables import TableLayout
+
+
+@dataclass(frozen=True)
+class Holdout:
+    """Inputs left out of the sample: the global rows of each, concatenated (``lengths`` per input).
+
+    A global row is ``table offset + id``, tables in order, so one array serves all tables.
+    """
+
+    rows: np.ndarray
+    lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def owners(self) -> np.ndarray:
+        """The holdout input of each row."""
+        return np.repeat(np.arange(len(self.lengths)), self.lengths)
+
+
+@dataclass(frozen=True)
+class AccessStats:
+    """Access counts per row of each table, from ``num_sampled`` of ``num_inputs`` inputs."""
+
+    tables: tuple[EmbeddingBagConfig, ...]
+    counts: tuple[np.ndarray, ...]
+    num_inputs: int
+    num_sampled: int
+    holdout: Holdout
+
+    def __post_init__(self) -> None:
+        if len(self.counts) != len(self.tables):
+            raise ValueError(f"{len(self.counts)} count arrays for {len(self.tables)} tables")
+        for config, counts in zip(self.tables, self.counts, strict=True):
+            if counts.shape != (config.num_embeddings,):
+                raise ValueError(
+                    f"table {config.name}: counts of shape {counts.shape}, "
+                    f"expected ({config.num_embeddings},)"
+                )
+
+    @cached_property
+    def layout(self) -> TableLayout:
+        return TableLayout(self.tables)
+
+    @property
+    def sample_fraction(self) -> float:
+        return self.num_sampled / self.num_inputs
+
+    @cached_property
+    def row_offsets(self) -> np.ndarray:
+        """Global row of each table's row 0 (and the total as the last entry)."""
+        return np.concatenate([[0], np.cumsum(self.layout.num_rows)])
+
+    def ranking(self, optimizer_class: type[torch.optim.Optimizer] | None = None) -> RowRanking:
+        """All sampled rows ranked together, with row costs for ``optimizer_class``."""
+        return RowRanking(self, optimizer_class)
+
+    def hot_set(
+        self, budget_bytes: int, optimizer_class: type[torch.optim.Optimizer] | None = None
+    ) -> HotSet:
+        """FAE's hot set: the most accessed rows of all tables that fit ``budget_bytes``.
+
+        A row costs its weights plus its ``optimizer_class`` state (TorchRec's accounting). A budget
+        of 0 gives no hot row; a budget that holds every table makes every row hot; below that, a row
+        never seen in the sample is never hot.
+        """
+        return self.ranking(optimizer_class).hot_set(budget_bytes)
+
+    def hot_set_by_share(self, threshold: float = 0.001) -> HotSet:
+        """The per-table alternative: rows with at least ``threshold`` of their table's accesses."""
+        return self.ranking().hot_set_by_share(threshold)
+
+    def table_accesses(self) -> np.ndarray:
+        """Sampled accesses per table."""
+        return np.array([c.sum() for c in self.counts], dtype=np.int64)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write everything to one ``.npz`` (tables as JSON, counts, holdout)."""
+        np.savez_compressed(
+            path,
+            tables=np.array(json.dumps(self.layout.describe())),
+            num_inputs=self.num_inputs,
+            num_sampled=self.num_sampled,
+            holdout_rows=self.holdout.rows,
+            holdout_lengths=self.holdout.lengths,
+            **{f"counts_{i}": c for i, c in enumerate(self.counts)},
+        )
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike, tables: list[EmbeddingBagConfig] | None = None
+    ) -> AccessStats:
+        """Read a ``.npz`` written by :meth:`save`.
+
+        With ``tables``, raise ``ValueError`` unless the file describes exactly those tables (names,
+        rows, dims and features, in order); the stats are then tied to these config objects.
+        """
+        with np.load(path) as data:
+            described = [
+                (name, rows, dim, tuple(features))
+                for name, rows, dim, features in json.loads(str(data["tables"]))
+            ]
+            if tables is None:
+                tables = [
+                    EmbeddingBagConfig(
+                        name=name, num_embeddings=rows, embedding_dim=dim, feature_names=list(f)
+                    )
+                    for name, rows, dim, f in described
+                ]
+            else:
+                _check_same_tables(path, described, TableLayout.of(tables).describe())
+            return cls(
+                tables=tuple(tables),
+                counts=tuple(data[f"counts_{i}"] for i in range(len(described))),
+                num_inputs=int(data["num_inputs"]),
+                num_sampled=int(data["num_sampled"]),
+                holdout=Holdout(rows=data["holdout_rows"], lengths=data["holdout_lengths"]),
+            )
+
+
+def _check_same_tables(path: str | os.PathLike, in_file: list, in_model: list) -> None:
+    """Raise, naming the first table that differs, unless both describe the same tables."""
+    if in_file == in_model:
+        return
+    for index, (a, b) in enumerate(zip(in_file, in_model, strict=False)):
+        if a != b:
+            raise ValueError(
+                f"{path}: statistics are for other tables: table #{index} is "
+                f"(name, rows, dim, features)={a} in the file but {b} in the model"
+            )
+    raise ValueError(
+        f"{path}: statistics are for other tables: the file has {len(in_file)} tables, "
+        f"the model {len(in_model)}"
+    )

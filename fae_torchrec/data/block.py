@@ -1,0 +1,88 @@
+"""Numpy rows of Criteo-format inputs, re-batched to any size and turned into TorchRec ``Batch``es."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+
+@dataclass(frozen=True)
+class SampleBlock:
+    """``n`` inputs: dense features, ids and labels, input-major.
+
+    ``ids`` has ``sum(ids_per_feature)`` columns; feature ``f`` owns ``ids_per_feature[f]`` of them,
+    in feature order (one column per feature for single-hot data).
+    """
+
+    dense: np.ndarray
+    ids: np.ndarray
+    labels: np.ndarray
+    ids_per_feature: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def slice(self, start: int, stop: int) -> SampleBlock:
+        return SampleBlock(
+            self.dense[start:stop], self.ids[start:stop], self.labels[start:stop], self.ids_per_feature
+        )
+
+    @staticmethod
+    def concat(blocks: Sequence[SampleBlock]) -> SampleBlock:
+        if len(blocks) == 1:
+            return blocks[0]
+        return SampleBlock(
+            np.concatenate([b.dense for b in blocks]),
+            np.concatenate([b.ids for b in blocks]),
+            np.concatenate([b.labels for b in blocks]),
+            blocks[0].ids_per_feature,
+        )
+
+    def to_batch(self, keys: Sequence[str]) -> Batch:
+        """A TorchRec ``Batch`` whose ``KeyedJaggedTensor`` has one key per feature, in order."""
+        n = len(self)
+        counts = np.asarray(self.ids_per_feature)
+        if np.all(counts == 1):
+            values = np.ascontiguousarray(self.ids.T).reshape(-1)
+        else:
+            bounds = np.concatenate([[0], np.cumsum(counts)])
+            values = np.concatenate(
+                [self.ids[:, bounds[f] : bounds[f + 1]].reshape(-1) for f in range(len(counts))]
+            )
+        return Batch(
+            dense_features=torch.from_numpy(self.dense),
+            sparse_features=KeyedJaggedTensor(
+                keys=list(keys),
+                values=torch.from_numpy(values),
+                lengths=torch.from_numpy(np.repeat(counts, n).astype(np.int32)),
+                stride=n,
+                length_per_key=(counts * n).tolist(),
+            ),
+            labels=torch.from_numpy(self.labels),
+        )
+
+
+def rebatch(blocks: Iterable[SampleBlock], batch_size: int) -> Iterator[SampleBlock]:
+    """Cut a stream of blocks into blocks of ``batch_size`` inputs; the last one may be smaller."""
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    pending: list[SampleBlock] = []
+    held = 0
+    for block in blocks:
+        pending.append(block)
+        held += len(block)
+        if held < batch_size:
+            continue
+        merged = SampleBlock.concat(pending)
+        full = held - held % batch_size
+        for start in range(0, full, batch_size):
+            yield merged.slice(start, start + batch_size)
+        pending = [merged.slice(full, held)] if full < held else []
+        held -= full
+    if held:
+        yield SampleBlock.concat(pending)

@@ -1,0 +1,85 @@
+"""Streaming reader of the binary Criteo layout written by TorchRec's ``BinaryCriteoUtils.tsv_to_npys``.
+
+A day (or file) ``PREFIX`` is three arrays: ``PREFIX_dense.npy`` (float32, ``(n, 13)``, already
+log-transformed by TorchRec), ``PREFIX_sparse.npy`` (``(n, 26)`` raw categorical values) and
+``PREFIX_labels.npy`` (int32, ``(n, 1)``). They are memory-mapped and read a chunk at a time; raw
+categorical values become rows modulo the table sizes, as in TorchRec's
+``InMemoryBinaryCriteoIterDataPipe``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+from torchrec.datasets.utils import Batch
+
+from fae_torchrec.data.block import SampleBlock, rebatch
+from fae_torchrec.data.criteo import (
+    CAT_FEATURE_COUNT,
+    DEFAULT_CAT_NAMES,
+    INT_FEATURE_COUNT,
+    KAGGLE_TABLE_SIZES,
+    single_hot_block,
+)
+
+
+def npy_paths(prefix: str | os.PathLike) -> tuple[str, str, str]:
+    """The dense, sparse and labels files of ``prefix``, named as TorchRec names them."""
+    prefix = os.fspath(prefix)
+    return f"{prefix}_dense.npy", f"{prefix}_sparse.npy", f"{prefix}_labels.npy"
+
+
+class CriteoNpyReader:
+    """Streams ``Batch``es from one or more ``tsv_to_npys`` outputs, given by their prefixes."""
+
+    def __init__(
+        self,
+        prefixes: str | os.PathLike | Sequence[str | os.PathLike],
+        batch_size: int = 2048,
+        table_sizes: Sequence[int] = KAGGLE_TABLE_SIZES,
+        chunk_rows: int = 1 << 16,
+    ) -> None:
+        self.prefixes = [prefixes] if isinstance(prefixes, str | os.PathLike) else list(prefixes)
+        self.batch_size = batch_size
+        self.table_sizes = tuple(table_sizes)
+        if len(self.table_sizes) != CAT_FEATURE_COUNT:
+            raise ValueError(f"expected {CAT_FEATURE_COUNT} table sizes, got {len(table_sizes)}")
+        self.chunk_rows = chunk_rows
+        self._arrays = [_open(prefix) for prefix in self.prefixes]
+
+    @property
+    def num_samples(self) -> int:
+        return sum(len(labels) for _, _, labels in self._arrays)
+
+    def raw_blocks(self) -> Iterator[SampleBlock]:
+        for (dense, sparse, labels), prefix in zip(self._arrays, self.prefixes, strict=True):
+            for start in range(0, len(labels), self.chunk_rows):
+                rows = slice(start, start + self.chunk_rows)
+                raw = np.asarray(sparse[rows], dtype=np.int64)
+                if (raw < 0).any():
+                    row = start + int(np.argwhere(raw < 0)[0][0])
+                    raise ValueError(f"{npy_paths(prefix)[1]}: row {row} has a negative value")
+                yield single_hot_block(dense[rows], raw, labels[rows], self.table_sizes)
+
+    def blocks(self) -> Iterator[SampleBlock]:
+        return rebatch(self.raw_blocks(), self.batch_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return (block.to_batch(DEFAULT_CAT_NAMES) for block in self.blocks())
+
+
+def _open(prefix: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    paths = npy_paths(prefix)
+    for path in paths:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: missing (expected {', '.join(paths)})")
+    dense, sparse, labels = (np.load(path, mmap_mode="r") for path in paths)
+    expected = ((INT_FEATURE_COUNT,), (CAT_FEATURE_COUNT,), (1,))
+    for path, array, columns in zip(paths, (dense, sparse, labels), expected, strict=True):
+        if array.ndim != 2 or array.shape[1:] != columns or len(array) != len(labels):
+            raise ValueError(
+                f"{path}: shape {array.shape}, expected ({len(labels)}, {columns[0]})"
+            )
+    return dense, sparse, labels

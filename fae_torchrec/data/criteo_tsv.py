@@ -1,0 +1,206 @@
+"""Streaming reader of Criteo raw TSV files (Kaggle ``train.txt``/``test.txt``, Terabyte ``day_N``).
+
+A line holds an optional label, 13 integer fields and 26 categorical fields of 8 hex digits, separated
+by tabs. Files with 40 fields per line are labelled; files with 39 (Kaggle ``test.txt``) get label -1,
+as TorchRec's ``BinaryCriteoUtils.tsv_to_npys`` gives them. As in that function, an empty field reads as
+0: an empty categorical field is hex ``0`` and so row 0 of its table; an empty integer field is 0.
+Categorical values become rows modulo the table size (TorchRec's hashing). Integer ``x`` becomes the
+dense value ``sign(x) * log(1 + |x|)``, which keeps Criteo's few negative values instead of clipping them.
+
+Lines are parsed chunk by chunk with numpy over the raw bytes (no per-line Python work); any malformed
+line raises ``ValueError`` naming the file, the line number and the field.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+from torchrec.datasets.utils import Batch
+
+from fae_torchrec.data.block import SampleBlock, rebatch
+from fae_torchrec.data.criteo import (
+    CAT_FEATURE_COUNT,
+    DEFAULT_CAT_NAMES,
+    INT_FEATURE_COUNT,
+    KAGGLE_TABLE_SIZES,
+    single_hot_block,
+)
+
+_TAB, _NEWLINE, _MINUS = 9, 10, 45
+_HEX = np.full(256, 255, dtype=np.uint8)
+_HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
+_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16)
+_HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
+_HEX_DIGITS = 8
+
+
+class CriteoTsvReader:
+    """Streams ``Batch``es from Criteo TSV files.
+
+    Args:
+        paths: one file or several, read in order.
+        batch_size: inputs per ``Batch`` (the last one may be smaller).
+        table_sizes: rows per categorical feature; ids are hashed modulo these.
+        chunk_bytes: bytes parsed at a time (memory stays bounded by a few times this).
+    """
+
+    def __init__(
+        self,
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        batch_size: int = 2048,
+        table_sizes: Sequence[int] = KAGGLE_TABLE_SIZES,
+        chunk_bytes: int = 1 << 24,
+    ) -> None:
+        self.paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+        self.batch_size = batch_size
+        self.table_sizes = tuple(table_sizes)
+        if len(self.table_sizes) != CAT_FEATURE_COUNT:
+            raise ValueError(f"expected {CAT_FEATURE_COUNT} table sizes, got {len(table_sizes)}")
+        self.chunk_bytes = chunk_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(os.path.getsize(p) for p in self.paths)
+
+    def raw_blocks(self) -> Iterator[SampleBlock]:
+        """Blocks as parsed, one per chunk of each file."""
+        for path in self.paths:
+            yield from _read_file(os.fspath(path), self.table_sizes, self.chunk_bytes)
+
+    def blocks(self) -> Iterator[SampleBlock]:
+        return rebatch(self.raw_blocks(), self.batch_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return (block.to_batch(DEFAULT_CAT_NAMES) for block in self.blocks())
+
+
+def _read_file(path: str, table_sizes: Sequence[int], chunk_bytes: int) -> Iterator[SampleBlock]:
+    first_line = 1
+    num_fields = None
+    with open(path, "rb") as f:
+        tail = b""
+        while True:
+            data = f.read(chunk_bytes)
+            if not data and not tail:
+                return
+            text = tail + data
+            end = text.rfind(b"\n") + 1
+            if not data:
+                text, end = text + b"\n", len(text) + 1
+            if end == 0:
+                tail = text
+                continue
+            tail = text[end:]
+            buf = np.frombuffer(text, dtype=np.uint8, count=end)
+            if num_fields is None:
+                num_fields = int(np.count_nonzero(buf[: np.argmax(buf == _NEWLINE)] == _TAB)) + 1
+                if num_fields not in (INT_FEATURE_COUNT + CAT_FEATURE_COUNT + 1, 39):
+                    raise ValueError(
+                        f"{path}:1: expected 40 (labelled) or 39 tab-separated fields, "
+                        f"found {num_fields}"
+                    )
+            block, lines = _parse(buf, num_fields, path, first_line, table_sizes)
+            first_line += lines
+            yield block
+
+
+def _parse(
+    buf: np.ndarray, num_fields: int, path: str, first_line: int, table_sizes: Sequence[int]
+) -> tuple[SampleBlock, int]:
+    """Parse whole lines in ``buf`` (ending with a newline) into a block; return it and the line count."""
+    seps = np.flatnonzero((buf == _TAB) | (buf == _NEWLINE))
+    line_ends = np.flatnonzero(buf[seps] == _NEWLINE)
+    fields_per_line = np.diff(line_ends, prepend=-1)
+    bad = np.flatnonzero(fields_per_line != num_fields)
+    if len(bad):
+        raise ValueError(
+            f"{path}:{first_line + bad[0]}: expected {num_fields} tab-separated fields, "
+            f"found {fields_per_line[bad[0]]}"
+        )
+    n = len(line_ends)
+    starts = np.concatenate([[0], seps[:-1] + 1]).reshape(n, num_fields)
+    lengths = seps.reshape(n, num_fields) - starts
+    labelled = num_fields == INT_FEATURE_COUNT + CAT_FEATURE_COUNT + 1
+    first_int = 1 if labelled else 0
+    first_cat = first_int + INT_FEATURE_COUNT
+    where = _Where(path, first_line, first_int)
+    if labelled:
+        labels = _parse_ints(buf, starts[:, :1], lengths[:, :1], where, "label")[:, 0]
+        bad = np.flatnonzero((labels != 0) & (labels != 1))
+        if len(bad):
+            raise ValueError(f"{where.line(bad[0])}: label must be 0 or 1, got {labels[bad[0]]}")
+    else:
+        labels = np.full(n, -1, dtype=np.int64)
+    ints = _parse_ints(
+        buf, starts[:, first_int:first_cat], lengths[:, first_int:first_cat], where, "I"
+    )
+    dense = np.sign(ints) * np.log1p(np.abs(ints))
+    cats = _parse_hex(buf, starts[:, first_cat:], lengths[:, first_cat:], where)
+    return single_hot_block(dense, cats, labels, table_sizes), n
+
+
+class _Where:
+    """Names a line and a field for error messages."""
+
+    def __init__(self, path: str, first_line: int, first_int: int) -> None:
+        self.path, self.first_line, self.first_int = path, first_line, first_int
+
+    def line(self, row: int) -> str:
+        return f"{self.path}:{self.first_line + int(row)}"
+
+    def field(self, row: int, name: str, buf: np.ndarray, start: int, length: int) -> str:
+        text = bytes(buf[start : start + length]).decode("latin-1")
+        return f"{self.line(row)}: field {name} {text!r}"
+
+
+def _gather(buf: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+    """Bytes ``starts + 0..width-1`` (clipped to the buffer), shape ``starts.shape + (width,)``."""
+    index = np.minimum(starts[..., None] + np.arange(width), len(buf) - 1)
+    return buf[index]
+
+
+def _parse_ints(
+    buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, where: _Where, prefix: str
+) -> np.ndarray:
+    """Decimal integers with an optional leading minus; empty fields are 0."""
+    width = max(int(lengths.max(initial=0)), 1)
+    chars = _gather(buf, starts, width)
+    present = np.arange(width) < lengths[..., None]
+    negative = (chars[..., 0] == _MINUS) & (lengths > 0)
+    digits = chars.astype(np.int64) - ord("0")
+    is_digit = (digits >= 0) & (digits <= 9)
+    sign_position = np.zeros_like(present)
+    sign_position[..., 0] = negative
+    bad = present & ~is_digit & ~sign_position | (negative & (lengths == 1))[..., None]
+    if bad.any():
+        row, col = np.argwhere(bad.any(axis=-1))[0]
+        name = prefix if prefix == "label" else f"{prefix}{col + 1}"
+        raise ValueError(
+            f"{where.field(row, name, buf, starts[row, col], lengths[row, col])} "
+            "is not an integer"
+        )
+    value = np.zeros(starts.shape, dtype=np.int64)
+    for k in range(width):
+        use = present[..., k] & ~sign_position[..., k]
+        value = np.where(use, value * 10 + digits[..., k], value)
+    return np.where(negative, -value, value)
+
+
+def _parse_hex(
+    buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, where: _Where
+) -> np.ndarray:
+    """8-digit hex categories; empty fields are 0."""
+    nibbles = _HEX[_gather(buf, starts, _HEX_DIGITS)]
+    full = lengths == _HEX_DIGITS
+    bad = ~(full | (lengths == 0)) | (full & (nibbles == 255).any(axis=-1))
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        raise ValueError(
+            f"{where.field(row, f'C{col + 1}', buf, starts[row, col], lengths[row, col])} "
+            "is not 8 hex digits"
+        )
+    shifts = np.arange(4 * (_HEX_DIGITS - 1), -1, -4, dtype=np.int64)
+    value = (nibbles.astype(np.int64) << shifts).sum(axis=-1)
+    return np.where(full, value, 0)

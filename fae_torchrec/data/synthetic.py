@@ -1,0 +1,185 @@
+"""Synthetic Criteo-like data: skewed ids, learnable labels, deterministic by seed, made chunk by chunk.
+
+Each table draws row *ranks* from a truncated power law (rank ``r`` has weight ``(r + 1) ** -a``) and
+maps ranks to ids through a random affine permutation ``id = (A * r + B) mod N`` with ``gcd(A, N) = 1``,
+so the hot rows are spread over the table rather than being the small ids. Labels come from a planted
+logistic model: a linear function of the dense features plus, per feature, a fixed pseudo-random effect
+of each row (a hash of table and id, so it costs no memory). Data are generated in fixed chunks, each
+from its own seed ``(seed, chunk)``, so the samples do not depend on the batch size and memory does not
+grow with the number of samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from torchrec.datasets.utils import Batch
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from fae_torchrec.data.block import SampleBlock, rebatch
+from fae_torchrec.data.criteo import (
+    CAT_FEATURE_COUNT,
+    DEFAULT_CAT_NAMES,
+    INT_FEATURE_COUNT,
+    criteo_table_configs,
+    scaled_table_sizes,
+)
+
+#: Power-law exponent of every table's popularity; gives Criteo-like skew (see the README).
+DEFAULT_EXPONENT = 1.05
+#: Chance that an id takes its input's shared popularity quantile (see the module docstring).
+DEFAULT_CORRELATION = 0.85
+#: Samples per generated chunk: the unit of determinism.
+CHUNK_SIZE = 1 << 16
+
+_SPLITMIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def _row_effect(ids: np.ndarray, salt: int) -> np.ndarray:
+    """A fixed pseudo-random value in [-1, 1) per (table, id): splitmix64 of ``id + salt``."""
+    x = ids.astype(np.uint64) + np.uint64(salt)
+    x *= np.uint64(_SPLITMIX[0])
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(_SPLITMIX[1])
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(_SPLITMIX[2])
+    x ^= x >> np.uint64(31)
+    return (x >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-23) - np.float32(1.0)
+
+
+def _power_law_ranks(u: np.ndarray, num_rows: int, exponent: float) -> np.ndarray:
+    """Inverse CDF of the continuous power law on [1, N + 1), floored to ranks 0..N-1."""
+    if math.isclose(exponent, 1.0):
+        x = np.exp(u * math.log(num_rows + 1.0))
+    else:
+        top = (num_rows + 1.0) ** (1.0 - exponent) - 1.0
+        x = (1.0 + u * top) ** (1.0 / (1.0 - exponent))
+    return np.minimum(x.astype(np.int64) - 1, num_rows - 1)
+
+
+@dataclass(frozen=True)
+class _TablePlan:
+    num_rows: int
+    exponent: float
+    multiplier: int
+    offset: int
+    weight: float
+    salt: int
+
+
+class SyntheticCriteo:
+    """An iterable of TorchRec ``Batch``es that behaves like Criteo traffic.
+
+    Args:
+        num_samples: inputs in the data set.
+        batch_size: inputs per ``Batch`` (the last one may be smaller).
+        scale: table sizes are Criteo Kaggle's times ``scale`` (1.0 = full size).
+        seed: the data set; the same seed gives the same samples whatever the batch size.
+        exponent: power-law exponent per table (one value for all, or 26 values).
+        ids_per_feature: ids each input carries per feature (1 = single-hot, as in Criteo; a sequence
+            of 26 counts for multi-hot data as in DLRM-v2).
+        sparse_signal: weight of each feature's row effect in the planted logit.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int = 2048,
+        *,
+        scale: float = 1.0,
+        seed: int = 0,
+        exponent: float | Sequence[float] = DEFAULT_EXPONENT,
+        ids_per_feature: int | Sequence[int] = 1,
+        correlation: float = DEFAULT_CORRELATION,
+        sparse_signal: float = 0.6,
+    ) -> None:
+        if num_samples < 0:
+            raise ValueError(f"num_samples must be non-negative, got {num_samples}")
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.seed = seed
+        self.table_sizes = scaled_table_sizes(scale)
+        exponents = np.broadcast_to(np.asarray(exponent, dtype=np.float64), CAT_FEATURE_COUNT)
+        if np.any(exponents <= 0):
+            raise ValueError(f"exponents must be positive, got {exponent}")
+        counts = np.broadcast_to(np.asarray(ids_per_feature, dtype=np.int64), CAT_FEATURE_COUNT)
+        if np.any(counts <= 0):
+            raise ValueError(f"ids_per_feature must be positive, got {ids_per_feature}")
+        self.ids_per_feature = tuple(int(c) for c in counts)
+        if not 0.0 <= correlation <= 1.0:
+            raise ValueError(f"correlation must be in [0, 1], got {correlation}")
+        self.correlation = correlation
+        rng = np.random.default_rng([seed, 1 << 32])
+        self._dense_weights = rng.normal(0.0, 0.4, INT_FEATURE_COUNT).astype(np.float32)
+        self._dense_mu = rng.uniform(0.0, 3.0, INT_FEATURE_COUNT)
+        self._tables = [
+            _TablePlan(
+                num_rows=n,
+                exponent=float(a),
+                multiplier=_coprime(rng, n),
+                offset=int(rng.integers(n)),
+                weight=sparse_signal,
+                salt=int(rng.integers(1 << 62)),
+            )
+            for n, a in zip(self.table_sizes, exponents, strict=True)
+        ]
+
+    def table_configs(self, embedding_dim: int = 16) -> list[EmbeddingBagConfig]:
+        """TorchRec table configs matching the generated ids."""
+        return criteo_table_configs(self.table_sizes, embedding_dim)
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-self.num_samples // CHUNK_SIZE)
+
+    def chunk(self, index: int) -> SampleBlock:
+        """Chunk ``index`` of the data set (``CHUNK_SIZE`` inputs; the last may be shorter)."""
+        if not 0 <= index < self.num_chunks:
+            raise IndexError(f"chunk {index} out of range [0, {self.num_chunks})")
+        n = min(CHUNK_SIZE, self.num_samples - index * CHUNK_SIZE)
+        rng = np.random.default_rng([self.seed, index])
+        raw = np.floor(np.exp(self._dense_mu + 1.5 * rng.standard_normal((n, INT_FEATURE_COUNT))))
+        dense = np.log1p(raw).astype(np.float32)
+        logit = (dense - np.float32(2.0)) @ self._dense_weights - np.float32(1.3)
+        bounds = np.concatenate([[0], np.cumsum(self.ids_per_feature)])
+        ids = np.empty((n, bounds[-1]), dtype=np.int64)
+        uniform = rng.random((n, bounds[-1]))
+        shared = rng.random((n, bounds[-1])) < self.correlation
+        uniform[shared] = np.broadcast_to(rng.random((n, 1)), uniform.shape)[shared]
+        for f, plan in enumerate(self._tables):
+            cols = slice(bounds[f], bounds[f + 1])
+            ranks = _power_law_ranks(uniform[:, cols], plan.num_rows, plan.exponent)
+            ids[:, cols] = (ranks * plan.multiplier + plan.offset) % plan.num_rows
+            logit += np.float32(plan.weight) * _row_effect(ids[:, cols], plan.salt).mean(axis=1)
+        labels = rng.random(n, dtype=np.float32) < 1.0 / (1.0 + np.exp(-logit))
+        return SampleBlock(
+            dense=dense,
+            ids=ids,
+            labels=labels.astype(np.int32),
+            ids_per_feature=self.ids_per_feature,
+        )
+
+    def blocks(self) -> Iterator[SampleBlock]:
+        """The data set as blocks of ``batch_size`` inputs."""
+        return rebatch((self.chunk(i) for i in range(self.num_chunks)), self.batch_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return (block.to_batch(DEFAULT_CAT_NAMES) for block in self.blocks())
+
+    def __len__(self) -> int:
+        return -(-self.num_samples // self.batch_size)
+
+
+def _coprime(rng: np.random.Generator, n: int) -> int:
+    """A random multiplier in [1, n) coprime with ``n`` (1 for n <= 2)."""
+    if n <= 2:
+        return 1
+    while True:
+        candidate = int(rng.integers(1, n))
+        if math.gcd(candidate, n) == 1:
+            return candidate

@@ -1,0 +1,108 @@
+"""The hot rows of each table, with vectorised lookups: is an id hot, where does it live, is an input hot."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from fae_torchrec.feature_ids import BatchLike, FeatureIds
+from fae_torchrec.tables import TableLayout
+
+
+@dataclass(frozen=True)
+class HotSet:
+    """Per table (in ``tables`` order) the sorted ids of its hot rows.
+
+    Every row is in exactly one part: hot rows get hot ids ``0..H-1`` and cold rows cold ids
+    ``0..C-1``, both in the order of the original ids.
+    """
+
+    tables: tuple[EmbeddingBagConfig, ...]
+    hot_ids: tuple[np.ndarray, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.hot_ids) != len(self.tables):
+            raise ValueError(f"{len(self.hot_ids)} hot id arrays for {len(self.tables)} tables")
+        for config, ids in zip(self.tables, self.hot_ids, strict=True):
+            if ids.ndim != 1 or (len(ids) and (ids[0] < 0 or ids[-1] >= config.num_embeddings)):
+                raise ValueError(f"table {config.name}: hot ids outside [0, {config.num_embeddings})")
+            if np.any(np.diff(ids) <= 0):
+                raise ValueError(f"table {config.name}: hot ids must be sorted and unique")
+
+    @classmethod
+    def empty(cls, tables: Sequence[EmbeddingBagConfig]) -> HotSet:
+        return cls(tuple(tables), tuple(np.empty(0, dtype=np.int64) for _ in tables))
+
+    @classmethod
+    def everything(cls, tables: Sequence[EmbeddingBagConfig]) -> HotSet:
+        return cls(tuple(tables), tuple(np.arange(t.num_embeddings) for t in tables))
+
+    @cached_property
+    def layout(self) -> TableLayout:
+        return TableLayout(self.tables)
+
+    @property
+    def num_hot(self) -> dict[str, int]:
+        """Hot rows per table name."""
+        return {c.name: len(ids) for c, ids in zip(self.tables, self.hot_ids, strict=True)}
+
+    @property
+    def total_hot(self) -> int:
+        return sum(len(ids) for ids in self.hot_ids)
+
+    def hot_bytes(self, optimizer_class: type[torch.optim.Optimizer] | None = None) -> int:
+        """Bytes of all hot rows, optimizer state included."""
+        sizes = np.array([len(ids) for ids in self.hot_ids], dtype=np.int64)
+        return int(sizes @ self.layout.row_bytes(optimizer_class))
+
+    @cached_property
+    def _masks(self) -> list[np.ndarray]:
+        masks = []
+        for config, ids in zip(self.tables, self.hot_ids, strict=True):
+            mask = np.zeros(config.num_embeddings, dtype=bool)
+            mask[ids] = True
+            masks.append(mask)
+        return masks
+
+    @cached_property
+    def _new_ids(self) -> list[np.ndarray]:
+        return [
+            np.where(mask, np.cumsum(mask) - 1, np.cumsum(~mask) - 1) for mask in self._masks
+        ]
+
+    def hot_mask(self, table: str | int) -> np.ndarray:
+        """Boolean mask over all rows of ``table`` (name or index): True where the row is hot."""
+        return self._masks[self._index(table)]
+
+    def remap(self, table: str | int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For original ``ids`` of ``table``: whether each is hot, and its id in its part."""
+        index = self._index(table)
+        ids = np.asarray(ids)
+        return self._masks[index][ids], self._new_ids[index][ids]
+
+    def is_hot_input(self, data: BatchLike) -> np.ndarray:
+        """Per input of a batch: True when every id it carries, in every feature, is hot.
+
+        Raises ``ValueError`` when the batch's features are not the tables' or an id is out of range.
+        """
+        ids = FeatureIds.of(data)
+        ids.check(self.layout)
+        hot = np.ones(ids.stride, dtype=bool)
+        for key, values in ids.values.items():
+            cold = ~self._masks[self.layout.table_of(key)][values]
+            if cold.any():
+                hot[ids.input_index(key)[cold]] = False
+        return hot
+
+    def _index(self, table: str | int) -> int:
+        if isinstance(table, int):
+            return table
+        names = self.layout.names
+        if table not in names:
+            raise KeyError(f"no table {table!r} in the hot set ({names})")
+        return names.index(table)

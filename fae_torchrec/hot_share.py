@@ -1,0 +1,98 @@
+"""The hot-input share: estimated from a profile's holdout with a 95% interval, or measured on data."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm import tqdm
+
+from fae_torchrec.access_stats import AccessStats
+from fae_torchrec.feature_ids import BatchLike
+from fae_torchrec.hot_set import HotSet
+from fae_torchrec.ranking import RowRanking
+
+_Z95 = 1.959963984540054
+
+
+@dataclass(frozen=True)
+class ShareEstimate:
+    """Share of inputs that are entirely hot, with the bounds of its 95% Wilson score interval."""
+
+    share: float
+    low: float
+    high: float
+    num_inputs: int
+
+    def __str__(self) -> str:
+        return (
+            f"{100 * self.share:.2f}% (95% CI {100 * self.low:.2f}% - {100 * self.high:.2f}%, "
+            f"n={self.num_inputs})"
+        )
+
+
+@dataclass(frozen=True)
+class ShareCurve:
+    """Estimated hot-input share (and 95% bounds) against the hot-row budget in bytes."""
+
+    budgets: np.ndarray
+    share: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+
+
+def wilson_interval(hits: np.ndarray | int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Share ``hits / n`` and its 95% Wilson score bounds (valid near 0 and 1, unlike the normal one)."""
+    p = np.asarray(hits, dtype=np.float64) / n
+    z2n = _Z95**2 / n
+    center = (p + z2n / 2) / (1 + z2n)
+    half = _Z95 * np.sqrt(p * (1 - p) / n + z2n / (4 * n)) / (1 + z2n)
+    return p, np.maximum(center - half, 0.0), np.minimum(center + half, 1.0)
+
+
+def _holdout_size(stats: AccessStats) -> int:
+    if len(stats.holdout) == 0:
+        raise ValueError(
+            "the statistics have no holdout inputs to estimate from "
+            "(sample fraction 1.0, holdout_size=0, or every input was sampled)"
+        )
+    return len(stats.holdout)
+
+
+def estimate_hot_share(stats: AccessStats, hot_set: HotSet) -> ShareEstimate:
+    """Share of inputs outside the sample that ``hot_set`` makes entirely hot, from the holdout."""
+    n = _holdout_size(stats)
+    holdout = stats.holdout
+    tables = np.searchsorted(stats.row_offsets, holdout.rows, side="right") - 1
+    hot_row = np.empty(len(holdout.rows), dtype=bool)
+    for t in range(len(stats.tables)):
+        mine = tables == t
+        hot_row[mine] = hot_set.hot_mask(t)[holdout.rows[mine] - stats.row_offsets[t]]
+    cold_inputs = np.unique(holdout.owners()[~hot_row])
+    share, low, high = wilson_interval(n - len(cold_inputs), n)
+    return ShareEstimate(float(share), float(low), float(high), n)
+
+
+def hot_share_curve(ranking: RowRanking, budgets: np.ndarray) -> ShareCurve:
+    """Estimated hot-input share of FAE's hot set at each budget (one pass over the holdout)."""
+    n = _holdout_size(ranking.stats)
+    budgets = np.asarray(budgets)
+    worst = np.sort(ranking.worst_ranks())
+    num_hot = np.asarray(ranking.num_hot_rows(budgets))
+    hits = np.searchsorted(worst, num_hot, side="left")
+    hits = np.where(budgets >= ranking.total_bytes, n, hits)
+    share, low, high = wilson_interval(hits, n)
+    return ShareCurve(budgets=budgets, share=share, low=low, high=high)
+
+
+def measure_hot_share(hot_set: HotSet, data: Iterable[BatchLike], total: int | None = None) -> float:
+    """The true share of entirely-hot inputs in ``data`` (every input classified)."""
+    hot = seen = 0
+    for batch in tqdm(data, total=total, desc="classifying", unit="batch", leave=False):
+        mask = hot_set.is_hot_input(batch)
+        hot += int(mask.sum())
+        seen += len(mask)
+    if seen == 0:
+        raise ValueError("no inputs to measure the hot-input share on")
+    return hot / seen

@@ -1,0 +1,138 @@
+"""FAE's access profiler: count row accesses per table on a random sample of the inputs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from tqdm import tqdm
+
+from fae_torchrec.access_stats import AccessStats, Holdout
+from fae_torchrec.feature_ids import BatchLike, FeatureIds
+from fae_torchrec.tables import TableLayout
+
+logger = logging.getLogger(__name__)
+
+
+class AccessProfiler:
+    """Streams over batches, counting the accesses of a seeded random sample of inputs.
+
+    Each input is drawn into the sample independently with probability ``sample_fraction``. Of the
+    inputs left out, a uniform random ``holdout_size`` are kept (as their rows only, bounded memory):
+    they estimate, without bias, the share of unseen inputs that a hot set makes entirely hot.
+
+    Args:
+        tables: the embedding tables the inputs look up.
+        sample_fraction: probability that an input is counted (FAE uses 5% for DLRM).
+        seed: seed of the sampling.
+        holdout_size: inputs kept out of the sample for hot-input share estimates (0: none).
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingBagConfig],
+        sample_fraction: float = 0.05,
+        seed: int = 0,
+        holdout_size: int = 100_000,
+    ) -> None:
+        if not 0.0 < sample_fraction <= 1.0:
+            raise ValueError(f"sample_fraction must be in (0, 1], got {sample_fraction}")
+        if holdout_size < 0:
+            raise ValueError(f"holdout_size must be non-negative, got {holdout_size}")
+        self.layout = TableLayout.of(tables)
+        self.sample_fraction = sample_fraction
+        self._rng = np.random.default_rng(seed)
+        self._counts = [np.zeros(n, dtype=np.int64) for n in self.layout.num_rows]
+        self._offsets = np.concatenate([[0], np.cumsum(self.layout.num_rows)])
+        self._holdout = _BottomK(holdout_size)
+        self.num_inputs = 0
+        self.num_sampled = 0
+
+    def update(self, data: BatchLike) -> np.ndarray:
+        """Count the sampled inputs of one batch; return the mask of the inputs that were counted."""
+        ids = FeatureIds.of(data)
+        ids.check(self.layout)
+        draw = self._rng.random(ids.stride)
+        sampled = draw < self.sample_fraction
+        held = self._holdout.wants(draw, ~sampled)
+        rows, owners = [], []
+        for key, values in ids.values.items():
+            table = self.layout.table_of(key)
+            owner = ids.input_index(key)
+            np.add.at(self._counts[table], values[sampled[owner]], 1)
+            if held.any():
+                keep = held[owner]
+                rows.append(values[keep] + self._offsets[table])
+                owners.append(owner[keep])
+        if held.any():
+            self._holdout.add(draw, held, np.concatenate(rows), np.concatenate(owners))
+        self.num_inputs += ids.stride
+        self.num_sampled += int(sampled.sum())
+        return sampled
+
+    def profile(self, batches: Iterable[BatchLike], total: int | None = None) -> AccessStats:
+        """Update with every batch (with a progress bar over ``total`` batches) and return the stats."""
+        for batch in tqdm(batches, total=total, desc="profiling", unit="batch", leave=False):
+            self.update(batch)
+        return self.stats()
+
+    def stats(self) -> AccessStats:
+        """The statistics so far. Raises ``ValueError`` when no input was sampled."""
+        if self.num_sampled == 0:
+            raise ValueError(
+                f"no input was sampled: {self.num_inputs} inputs seen at sample fraction "
+                f"{self.sample_fraction} (empty data, or too few inputs for this fraction)"
+            )
+        logger.info(
+            "profiled %d of %d inputs (%.2f%%); holdout %d inputs",
+            self.num_sampled,
+            self.num_inputs,
+            100.0 * self.num_sampled / self.num_inputs,
+            len(self._holdout.lengths),
+        )
+        return AccessStats(
+            tables=self.layout.configs,
+            counts=tuple(c.copy() for c in self._counts),
+            num_inputs=self.num_inputs,
+            num_sampled=self.num_sampled,
+            holdout=self._holdout.holdout(),
+        )
+
+
+class _BottomK:
+    """The ``k`` eligible inputs with the smallest draws so far: a uniform sample of a stream."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.keys = np.empty(0)
+        self.lengths = np.empty(0, dtype=np.int64)
+        self.rows = np.empty(0, dtype=np.int64)
+        self.threshold = 1.0 if k > 0 else 0.0
+
+    def wants(self, draw: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+        """Mask of the eligible inputs whose draw may place them among the ``k`` smallest."""
+        return eligible & (draw < self.threshold)
+
+    def add(self, draw: np.ndarray, held: np.ndarray, rows: np.ndarray, owners: np.ndarray) -> None:
+        """Add the ``held`` inputs; ``rows[i]`` is a row of input ``owners[i]``."""
+        order = np.argsort(owners, kind="stable")
+        self.rows = np.concatenate([self.rows, rows[order]])
+        lengths = np.bincount(owners, minlength=len(draw))[held]
+        self.lengths = np.concatenate([self.lengths, lengths])
+        self.keys = np.concatenate([self.keys, draw[held]])
+        if len(self.keys) >= 2 * self.k:
+            self._shrink()
+
+    def _shrink(self) -> None:
+        kept = np.zeros(len(self.keys), dtype=bool)
+        kept[np.argpartition(self.keys, self.k - 1)[: self.k]] = True
+        self.rows = self.rows[np.repeat(kept, self.lengths)]
+        self.keys, self.lengths = self.keys[kept], self.lengths[kept]
+        self.threshold = float(self.keys.max())
+
+    def holdout(self) -> Holdout:
+        if len(self.keys) > self.k:
+            self._shrink()
+        return Holdout(rows=self.rows.copy(), lengths=self.lengths.copy())

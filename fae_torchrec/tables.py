@@ -1,0 +1,89 @@
+"""The embedding tables a profile or hot set describes, checked once and indexed for vectorised work."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+from torchrec.distributed.planner.shard_estimators import _get_optimizer_multipler
+from torchrec.modules.embedding_configs import DATA_TYPE_NUM_BITS, EmbeddingBagConfig
+
+
+def row_bytes(
+    config: EmbeddingBagConfig, optimizer_class: type[torch.optim.Optimizer] | None = None
+) -> int:
+    """Bytes one row of ``config`` takes on the device: weights plus optimizer state.
+
+    The optimizer-state share follows TorchRec's planner (``shard_estimators``), so that a hot-set
+    budget and a TorchRec storage estimate agree: SGD adds nothing, Adam two copies of the row,
+    RowWiseAdagrad one float per row, other optimizers one copy.
+    """
+    weight = config.embedding_dim * DATA_TYPE_NUM_BITS[config.data_type] // 8
+    shape = torch.Size([config.num_embeddings, config.embedding_dim])
+    return int(round(weight * (1 + _get_optimizer_multipler(optimizer_class, shape))))
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """Tables in a fixed order, with the feature → table map that lookups and counts go through."""
+
+    configs: tuple[EmbeddingBagConfig, ...]
+
+    def __post_init__(self) -> None:
+        if not self.configs:
+            raise ValueError("no embedding tables given")
+        names = [c.name for c in self.configs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"table names must be unique, got {names}")
+        seen: dict[str, str] = {}
+        for config in self.configs:
+            if config.num_embeddings <= 0:
+                raise ValueError(f"table {config.name}: num_embeddings must be positive")
+            if not config.feature_names:
+                raise ValueError(f"table {config.name}: no feature_names")
+            for feature in config.feature_names:
+                if feature in seen:
+                    raise ValueError(
+                        f"feature {feature} is read by tables {seen[feature]} and {config.name}"
+                    )
+                seen[feature] = config.name
+
+    @classmethod
+    def of(cls, configs: Sequence[EmbeddingBagConfig]) -> TableLayout:
+        return cls(tuple(configs))
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.configs]
+
+    @property
+    def features(self) -> list[str]:
+        return [f for c in self.configs for f in c.feature_names]
+
+    @property
+    def num_rows(self) -> np.ndarray:
+        return np.array([c.num_embeddings for c in self.configs], dtype=np.int64)
+
+    @cached_property
+    def _table_index(self) -> dict[str, int]:
+        return {f: i for i, c in enumerate(self.configs) for f in c.feature_names}
+
+    def table_of(self, feature: str) -> int:
+        """Index of the table that ``feature`` reads."""
+        if feature not in self._table_index:
+            raise KeyError(f"feature {feature} is not read by any table ({self.names})")
+        return self._table_index[feature]
+
+    def row_bytes(self, optimizer_class: type[torch.optim.Optimizer] | None = None) -> np.ndarray:
+        """Per-table bytes of one row (see :func:`row_bytes`)."""
+        return np.array([row_bytes(c, optimizer_class) for c in self.configs], dtype=np.int64)
+
+    def describe(self) -> list[tuple[str, int, int, tuple[str, ...]]]:
+        """(name, rows, dim, features) per table: what must agree between a stats file and a model."""
+        return [
+            (c.name, c.num_embeddings, c.embedding_dim, tuple(c.feature_names))
+            for c in self.configs
+        ]
