@@ -18,20 +18,18 @@ from fae_torchrec.tables import TableLayout
 
 @dataclass(frozen=True)
 class Holdout:
-    """Inputs left out of the sample: the global rows of each, concatenated (``lengths`` per input).
+    """Inputs left out of the sample: their global rows, and for each row the input it belongs to.
 
-    A global row is ``table offset + id``, tables in order, so one array serves all tables.
+    A global row is ``table offset + id``, tables in order, so one array serves all tables. Inputs
+    are numbered ``0..num_inputs-1``; one that carries no id has no row but still counts.
     """
 
     rows: np.ndarray
-    lengths: np.ndarray
+    owners: np.ndarray
+    num_inputs: int
 
     def __len__(self) -> int:
-        return len(self.lengths)
-
-    def owners(self) -> np.ndarray:
-        """The holdout input of each row."""
-        return np.repeat(np.arange(len(self.lengths)), self.lengths)
+        return self.num_inputs
 
 
 @dataclass(frozen=True)
@@ -98,14 +96,13 @@ class AccessStats:
             num_inputs=self.num_inputs,
             num_sampled=self.num_sampled,
             holdout_rows=self.holdout.rows,
-            holdout_lengths=self.holdout.lengths,
+            holdout_owners=self.holdout.owners,
+            holdout_inputs=self.holdout.num_inputs,
             **{f"counts_{i}": c for i, c in enumerate(self.counts)},
         )
 
     @classmethod
-    def load(
-        cls, path: str | os.PathLike, tables: list[EmbeddingBagConfig] | None = None
-    ) -> AccessStats:
+    def load(cls, path: str | os.PathLike, tables: list[EmbeddingBagConfig] | None = None) -> AccessStats:
         """Read a ``.npz`` written by :meth:`save`.
 
         With ``tables``, raise ``ValueError`` unless the file describes exactly those tables (names,
@@ -130,7 +127,11 @@ class AccessStats:
                 counts=tuple(data[f"counts_{i}"] for i in range(len(described))),
                 num_inputs=int(data["num_inputs"]),
                 num_sampled=int(data["num_sampled"]),
-                holdout=Holdout(rows=data["holdout_rows"], lengths=data["holdout_lengths"]),
+                holdout=Holdout(
+                    rows=data["holdout_rows"],
+                    owners=data["holdout_owners"],
+                    num_inputs=int(data["holdout_inputs"]),
+                ),
             )
 
 

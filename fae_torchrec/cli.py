@@ -1,2 +1,163 @@
-def main() -> None:
-    pass
+"""The ``fae-torchrec`` command line: ``fae-torchrec profile ...``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torchrec
+
+from fae_torchrec.access_stats import AccessStats
+from fae_torchrec.data import (
+    CriteoNpyReader,
+    CriteoTsvReader,
+    SyntheticCriteo,
+    criteo_table_configs,
+    scaled_table_sizes,
+)
+from fae_torchrec.hot_set import HotSet
+from fae_torchrec.hot_share import estimate_hot_share, hot_share_curve
+from fae_torchrec.plots import plot_access_cdf, plot_hot_share
+from fae_torchrec.profiler import AccessProfiler
+from fae_torchrec.units import format_bytes, parse_bytes
+
+logger = logging.getLogger("fae_torchrec")
+
+#: Embedding optimizers by CLI name; each row's optimizer state is counted as TorchRec counts it.
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer] | None] = {
+    "none": None,
+    "sgd": torchrec.optim.SGD,
+    "rowwise_adagrad": torchrec.optim.RowWiseAdagrad,
+    "adagrad": torchrec.optim.Adagrad,
+    "adam": torchrec.optim.Adam,
+}
+DATA_KINDS = ("synthetic", "criteo-tsv", "criteo-npy")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fae-torchrec", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    profile = commands.add_parser(
+        "profile",
+        help="count row accesses on a sample, choose the hot set, estimate the hot-input share",
+    )
+    profile.add_argument(
+        "--data",
+        nargs="+",
+        default=["synthetic"],
+        metavar="SOURCE",
+        help="synthetic (built-in, default), criteo-tsv FILE..., or criteo-npy PREFIX... "
+        "(PREFIX_dense.npy, PREFIX_sparse.npy, PREFIX_labels.npy)",
+    )
+    profile.add_argument("--num-samples", type=int, default=2_000_000, help="synthetic inputs")
+    profile.add_argument("--seed", type=int, default=0, help="synthetic data seed")
+    profile.add_argument("--ids-per-feature", type=int, default=1, help="synthetic multi-hot")
+    profile.add_argument("--scale", type=float, default=1.0, help="table sizes = Criteo Kaggle's x scale")
+    profile.add_argument("--dim", type=int, default=16, help="embedding dimension")
+    profile.add_argument("--sample", type=float, default=0.05, help="fraction of inputs counted")
+    profile.add_argument("--sample-seed", type=int, default=0)
+    profile.add_argument("--holdout", type=int, default=100_000, help="inputs kept for estimates")
+    profile.add_argument("--budget", default="256MiB", help="hot-row budget, e.g. 256MiB")
+    profile.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
+    profile.add_argument("--batch-size", type=int, default=8192)
+    profile.add_argument("--out", default="stats.npz", help="statistics file; PNGs go beside it")
+    return parser
+
+
+def _data_source(args: argparse.Namespace) -> tuple[object, int | None]:
+    """The batches to profile and how many there are (None when unknown)."""
+    kind, paths = args.data[0], args.data[1:]
+    if kind not in DATA_KINDS:
+        raise ValueError(f"--data: unknown kind {kind!r}; choose from {', '.join(DATA_KINDS)}")
+    if (kind == "synthetic") != (not paths):
+        raise ValueError(f"--data {kind}: " + ("takes no path" if paths else "needs a path"))
+    sizes = scaled_table_sizes(args.scale)
+    if kind == "synthetic":
+        data = SyntheticCriteo(
+            args.num_samples,
+            args.batch_size,
+            scale=args.scale,
+            seed=args.seed,
+            ids_per_feature=args.ids_per_feature,
+        )
+        return data, len(data)
+    for path in paths:
+        if kind == "criteo-tsv" and not os.path.isfile(path):
+            raise ValueError(f"--data criteo-tsv: no such file: {path}")
+    if kind == "criteo-tsv":
+        return CriteoTsvReader(paths, args.batch_size, sizes), None
+    reader = CriteoNpyReader(paths, args.batch_size, sizes)
+    return reader, -(-reader.num_samples // args.batch_size)
+
+
+def _table_report(stats: AccessStats, hot_set: HotSet, optimizer: type | None) -> str:
+    row_bytes = stats.layout.row_bytes(optimizer)
+    lines = [f"{'table':<12}{'rows':>12}{'hot rows':>12}{'hot bytes':>12}{'accesses covered':>18}"]
+    total_hot = total_covered = 0
+    for config, counts, ids, size in zip(stats.tables, stats.counts, hot_set.hot_ids, row_bytes, strict=True):
+        covered = int(counts[ids].sum())
+        share = covered / counts.sum() if counts.sum() else float("nan")
+        total_hot += len(ids)
+        total_covered += covered
+        lines.append(
+            f"{config.name:<12}{config.num_embeddings:>12,}{len(ids):>12,}"
+            f"{format_bytes(len(ids) * size):>12}{100 * share:>17.2f}%"
+        )
+    all_rows = int(stats.layout.num_rows.sum())
+    all_accesses = int(stats.table_accesses().sum())
+    lines.append(
+        f"{'total':<12}{all_rows:>12,}{total_hot:>12,}"
+        f"{format_bytes(hot_set.hot_bytes(optimizer)):>12}"
+        f"{100 * total_covered / all_accesses:>17.2f}%"
+    )
+    return "\n".join(lines)
+
+
+def profile(args: argparse.Namespace) -> None:
+    budget = parse_bytes(args.budget)
+    optimizer = OPTIMIZERS[args.optimizer]
+    data, total = _data_source(args)
+    tables = criteo_table_configs(scaled_table_sizes(args.scale), args.dim)
+    profiler = AccessProfiler(tables, args.sample, args.sample_seed, args.holdout)
+    stats = profiler.profile(data, total=total)
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(out_dir, exist_ok=True)
+    stats.save(args.out)
+    ranking = stats.ranking(optimizer)
+    hot_set = ranking.hot_set(budget)
+    print(
+        f"profiled {stats.num_sampled:,} of {stats.num_inputs:,} inputs; "
+        f"budget {format_bytes(budget)} ({args.optimizer}, dim {args.dim}); "
+        f"all tables {format_bytes(ranking.total_bytes)}"
+    )
+    print(_table_report(stats, hot_set, optimizer))
+    stem = os.path.splitext(os.path.abspath(args.out))[0]
+    plot_access_cdf(stats, f"{stem}_access_cdf.png")
+    if len(stats.holdout):
+        print(f"estimated hot-input share: {estimate_hot_share(stats, hot_set)}")
+        smallest = max(int(ranking.cumulative_bytes[0]), 1) if len(ranking.rows) else 1
+        budgets = np.unique(np.geomspace(smallest, ranking.total_bytes, 48).astype(np.int64))
+        plot_hot_share(hot_share_curve(ranking, budgets), f"{stem}_hot_share.png", budget)
+    else:
+        print("estimated hot-input share: n/a (no holdout inputs)")
+    print(f"wrote {args.out}, {stem}_access_cdf.png, {stem}_hot_share.png")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logger.setLevel(logging.INFO)
+    args = _parser().parse_args(argv)
+    try:
+        profile(args)
+    except (ValueError, FileNotFoundError) as error:
+        logger.error("%s", error)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from torchrec.datasets.utils import Batch
@@ -66,26 +67,48 @@ class FeatureIds:
             lengths[key] = np.full(stride, per_input, dtype=np.int64)
         return cls(stride=stride, values=values, lengths=lengths)
 
+    def single_hot(self, key: str) -> bool:
+        """True when every input carries exactly one id of ``key``."""
+        return self._single_hot[key]
+
+    @cached_property
+    def _single_hot(self) -> dict[str, bool]:
+        return {
+            key: len(values) == self.stride and bool(np.all(self.lengths[key] == 1))
+            for key, values in self.values.items()
+        }
+
     def input_index(self, key: str) -> np.ndarray:
         """For each id of ``key``, the index of the input that carries it."""
-        lengths = self.lengths[key]
-        if len(self.values[key]) == self.stride and np.all(lengths == 1):
+        if self.single_hot(key):
             return np.arange(self.stride)
-        return np.repeat(np.arange(self.stride), lengths)
+        return np.repeat(np.arange(self.stride), self.lengths[key])
+
+    def subset(self, inputs: np.ndarray) -> FeatureIds:
+        """The ids of the inputs where the boolean mask ``inputs`` is True, in input order."""
+        index = np.flatnonzero(inputs)
+        values, lengths = {}, {}
+        for key, ids in self.values.items():
+            if self.single_hot(key):
+                values[key] = ids[index]
+                lengths[key] = np.ones(len(index), dtype=self.lengths[key].dtype)
+            else:
+                values[key] = ids[np.repeat(inputs, self.lengths[key])]
+                lengths[key] = self.lengths[key][index]
+        return FeatureIds(stride=len(index), values=values, lengths=lengths)
 
     def check(self, layout: TableLayout) -> None:
         """Raise unless the features are exactly the layout's and every id is a row of its table."""
         missing = sorted(set(layout.features) - set(self.values))
         extra = sorted(set(self.values) - set(layout.features))
         if missing or extra:
-            raise ValueError(
-                f"batch features do not match the tables: missing {missing}, unknown {extra}"
-            )
+            raise ValueError(f"batch features do not match the tables: missing {missing}, unknown {extra}")
         for key, ids in self.values.items():
             table = layout.configs[layout.table_of(key)]
+            if len(ids) == 0 or (ids.min() >= 0 and ids.max() < table.num_embeddings):
+                continue
             bad = (ids < 0) | (ids >= table.num_embeddings)
-            if bad.any():
-                raise ValueError(
-                    f"feature {key} (table {table.name}): id {int(ids[np.argmax(bad)])} out of range "
-                    f"[0, {table.num_embeddings}) ({int(bad.sum())} ids out of range in this batch)"
-                )
+            raise ValueError(
+                f"feature {key} (table {table.name}): id {int(ids[np.argmax(bad)])} out of range "
+                f"[0, {table.num_embeddings}) ({int(bad.sum())} ids out of range in this batch)"
+            )

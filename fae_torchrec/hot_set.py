@@ -71,9 +71,7 @@ class HotSet:
 
     @cached_property
     def _new_ids(self) -> list[np.ndarray]:
-        return [
-            np.where(mask, np.cumsum(mask) - 1, np.cumsum(~mask) - 1) for mask in self._masks
-        ]
+        return [np.where(mask, np.cumsum(mask) - 1, np.cumsum(~mask) - 1) for mask in self._masks]
 
     def hot_mask(self, table: str | int) -> np.ndarray:
         """Boolean mask over all rows of ``table`` (name or index): True where the row is hot."""

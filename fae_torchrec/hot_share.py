@@ -69,7 +69,7 @@ def estimate_hot_share(stats: AccessStats, hot_set: HotSet) -> ShareEstimate:
     for t in range(len(stats.tables)):
         mine = tables == t
         hot_row[mine] = hot_set.hot_mask(t)[holdout.rows[mine] - stats.row_offsets[t]]
-    cold_inputs = np.unique(holdout.owners()[~hot_row])
+    cold_inputs = np.unique(holdout.owners[~hot_row])
     share, low, high = wilson_interval(n - len(cold_inputs), n)
     return ShareEstimate(float(share), float(low), float(high), n)
 

@@ -56,18 +56,15 @@ class AccessProfiler:
         ids.check(self.layout)
         draw = self._rng.random(ids.stride)
         sampled = draw < self.sample_fraction
+        for key, values in ids.subset(sampled).values.items():
+            np.add.at(self._counts[self.layout.table_of(key)], values, 1)
         held = self._holdout.wants(draw, ~sampled)
-        rows, owners = [], []
-        for key, values in ids.values.items():
-            table = self.layout.table_of(key)
-            owner = ids.input_index(key)
-            np.add.at(self._counts[table], values[sampled[owner]], 1)
-            if held.any():
-                keep = held[owner]
-                rows.append(values[keep] + self._offsets[table])
-                owners.append(owner[keep])
         if held.any():
-            self._holdout.add(draw, held, np.concatenate(rows), np.concatenate(owners))
+            part = ids.subset(held)
+            keys = list(part.values)
+            rows = [part.values[k] + self._offsets[self.layout.table_of(k)] for k in keys]
+            owners = [part.input_index(k) for k in keys]
+            self._holdout.add(draw[held], np.concatenate(rows), np.concatenate(owners))
         self.num_inputs += ids.stride
         self.num_sampled += int(sampled.sum())
         return sampled
@@ -90,7 +87,7 @@ class AccessProfiler:
             self.num_sampled,
             self.num_inputs,
             100.0 * self.num_sampled / self.num_inputs,
-            len(self._holdout.lengths),
+            self._holdout.held,
         )
         return AccessStats(
             tables=self.layout.configs,
@@ -102,37 +99,63 @@ class AccessProfiler:
 
 
 class _BottomK:
-    """The ``k`` eligible inputs with the smallest draws so far: a uniform sample of a stream."""
+    """The ``k`` eligible inputs with the smallest draws so far: a uniform sample of a stream.
+
+    Inputs are numbered in the order they are added (serials) and each row keeps its input's
+    serial. New inputs are kept in pieces and cut back to the ``k`` smallest draws once twice that
+    many are held.
+    """
 
     def __init__(self, k: int) -> None:
         self.k = k
-        self.keys = np.empty(0)
-        self.lengths = np.empty(0, dtype=np.int64)
-        self.rows = np.empty(0, dtype=np.int64)
+        self.keys: list[np.ndarray] = []
+        self.serials: list[np.ndarray] = []
+        self.rows: list[np.ndarray] = []
+        self.row_serials: list[np.ndarray] = []
+        self.held = 0
+        self.next_serial = 0
         self.threshold = 1.0 if k > 0 else 0.0
 
     def wants(self, draw: np.ndarray, eligible: np.ndarray) -> np.ndarray:
         """Mask of the eligible inputs whose draw may place them among the ``k`` smallest."""
         return eligible & (draw < self.threshold)
 
-    def add(self, draw: np.ndarray, held: np.ndarray, rows: np.ndarray, owners: np.ndarray) -> None:
-        """Add the ``held`` inputs; ``rows[i]`` is a row of input ``owners[i]``."""
-        order = np.argsort(owners, kind="stable")
-        self.rows = np.concatenate([self.rows, rows[order]])
-        lengths = np.bincount(owners, minlength=len(draw))[held]
-        self.lengths = np.concatenate([self.lengths, lengths])
-        self.keys = np.concatenate([self.keys, draw[held]])
-        if len(self.keys) >= 2 * self.k:
-            self._shrink()
+    def add(self, keys: np.ndarray, rows: np.ndarray, owners: np.ndarray) -> None:
+        """Add inputs with draws ``keys``; ``rows[i]`` belongs to input ``owners[i]`` of them."""
+        self.keys.append(keys)
+        self.serials.append(np.arange(self.next_serial, self.next_serial + len(keys)))
+        self.rows.append(rows)
+        self.row_serials.append(owners + self.next_serial)
+        self.next_serial += len(keys)
+        self.held += len(keys)
+        if self.held >= 2 * self.k:
+            self._cut()
 
-    def _shrink(self) -> None:
-        kept = np.zeros(len(self.keys), dtype=bool)
-        kept[np.argpartition(self.keys, self.k - 1)[: self.k]] = True
-        self.rows = self.rows[np.repeat(kept, self.lengths)]
-        self.keys, self.lengths = self.keys[kept], self.lengths[kept]
-        self.threshold = float(self.keys.max())
+    def _cut(self) -> tuple[np.ndarray, np.ndarray]:
+        """Cut back to the ``k`` smallest draws; return the kept serials' mask over all serials
+        and the first serial it starts at."""
+        keys, serials = np.concatenate(self.keys), np.concatenate(self.serials)
+        if len(keys) > self.k:
+            self.threshold = float(np.partition(keys, self.k - 1)[self.k - 1])
+        kept = keys <= self.threshold
+        base = int(serials[0])
+        by_serial = np.zeros(self.next_serial - base, dtype=bool)
+        by_serial[serials[kept] - base] = True
+        self.keys, self.serials = [keys[kept]], [serials[kept]]
+        row_serials = np.concatenate(self.row_serials)
+        rows_kept = by_serial[row_serials - base]
+        self.rows = [np.concatenate(self.rows)[rows_kept]]
+        self.row_serials = [row_serials[rows_kept]]
+        self.held = int(kept.sum())
+        return by_serial, base
 
     def holdout(self) -> Holdout:
-        if len(self.keys) > self.k:
-            self._shrink()
-        return Holdout(rows=self.rows.copy(), lengths=self.lengths.copy())
+        if not self.keys:
+            return Holdout(np.empty(0, np.int64), np.empty(0, np.int64), 0)
+        by_serial, base = self._cut()
+        position = np.cumsum(by_serial) - 1
+        return Holdout(
+            rows=self.rows[0].copy(),
+            owners=position[self.row_serials[0] - base],
+            num_inputs=self.held,
+        )

@@ -82,7 +82,7 @@ class RowRanking:
         ranked = sorted_rows[position] == holdout.rows if len(sorted_rows) else False
         rank = np.where(ranked, order[position] if len(order) else 0, len(self.rows))
         worst = np.full(len(holdout), -1, dtype=np.int64)
-        np.maximum.at(worst, holdout.owners(), rank)
+        np.maximum.at(worst, holdout.owners, rank)
         return worst
 
     def _hot_set_of(self, rows: np.ndarray) -> HotSet:

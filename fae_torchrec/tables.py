@@ -12,9 +12,7 @@ from torchrec.distributed.planner.shard_estimators import _get_optimizer_multipl
 from torchrec.modules.embedding_configs import DATA_TYPE_NUM_BITS, EmbeddingBagConfig
 
 
-def row_bytes(
-    config: EmbeddingBagConfig, optimizer_class: type[torch.optim.Optimizer] | None = None
-) -> int:
+def row_bytes(config: EmbeddingBagConfig, optimizer_class: type[torch.optim.Optimizer] | None = None) -> int:
     """Bytes one row of ``config`` takes on the device: weights plus optimizer state.
 
     The optimizer-state share follows TorchRec's planner (``shard_estimators``), so that a hot-set
@@ -23,7 +21,7 @@ def row_bytes(
     """
     weight = config.embedding_dim * DATA_TYPE_NUM_BITS[config.data_type] // 8
     shape = torch.Size([config.num_embeddings, config.embedding_dim])
-    return int(round(weight * (1 + _get_optimizer_multipler(optimizer_class, shape))))
+    return round(weight * (1 + _get_optimizer_multipler(optimizer_class, shape)))
 
 
 @dataclass(frozen=True)
@@ -46,9 +44,7 @@ class TableLayout:
                 raise ValueError(f"table {config.name}: no feature_names")
             for feature in config.feature_names:
                 if feature in seen:
-                    raise ValueError(
-                        f"feature {feature} is read by tables {seen[feature]} and {config.name}"
-                    )
+                    raise ValueError(f"feature {feature} is read by tables {seen[feature]} and {config.name}")
                 seen[feature] = config.name
 
     @classmethod
@@ -83,7 +79,4 @@ class TableLayout:
 
     def describe(self) -> list[tuple[str, int, int, tuple[str, ...]]]:
         """(name, rows, dim, features) per table: what must agree between a stats file and a model."""
-        return [
-            (c.name, c.num_embeddings, c.embedding_dim, tuple(c.feature_names))
-            for c in self.configs
-        ]
+        return [(c.name, c.num_embeddings, c.embedding_dim, tuple(c.feature_names)) for c in self.configs]

@@ -30,7 +30,7 @@ def parse_bytes(text: str | int | float) -> int:
         value, unit = float(match.group(1)), match.group(2).lower()
     if value < 0:
         raise ValueError(f"a byte size cannot be negative: {text!r}")
-    return int(round(value * _UNITS[unit]))
+    return round(value * _UNITS[unit])
 
 
 def format_bytes(num_bytes: float) -> str:

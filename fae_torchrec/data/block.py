@@ -29,7 +29,10 @@ class SampleBlock:
 
     def slice(self, start: int, stop: int) -> SampleBlock:
         return SampleBlock(
-            self.dense[start:stop], self.ids[start:stop], self.labels[start:stop], self.ids_per_feature
+            self.dense[start:stop],
+            self.ids[start:stop],
+            self.labels[start:stop],
+            self.ids_per_feature,
         )
 
     @staticmethod

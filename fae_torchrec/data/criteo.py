@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from torchrec.datasets.criteo import (
@@ -11,9 +12,10 @@ from torchrec.datasets.criteo import (
     DEFAULT_INT_NAMES,
     INT_FEATURE_COUNT,
 )
+from torchrec.datasets.utils import Batch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from fae_torchrec.data.block import SampleBlock
+from fae_torchrec.data.block import SampleBlock, rebatch
 
 #: Rows per categorical feature of Criteo Kaggle as used by DLRM and TorchRec (33,762,577 in all).
 KAGGLE_TABLE_SIZES: tuple[int, ...] = (
@@ -27,6 +29,7 @@ __all__ = [
     "DEFAULT_INT_NAMES",
     "INT_FEATURE_COUNT",
     "KAGGLE_TABLE_SIZES",
+    "CriteoSource",
     "criteo_table_configs",
     "hash_to_rows",
     "scaled_table_sizes",
@@ -68,8 +71,40 @@ def single_hot_block(
 ) -> SampleBlock:
     """A block of one id per feature from raw Criteo columns (hashed to rows here)."""
     return SampleBlock(
-        dense=np.ascontiguousarray(dense, dtype=np.float32),
+        dense=np.array(dense, dtype=np.float32),
         ids=hash_to_rows(raw_ids, table_sizes),
-        labels=np.ascontiguousarray(labels, dtype=np.int32).reshape(-1),
+        labels=np.array(labels, dtype=np.int32).reshape(-1),
         ids_per_feature=(1,) * CAT_FEATURE_COUNT,
     )
+
+
+class CriteoSource:
+    """Base of the data sources: ``raw_blocks`` as produced, re-cut into ``Batch``es of
+    ``batch_size`` inputs with one key per categorical feature (``cat_0`` .. ``cat_25``)."""
+
+    def __init__(self, batch_size: int, table_sizes: Sequence[int]) -> None:
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if len(table_sizes) != CAT_FEATURE_COUNT:
+            raise ValueError(f"expected {CAT_FEATURE_COUNT} table sizes, got {len(table_sizes)}")
+        self.batch_size = batch_size
+        self.table_sizes = tuple(int(s) for s in table_sizes)
+
+    def table_configs(self, embedding_dim: int = 16) -> list[EmbeddingBagConfig]:
+        """TorchRec table configs matching the ids this source yields."""
+        return criteo_table_configs(self.table_sizes, embedding_dim)
+
+    def raw_blocks(self) -> Iterator[SampleBlock]:
+        raise NotImplementedError
+
+    def blocks(self) -> Iterator[SampleBlock]:
+        """The data as blocks of ``batch_size`` inputs (the last one may be smaller)."""
+        return rebatch(self.raw_blocks(), self.batch_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return (block.to_batch(DEFAULT_CAT_NAMES) for block in self.blocks())
+
+
+def as_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """One path or several, as a list of strings."""
+    return [os.fspath(paths)] if isinstance(paths, str | os.PathLike) else [os.fspath(p) for p in paths]

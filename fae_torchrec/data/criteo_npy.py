@@ -13,14 +13,14 @@ import os
 from collections.abc import Iterator, Sequence
 
 import numpy as np
-from torchrec.datasets.utils import Batch
 
-from fae_torchrec.data.block import SampleBlock, rebatch
+from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.criteo import (
     CAT_FEATURE_COUNT,
-    DEFAULT_CAT_NAMES,
     INT_FEATURE_COUNT,
     KAGGLE_TABLE_SIZES,
+    CriteoSource,
+    as_paths,
     single_hot_block,
 )
 
@@ -31,7 +31,7 @@ def npy_paths(prefix: str | os.PathLike) -> tuple[str, str, str]:
     return f"{prefix}_dense.npy", f"{prefix}_sparse.npy", f"{prefix}_labels.npy"
 
 
-class CriteoNpyReader:
+class CriteoNpyReader(CriteoSource):
     """Streams ``Batch``es from one or more ``tsv_to_npys`` outputs, given by their prefixes."""
 
     def __init__(
@@ -41,11 +41,8 @@ class CriteoNpyReader:
         table_sizes: Sequence[int] = KAGGLE_TABLE_SIZES,
         chunk_rows: int = 1 << 16,
     ) -> None:
-        self.prefixes = [prefixes] if isinstance(prefixes, str | os.PathLike) else list(prefixes)
-        self.batch_size = batch_size
-        self.table_sizes = tuple(table_sizes)
-        if len(self.table_sizes) != CAT_FEATURE_COUNT:
-            raise ValueError(f"expected {CAT_FEATURE_COUNT} table sizes, got {len(table_sizes)}")
+        super().__init__(batch_size, table_sizes)
+        self.prefixes = as_paths(prefixes)
         self.chunk_rows = chunk_rows
         self._arrays = [_open(prefix) for prefix in self.prefixes]
 
@@ -63,12 +60,6 @@ class CriteoNpyReader:
                     raise ValueError(f"{npy_paths(prefix)[1]}: row {row} has a negative value")
                 yield single_hot_block(dense[rows], raw, labels[rows], self.table_sizes)
 
-    def blocks(self) -> Iterator[SampleBlock]:
-        return rebatch(self.raw_blocks(), self.batch_size)
-
-    def __iter__(self) -> Iterator[Batch]:
-        return (block.to_batch(DEFAULT_CAT_NAMES) for block in self.blocks())
-
 
 def _open(prefix: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     paths = npy_paths(prefix)
@@ -79,7 +70,5 @@ def _open(prefix: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray
     expected = ((INT_FEATURE_COUNT,), (CAT_FEATURE_COUNT,), (1,))
     for path, array, columns in zip(paths, (dense, sparse, labels), expected, strict=True):
         if array.ndim != 2 or array.shape[1:] != columns or len(array) != len(labels):
-            raise ValueError(
-                f"{path}: shape {array.shape}, expected ({len(labels)}, {columns[0]})"
-            )
+            raise ValueError(f"{path}: shape {array.shape}, expected ({len(labels)}, {columns[0]})")
     return dense, sparse, labels

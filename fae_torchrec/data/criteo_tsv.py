@@ -17,14 +17,14 @@ import os
 from collections.abc import Iterator, Sequence
 
 import numpy as np
-from torchrec.datasets.utils import Batch
 
-from fae_torchrec.data.block import SampleBlock, rebatch
+from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.criteo import (
     CAT_FEATURE_COUNT,
-    DEFAULT_CAT_NAMES,
     INT_FEATURE_COUNT,
     KAGGLE_TABLE_SIZES,
+    CriteoSource,
+    as_paths,
     single_hot_block,
 )
 
@@ -36,7 +36,7 @@ _HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
 _HEX_DIGITS = 8
 
 
-class CriteoTsvReader:
+class CriteoTsvReader(CriteoSource):
     """Streams ``Batch``es from Criteo TSV files.
 
     Args:
@@ -53,11 +53,8 @@ class CriteoTsvReader:
         table_sizes: Sequence[int] = KAGGLE_TABLE_SIZES,
         chunk_bytes: int = 1 << 24,
     ) -> None:
-        self.paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
-        self.batch_size = batch_size
-        self.table_sizes = tuple(table_sizes)
-        if len(self.table_sizes) != CAT_FEATURE_COUNT:
-            raise ValueError(f"expected {CAT_FEATURE_COUNT} table sizes, got {len(table_sizes)}")
+        super().__init__(batch_size, table_sizes)
+        self.paths = as_paths(paths)
         self.chunk_bytes = chunk_bytes
 
     @property
@@ -67,13 +64,7 @@ class CriteoTsvReader:
     def raw_blocks(self) -> Iterator[SampleBlock]:
         """Blocks as parsed, one per chunk of each file."""
         for path in self.paths:
-            yield from _read_file(os.fspath(path), self.table_sizes, self.chunk_bytes)
-
-    def blocks(self) -> Iterator[SampleBlock]:
-        return rebatch(self.raw_blocks(), self.batch_size)
-
-    def __iter__(self) -> Iterator[Batch]:
-        return (block.to_batch(DEFAULT_CAT_NAMES) for block in self.blocks())
+            yield from _read_file(path, self.table_sizes, self.chunk_bytes)
 
 
 def _read_file(path: str, table_sizes: Sequence[int], chunk_bytes: int) -> Iterator[SampleBlock]:
@@ -98,8 +89,7 @@ def _read_file(path: str, table_sizes: Sequence[int], chunk_bytes: int) -> Itera
                 num_fields = int(np.count_nonzero(buf[: np.argmax(buf == _NEWLINE)] == _TAB)) + 1
                 if num_fields not in (INT_FEATURE_COUNT + CAT_FEATURE_COUNT + 1, 39):
                     raise ValueError(
-                        f"{path}:1: expected 40 (labelled) or 39 tab-separated fields, "
-                        f"found {num_fields}"
+                        f"{path}:1: expected 40 (labelled) or 39 tab-separated fields, found {num_fields}"
                     )
             block, lines = _parse(buf, num_fields, path, first_line, table_sizes)
             first_line += lines
@@ -133,9 +123,7 @@ def _parse(
             raise ValueError(f"{where.line(bad[0])}: label must be 0 or 1, got {labels[bad[0]]}")
     else:
         labels = np.full(n, -1, dtype=np.int64)
-    ints = _parse_ints(
-        buf, starts[:, first_int:first_cat], lengths[:, first_int:first_cat], where, "I"
-    )
+    ints = _parse_ints(buf, starts[:, first_int:first_cat], lengths[:, first_int:first_cat], where, "I")
     dense = np.sign(ints) * np.log1p(np.abs(ints))
     cats = _parse_hex(buf, starts[:, first_cat:], lengths[:, first_cat:], where)
     return single_hot_block(dense, cats, labels, table_sizes), n
@@ -178,8 +166,7 @@ def _parse_ints(
         row, col = np.argwhere(bad.any(axis=-1))[0]
         name = prefix if prefix == "label" else f"{prefix}{col + 1}"
         raise ValueError(
-            f"{where.field(row, name, buf, starts[row, col], lengths[row, col])} "
-            "is not an integer"
+            f"{where.field(row, name, buf, starts[row, col], lengths[row, col])} is not an integer"
         )
     value = np.zeros(starts.shape, dtype=np.int64)
     for k in range(width):
@@ -188,9 +175,7 @@ def _parse_ints(
     return np.where(negative, -value, value)
 
 
-def _parse_hex(
-    buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, where: _Where
-) -> np.ndarray:
+def _parse_hex(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, where: _Where) -> np.ndarray:
     """8-digit hex categories; empty fields are 0."""
     nibbles = _HEX[_gather(buf, starts, _HEX_DIGITS)]
     full = lengths == _HEX_DIGITS
@@ -198,8 +183,7 @@ def _parse_hex(
     if bad.any():
         row, col = np.argwhere(bad)[0]
         raise ValueError(
-            f"{where.field(row, f'C{col + 1}', buf, starts[row, col], lengths[row, col])} "
-            "is not 8 hex digits"
+            f"{where.field(row, f'C{col + 1}', buf, starts[row, col], lengths[row, col])} is not 8 hex digits"
         )
     shifts = np.arange(4 * (_HEX_DIGITS - 1), -1, -4, dtype=np.int64)
     value = (nibbles.astype(np.int64) << shifts).sum(axis=-1)

@@ -16,15 +16,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from torchrec.datasets.utils import Batch
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from fae_torchrec.data.block import SampleBlock, rebatch
+from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.criteo import (
     CAT_FEATURE_COUNT,
-    DEFAULT_CAT_NAMES,
     INT_FEATURE_COUNT,
-    criteo_table_configs,
+    CriteoSource,
     scaled_table_sizes,
 )
 
@@ -70,7 +67,7 @@ class _TablePlan:
     salt: int
 
 
-class SyntheticCriteo:
+class SyntheticCriteo(CriteoSource):
     """An iterable of TorchRec ``Batch``es that behaves like Criteo traffic.
 
     Args:
@@ -98,12 +95,9 @@ class SyntheticCriteo:
     ) -> None:
         if num_samples < 0:
             raise ValueError(f"num_samples must be non-negative, got {num_samples}")
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        super().__init__(batch_size, scaled_table_sizes(scale))
         self.num_samples = num_samples
-        self.batch_size = batch_size
         self.seed = seed
-        self.table_sizes = scaled_table_sizes(scale)
         exponents = np.broadcast_to(np.asarray(exponent, dtype=np.float64), CAT_FEATURE_COUNT)
         if np.any(exponents <= 0):
             raise ValueError(f"exponents must be positive, got {exponent}")
@@ -128,10 +122,6 @@ class SyntheticCriteo:
             )
             for n, a in zip(self.table_sizes, exponents, strict=True)
         ]
-
-    def table_configs(self, embedding_dim: int = 16) -> list[EmbeddingBagConfig]:
-        """TorchRec table configs matching the generated ids."""
-        return criteo_table_configs(self.table_sizes, embedding_dim)
 
     @property
     def num_chunks(self) -> int:
@@ -164,12 +154,8 @@ class SyntheticCriteo:
             ids_per_feature=self.ids_per_feature,
         )
 
-    def blocks(self) -> Iterator[SampleBlock]:
-        """The data set as blocks of ``batch_size`` inputs."""
-        return rebatch((self.chunk(i) for i in range(self.num_chunks)), self.batch_size)
-
-    def __iter__(self) -> Iterator[Batch]:
-        return (block.to_batch(DEFAULT_CAT_NAMES) for block in self.blocks())
+    def raw_blocks(self) -> Iterator[SampleBlock]:
+        return (self.chunk(i) for i in range(self.num_chunks))
 
     def __len__(self) -> int:
         return -(-self.num_samples // self.batch_size)

@@ -1,0 +1,60 @@
+import numpy as np
+import pytest
+
+from fae_torchrec import AccessStats
+from fae_torchrec.cli import main
+from tests.conftest import realdata
+
+
+def test_profile_synthetic_prints_table_and_writes_stats_and_pictures(tmp_path, capsys):
+    out = tmp_path / "run" / "stats.npz"
+    main(["profile", "--num-samples", "40000", "--scale", "0.01", "--sample", "0.1",
+          "--budget", "64KiB", "--out", str(out)])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "t_cat_25" in printed and "total" in printed
+    assert "estimated hot-input share:" in printed and "95% CI" in printed
+    stats = AccessStats.load(out)
+    assert stats.num_inputs == 40_000 and len(stats.tables) == 26
+    for png in ("stats_access_cdf.png", "stats_hot_share.png"):
+        assert (tmp_path / "run" / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_profile_real_criteo_tsv(tmp_path, capsys):
+    path = realdata("criteo_kaggle_head10k/train_head10000.txt")
+    out = tmp_path / "stats.npz"
+    main(["profile", "--data", "criteo-tsv", str(path), "--sample", "0.5", "--holdout", "2000",
+          "--budget", "1MiB", "--out", str(out)])  # fmt: skip
+    stats = AccessStats.load(out)
+    assert stats.num_inputs == 10_000
+    assert 4500 < stats.num_sampled < 5500
+    assert sum(int(c.sum()) for c in stats.counts) == 26 * stats.num_sampled
+    assert np.count_nonzero(stats.counts[8]) <= 3, "C9 takes 3 values in this sample"
+    assert "estimated hot-input share" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--budget=-1MiB"], "not a byte size: '-1MiB'"),
+        (["--budget", "lots"], "not a byte size: 'lots'"),
+        (["--sample", "0"], "sample_fraction must be in"),
+        (["--data", "criteo-tsv", "/nonexistent.txt"], "no such file: /nonexistent.txt"),
+        (["--data", "criteo-tsv"], "criteo-tsv: needs a path"),
+        (["--data", "synthetic", "x"], "synthetic: takes no path"),
+        (["--data", "parquet", "x"], "unknown kind 'parquet'"),
+    ],
+)
+def test_bad_arguments_are_reported(tmp_path, caplog, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["profile", "--num-samples", "10", "--out", str(tmp_path / "s.npz"), *args])
+    assert exit_info.value.code == 2
+    assert message in caplog.text
+
+
+def test_empty_tsv_is_an_error(tmp_path, caplog):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["profile", "--data", "criteo-tsv", str(empty), "--out", str(tmp_path / "s.npz")])
+    assert exit_info.value.code == 2
+    assert "no input was sampled: 0 inputs seen" in caplog.text

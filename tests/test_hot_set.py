@@ -1,0 +1,139 @@
+import numpy as np
+import pytest
+import torch
+import torchrec
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from fae_torchrec import AccessProfiler, AccessStats, Holdout, HotSet, row_bytes
+
+
+def _stats(tables, counts) -> AccessStats:
+    return AccessStats(
+        tables=tuple(tables),
+        counts=tuple(np.asarray(c, dtype=np.int64) for c in counts),
+        num_inputs=100,
+        num_sampled=5,
+        holdout=Holdout(rows=np.empty(0, np.int64), owners=np.empty(0, np.int64), num_inputs=0),
+    )
+
+
+@pytest.fixture
+def stats(small_tables):
+    a = np.zeros(10, int)
+    a[[3, 7]] = [9, 4]
+    b = np.zeros(20, int)
+    b[[0, 5, 6]] = [9, 4, 1]
+    c = np.zeros(30, int)
+    c[[2, 29]] = [8, 4]
+    return _stats(small_tables, [a, b, c])
+
+
+def test_rows_are_ranked_together_and_kept_while_they_fit(stats):
+    # row bytes (fp32, no optimizer): t_a 16, t_b 32, t_c 16
+    hot = stats.hot_set(16 + 32 + 16)
+    assert [h.tolist() for h in hot.hot_ids] == [[3], [0], [2]]
+    # next in rank: count 4 in t_a (id 7), t_b (id 5), t_c (id 29): ties go to the earlier table
+    hot = stats.hot_set(16 + 32 + 16 + 16 + 31)
+    assert [h.tolist() for h in hot.hot_ids] == [[3, 7], [0], [2]], "t_b's row (32 B) does not fit"
+    hot = stats.hot_set(16 + 32 + 16 + 16 + 32)
+    assert [h.tolist() for h in hot.hot_ids] == [[3, 7], [0, 5], [2]]
+
+
+def test_zero_budget_is_empty_and_unseen_rows_are_never_hot(stats):
+    assert stats.hot_set(0).total_hot == 0
+    total = 10 * 16 + 20 * 32 + 30 * 16
+    almost = stats.hot_set(total - 1)
+    assert almost.total_hot == 7, "only the 7 rows seen in the sample"
+
+
+def test_budget_that_holds_every_table_makes_every_row_hot(stats):
+    total = 10 * 16 + 20 * 32 + 30 * 16
+    for budget in (total, 10 * total):
+        hot = stats.hot_set(budget)
+        assert hot.total_hot == 60 and hot.hot_bytes() == total
+
+
+def test_negative_budget_is_an_error(stats):
+    with pytest.raises(ValueError, match="non-negative"):
+        stats.hot_set(-1)
+
+
+def test_optimizer_state_counts_as_torchrec_counts_it(stats, small_tables):
+    assert row_bytes(small_tables[1]) == 32
+    assert row_bytes(small_tables[1], torchrec.optim.RowWiseAdagrad) == 36
+    assert row_bytes(small_tables[1], torchrec.optim.Adagrad) == 64
+    assert row_bytes(small_tables[1], torch.optim.Adam) == 96
+    adam = stats.hot_set(3 * 16 + 3 * 32 + 3 * 16, torch.optim.Adam)
+    assert [h.tolist() for h in adam.hot_ids] == [[3], [0], [2]]
+    assert adam.hot_bytes(torch.optim.Adam) == 3 * 16 + 3 * 32 + 3 * 16
+
+
+def test_per_table_share_threshold(stats):
+    hot = stats.hot_set_by_share(0.3)
+    # t_a: 9/13, 4/13 ; t_b: 9/14, 4/14, 1/14 ; t_c: 8/12, 4/12
+    assert [h.tolist() for h in hot.hot_ids] == [[3, 7], [0], [2, 29]]
+    with pytest.raises(ValueError, match="threshold"):
+        stats.hot_set_by_share(0.0)
+
+
+def test_remap_is_a_bijection_onto_hot_and_cold_ids(small_tables):
+    hot = HotSet(tuple(small_tables), (np.array([2, 5]), np.arange(20), np.empty(0, np.int64)))
+    is_hot, new = hot.remap("t_a", np.arange(10))
+    assert np.flatnonzero(is_hot).tolist() == [2, 5]
+    assert new[is_hot].tolist() == [0, 1]
+    assert new[~is_hot].tolist() == list(range(8))
+    assert hot.remap("t_b", np.arange(20))[0].all(), "a table whose rows are all hot"
+    assert not hot.remap("t_c", np.arange(30))[0].any(), "a table with no hot row"
+    assert hot.num_hot == {"t_a": 2, "t_b": 20, "t_c": 0}
+
+
+def test_an_input_is_hot_when_every_id_of_every_feature_is(small_tables):
+    hot = HotSet(tuple(small_tables), (np.array([2, 5]), np.arange(20), np.array([1, 3])))
+    kjt = KeyedJaggedTensor(
+        keys=["a", "b", "c1", "c2"],
+        values=torch.tensor([2, 5, 2, 7, 2, 1, 2, 3, 4, 1, 1, 1, 1, 3, 3, 1, 0, 1]),
+        lengths=torch.tensor([1, 2, 1, 1, 1, 1, 1, 1, 1, 2, 1, 0, 1, 1, 1, 2]),
+    )
+    # a: [2] [5,2] [7] [2]   b: [1] [2] [3] [4]   c1: [1] [1,1] [1] []   c2: [3] [3] [1] [0,1]
+    assert hot.is_hot_input(kjt).tolist() == [True, True, False, False]
+
+
+def test_is_hot_input_rejects_ids_out_of_range(small_tables):
+    hot = HotSet.everything(small_tables)
+    ids = {"a": np.array([1, 10]), "b": np.array([1, 1]), "c1": np.array([0, 0]), "c2": [0, 0]}
+    with pytest.raises(ValueError, match=r"feature a \(table t_a\): id 10 out of range"):
+        hot.is_hot_input(ids)
+
+
+def test_invalid_hot_ids_are_refused(small_tables):
+    with pytest.raises(ValueError, match="sorted and unique"):
+        HotSet(tuple(small_tables), (np.array([5, 2]), np.arange(2), np.arange(2)))
+    with pytest.raises(ValueError, match=r"t_a: hot ids outside \[0, 10\)"):
+        HotSet(tuple(small_tables), (np.array([10]), np.arange(2), np.arange(2)))
+
+
+def test_profiled_hot_set_matches_a_naive_count(small_tables):
+    rng = np.random.default_rng(0)
+    ids = {
+        "a": rng.zipf(1.5, 2000) % 10,
+        "b": rng.zipf(1.5, 2000) % 20,
+        "c1": rng.zipf(1.5, 2000) % 30,
+        "c2": rng.zipf(1.5, 2000) % 30,
+    }
+    profiler = AccessProfiler(small_tables, sample_fraction=1.0, holdout_size=0)
+    profiler.update(ids)
+    hot = profiler.stats().hot_set(200)
+    naive = {
+        (t, i): c
+        for t, values in enumerate([ids["a"], ids["b"], np.concatenate([ids["c1"], ids["c2"]])])
+        for i, c in zip(*np.unique(values, return_counts=True), strict=True)
+    }
+    ranked = sorted(naive, key=lambda key: (-naive[key], key))
+    cost = {0: 16, 1: 32, 2: 16}
+    chosen, used = [], 0
+    for key in ranked:
+        if used + cost[key[0]] > 200:
+            break
+        chosen.append(key)
+        used += cost[key[0]]
+    assert sorted((t, int(i)) for t, h in enumerate(hot.hot_ids) for i in h) == sorted(chosen)

@@ -1,0 +1,123 @@
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from fae_torchrec import AccessProfiler, AccessStats
+from fae_torchrec.data import SyntheticCriteo
+
+
+def _kjt(a, b, c1, c2) -> KeyedJaggedTensor:
+    """A KJT from per-feature lists of per-input id lists."""
+    features = [a, b, c1, c2]
+    return KeyedJaggedTensor(
+        keys=["a", "b", "c1", "c2"],
+        values=torch.tensor([i for f in features for ids in f for i in ids], dtype=torch.int64),
+        lengths=torch.tensor([len(ids) for f in features for ids in f], dtype=torch.int32),
+    )
+
+
+def test_full_sample_counts_every_access(small_tables):
+    profiler = AccessProfiler(small_tables, sample_fraction=1.0, holdout_size=0)
+    counted = profiler.update(_kjt([[1], [1, 2]], [[], [19]], [[5], [5]], [[29, 5], [0]]))
+    stats = profiler.stats()
+    assert counted.tolist() == [True, True]
+    assert stats.counts[0][[1, 2]].tolist() == [2, 1]
+    assert stats.counts[1][19] == 1 and stats.counts[1].sum() == 1
+    assert stats.counts[2][[0, 5, 29]].tolist() == [1, 3, 1], "c1 and c2 share table t_c"
+    assert (stats.num_inputs, stats.num_sampled) == (2, 2)
+
+
+def test_id_arrays_are_accepted(small_tables):
+    profiler = AccessProfiler(small_tables, sample_fraction=1.0, holdout_size=0)
+    ids = {"a": np.array([1, 2]), "b": np.array([[3, 4], [3, 3]]), "c1": np.array([0, 0])}
+    ids["c2"] = np.array([7, 7])
+    profiler.update(ids)
+    assert profiler.stats().counts[1][[3, 4]].tolist() == [3, 1]
+
+
+def test_sample_is_seeded_and_about_the_fraction():
+    data = SyntheticCriteo(40_000, batch_size=4096, scale=0.001, seed=0)
+    tables = data.table_configs()
+
+    def run(seed):
+        profiler = AccessProfiler(tables, sample_fraction=0.1, seed=seed)
+        masks = np.concatenate([profiler.update(b) for b in data])
+        return masks, profiler.stats()
+
+    masks, stats = run(1)
+    again, _ = run(1)
+    other, _ = run(2)
+    assert np.array_equal(masks, again) and not np.array_equal(masks, other)
+    assert stats.num_sampled == masks.sum()
+    assert 0.09 < stats.sample_fraction < 0.11
+    assert sum(c.sum() for c in stats.counts) == 26 * stats.num_sampled
+
+
+def test_holdout_is_a_uniform_bounded_sample_of_the_inputs_left_out():
+    table = EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=4000, feature_names=["x"])
+    profiler = AccessProfiler([table], sample_fraction=0.5, seed=3, holdout_size=100)
+    for start in range(0, 4000, 250):
+        profiler.update({"x": np.arange(start, start + 250)})  # input i carries id i
+    stats = profiler.stats()
+    held = stats.holdout.rows
+    assert len(stats.holdout) == 100 and np.array_equal(np.sort(stats.holdout.owners), np.arange(100))
+    assert len(np.unique(held)) == 100
+    assert np.all(stats.counts[0][held] == 0), "holdout inputs are never counted"
+    assert held.min() < 1000 and held.max() > 3000, "drawn from the whole stream"
+
+
+def test_save_and_load_round_trip(tmp_path, small_tables):
+    profiler = AccessProfiler(small_tables, sample_fraction=0.5, seed=0, holdout_size=5)
+    profiler.update({"a": np.arange(10), "b": np.arange(10), "c1": np.arange(10), "c2": np.ones(10, int)})
+    stats = profiler.stats()
+    stats.save(tmp_path / "stats.npz")
+    loaded = AccessStats.load(tmp_path / "stats.npz", small_tables)
+    assert all(np.array_equal(a, b) for a, b in zip(stats.counts, loaded.counts, strict=True))
+    assert np.array_equal(stats.holdout.rows, loaded.holdout.rows)
+    assert (loaded.num_inputs, loaded.num_sampled) == (stats.num_inputs, stats.num_sampled)
+    rebuilt = AccessStats.load(tmp_path / "stats.npz")
+    assert [t.name for t in rebuilt.tables] == ["t_a", "t_b", "t_c"]
+    assert rebuilt.tables[2].feature_names == ["c1", "c2"]
+
+
+def test_stats_file_for_other_tables_is_refused(tmp_path, small_tables):
+    profiler = AccessProfiler(small_tables, sample_fraction=1.0)
+    profiler.update({"a": [1], "b": [1], "c1": [1], "c2": [1]})
+    profiler.stats().save(tmp_path / "stats.npz")
+    other = SyntheticCriteo(1, scale=0.001).table_configs()
+    with pytest.raises(ValueError, match="statistics are for other tables: table #0"):
+        AccessStats.load(tmp_path / "stats.npz", other)
+    bigger = [small_tables[0], replace(small_tables[1], num_embeddings=21), small_tables[2]]
+    with pytest.raises(ValueError, match=r"table #1 is .*'t_b', 20.* but .*'t_b', 21"):
+        AccessStats.load(tmp_path / "stats.npz", bigger)
+
+
+def test_id_out_of_range_names_feature_table_and_id(small_tables):
+    profiler = AccessProfiler(small_tables, sample_fraction=1.0)
+    with pytest.raises(ValueError, match=r"feature b \(table t_b\): id 20 out of range \[0, 20\)"):
+        profiler.update({"a": [1], "b": [20], "c1": [1], "c2": [1]})
+    with pytest.raises(ValueError, match=r"feature c2 \(table t_c\): id -1 out of range"):
+        profiler.update({"a": [1], "b": [2], "c1": [1], "c2": [-1]})
+    assert profiler.num_inputs == 0, "a rejected batch is not counted at all"
+
+
+def test_features_must_match_the_tables(small_tables):
+    profiler = AccessProfiler(small_tables)
+    with pytest.raises(ValueError, match=r"missing \['c2'\], unknown \['d'\]"):
+        profiler.update({"a": [1], "b": [2], "c1": [1], "d": [1]})
+
+
+def test_empty_data_and_bad_arguments(small_tables):
+    profiler = AccessProfiler(small_tables)
+    with pytest.raises(ValueError, match="no input was sampled: 0 inputs seen"):
+        profiler.profile([])
+    with pytest.raises(ValueError, match="sample_fraction"):
+        AccessProfiler(small_tables, sample_fraction=0.0)
+    with pytest.raises(ValueError, match="holdout_size"):
+        AccessProfiler(small_tables, holdout_size=-1)
+    with pytest.raises(ValueError, match="unique"):
+        AccessProfiler([small_tables[0], small_tables[0]])

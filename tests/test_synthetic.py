@@ -1,0 +1,97 @@
+import numpy as np
+import pytest
+import torch
+from torchrec.datasets.utils import Batch
+
+from fae_torchrec import FeatureIds
+from fae_torchrec.data import KAGGLE_TABLE_SIZES, SyntheticCriteo, scaled_table_sizes
+from fae_torchrec.data.synthetic import CHUNK_SIZE
+
+
+def _all_ids(data: SyntheticCriteo) -> np.ndarray:
+    return np.concatenate([block.ids for block in data.blocks()])
+
+
+def test_batches_are_torchrec_batches_with_ids_in_range():
+    data = SyntheticCriteo(5000, batch_size=1024, scale=0.001, seed=1)
+    batches = list(data)
+    assert len(batches) == len(data) == 5
+    assert [b.labels.numel() for b in batches] == [1024] * 4 + [904]
+    batch = batches[0]
+    assert isinstance(batch, Batch)
+    assert batch.dense_features.shape == (1024, 13)
+    assert batch.sparse_features.keys() == [f"cat_{i}" for i in range(26)]
+    ids = FeatureIds.of(batch)
+    for key, size in zip(batch.sparse_features.keys(), data.table_sizes, strict=True):
+        assert ids.values[key].min() >= 0 and ids.values[key].max() < size
+    assert set(torch.unique(batch.labels).tolist()) <= {0, 1}
+
+
+def test_same_seed_same_data_whatever_the_batch_size():
+    a = _all_ids(SyntheticCriteo(CHUNK_SIZE + 100, batch_size=1000, scale=0.01, seed=7))
+    b = _all_ids(SyntheticCriteo(CHUNK_SIZE + 100, batch_size=4096, scale=0.01, seed=7))
+    c = _all_ids(SyntheticCriteo(CHUNK_SIZE + 100, batch_size=4096, scale=0.01, seed=8))
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_scale_multiplies_kaggle_table_sizes():
+    assert scaled_table_sizes(1.0) == KAGGLE_TABLE_SIZES
+    small = scaled_table_sizes(0.01)
+    assert small[2] == round(KAGGLE_TABLE_SIZES[2] * 0.01) and min(small) == 1
+    with pytest.raises(ValueError, match="scale"):
+        scaled_table_sizes(0)
+
+
+def test_default_skew_is_criteo_like_and_hot_rows_are_not_small_ids():
+    data = SyntheticCriteo(300_000, batch_size=CHUNK_SIZE, seed=0)
+    ids = _all_ids(data)
+    counts = np.concatenate([np.bincount(ids[:, f], minlength=n) for f, n in enumerate(data.table_sizes)])
+    top = np.sort(counts)[::-1][: len(counts) // 100]
+    assert top.sum() / counts.sum() > 0.9
+    big = np.bincount(ids[:, 2], minlength=data.table_sizes[2])
+    hottest = np.argsort(big)[::-1][:100]
+    assert np.median(hottest) > data.table_sizes[2] / 10
+
+
+def test_multi_hot_carries_several_ids_per_feature():
+    counts = [1, 3] * 13
+    data = SyntheticCriteo(500, batch_size=200, scale=0.001, ids_per_feature=counts)
+    batch = next(iter(data))
+    lengths = batch.sparse_features.length_per_key()
+    assert lengths == [200 * c for c in counts]
+    assert batch.sparse_features.lengths().tolist()[200:203] == [3, 3, 3]
+
+
+def test_labels_are_learnable():
+    """Per-row label rates learnt on one part of the data predict labels of another (AUC > 0.6)."""
+    data = SyntheticCriteo(200_000, batch_size=CHUNK_SIZE, scale=0.01, seed=3)
+    blocks = list(data.blocks())
+    train, valid = blocks[:-1], blocks[-1]
+    ids = np.concatenate([b.ids for b in train])
+    labels = np.concatenate([b.labels for b in train])
+    mean = labels.mean()
+    score = np.zeros(len(valid))
+    for f, n in enumerate(data.table_sizes):
+        clicks = np.bincount(ids[:, f], weights=labels, minlength=n)
+        shows = np.bincount(ids[:, f], minlength=n)
+        rate = (clicks + 10 * mean) / (shows + 10)
+        score += np.log(rate / (1 - rate))[valid.ids[:, f]]
+    assert _auc(score, valid.labels) > 0.6
+
+
+def _auc(score: np.ndarray, labels: np.ndarray) -> float:
+    ranks = np.argsort(np.argsort(score)) + 1
+    positives = labels == 1
+    n_pos, n_neg = positives.sum(), (~positives).sum()
+    return float((ranks[positives].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def test_empty_and_invalid_arguments():
+    assert list(SyntheticCriteo(0)) == []
+    with pytest.raises(ValueError, match="batch_size"):
+        SyntheticCriteo(10, batch_size=0)
+    with pytest.raises(ValueError, match="correlation"):
+        SyntheticCriteo(10, correlation=1.5)
+    with pytest.raises(ValueError, match="ids_per_feature"):
+        SyntheticCriteo(10, ids_per_feature=0)
