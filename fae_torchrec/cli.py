@@ -136,7 +136,7 @@ def profile(args: argparse.Namespace) -> None:
         f"all tables {format_bytes(ranking.total_bytes)}"
     )
     print(_table_report(stats, hot_set, optimizer))
-    stem = os.path.splitext(os.path.abspath(args.out))[0]
+    stem = os.path.splitext(args.out)[0]
     plot_access_cdf(stats, f"{stem}_access_cdf.png")
     if len(stats.holdout):
         print(f"estimated hot-input share: {estimate_hot_share(stats, hot_set)}")
