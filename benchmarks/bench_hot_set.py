@@ -1,6 +1,8 @@
 """How good is the hot set FAE picks from a 5% sample? Side by side with one from all the data.
 
-First the skew of the data (share of all accesses taken by the most accessed rows of all tables).
+First how much popular rows co-occur within an input, on 10k synthetic inputs and, when
+``../shared/realdata`` is there, on the first 10k lines of Criteo Kaggle's train.txt; then the skew of the
+data (share of all accesses taken by the most accessed rows of all tables).
 
 For each budget: the hot-input share, on the inputs outside the sample, of the hot set chosen from the
 sample and of the hot set chosen from every input, their ratio, and the sample's 95% estimate.
@@ -11,13 +13,35 @@ sample and of the hot set chosen from every input, their ratio, and the sample's
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 
 from fae_torchrec import AccessProfiler, estimate_hot_share, format_bytes, parse_bytes
-from fae_torchrec.data import SyntheticCriteo
+from fae_torchrec.data import CriteoTsvReader, SyntheticCriteo
+
+KAGGLE_HEAD = (
+    Path(__file__).resolve().parents[2] / "shared/realdata/criteo_kaggle_head10k/train_head10000.txt"
+)
 
 BUDGETS = "256KiB,512KiB,1MiB,2MiB,4MiB,16MiB,64MiB,256MiB"
+
+
+def _repeats(column: np.ndarray) -> np.ndarray:
+    """True where the id occurs more than once in ``column``."""
+    _, inverse, counts = np.unique(column, return_inverse=True, return_counts=True)
+    return counts[inverse] >= 2
+
+
+def co_occurrence(ids: np.ndarray) -> str:
+    """Inputs whose every id repeats within ``ids`` (all hot), against that share if features were
+    independent, and the least repeating feature's share."""
+    repeated = np.stack([_repeats(column) for column in ids.T], axis=1)
+    per_feature = repeated.mean(axis=0)
+    return (
+        f"all ids repeat {repeated.all(axis=1).mean():.1%}, if independent "
+        f"{np.prod(per_feature):.2%}, least repeating feature {per_feature.min():.1%}"
+    )
 
 
 def main() -> None:
@@ -30,6 +54,10 @@ def main() -> None:
     args = parser.parse_args()
 
     data = SyntheticCriteo(args.num_samples, batch_size=1 << 16, scale=args.scale, seed=args.seed)
+    print(f"synthetic, first 10k inputs: {co_occurrence(data.chunk(0).ids[:10_000])}")
+    if KAGGLE_HEAD.exists():
+        real = np.concatenate([b.ids for b in CriteoTsvReader(KAGGLE_HEAD).raw_blocks()])
+        print(f"Criteo Kaggle, first 10k lines: {co_occurrence(real)}")
     batches = list(data)
     tables = data.table_configs()
     sampled = AccessProfiler(tables, args.sample, seed=0)

@@ -88,18 +88,24 @@ class AccessStats:
         """Sampled accesses per table."""
         return np.array([c.sum() for c in self.counts], dtype=np.int64)
 
+    def table_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Table index of each global row."""
+        return np.searchsorted(self.row_offsets, rows, side="right") - 1
+
     def save(self, path: str | os.PathLike) -> None:
-        """Write everything to one ``.npz`` (tables as JSON, counts, holdout)."""
-        np.savez_compressed(
-            path,
-            tables=np.array(json.dumps(self.layout.describe())),
-            num_inputs=self.num_inputs,
-            num_sampled=self.num_sampled,
-            holdout_rows=self.holdout.rows,
-            holdout_owners=self.holdout.owners,
-            holdout_inputs=self.holdout.num_inputs,
-            **{f"counts_{i}": c for i, c in enumerate(self.counts)},
-        )
+        """Write everything to one compressed npz file at exactly ``path`` (tables as JSON, counts,
+        holdout)."""
+        with open(path, "wb") as file:
+            np.savez_compressed(
+                file,
+                tables=np.array(json.dumps(self.layout.describe())),
+                num_inputs=self.num_inputs,
+                num_sampled=self.num_sampled,
+                holdout_rows=self.holdout.rows,
+                holdout_owners=self.holdout.owners,
+                holdout_inputs=self.holdout.num_inputs,
+                **{f"counts_{i}": c for i, c in enumerate(self.counts)},
+            )
 
     @classmethod
     def load(cls, path: str | os.PathLike, tables: list[EmbeddingBagConfig] | None = None) -> AccessStats:

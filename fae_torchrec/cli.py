@@ -137,15 +137,17 @@ def profile(args: argparse.Namespace) -> None:
     )
     print(_table_report(stats, hot_set, optimizer))
     stem = os.path.splitext(args.out)[0]
-    plot_access_cdf(stats, f"{stem}_access_cdf.png")
+    written = [args.out, f"{stem}_access_cdf.png"]
+    plot_access_cdf(stats, written[-1])
     if len(stats.holdout):
         print(f"estimated hot-input share: {estimate_hot_share(stats, hot_set)}")
         smallest = max(int(ranking.cumulative_bytes[0]), 1) if len(ranking.rows) else 1
         budgets = np.unique(np.geomspace(smallest, ranking.total_bytes, 48).astype(np.int64))
-        plot_hot_share(hot_share_curve(ranking, budgets), f"{stem}_hot_share.png", budget)
+        written.append(f"{stem}_hot_share.png")
+        plot_hot_share(hot_share_curve(ranking, budgets), written[-1], budget)
     else:
-        print("estimated hot-input share: n/a (no holdout inputs)")
-    print(f"wrote {args.out}, {stem}_access_cdf.png, {stem}_hot_share.png")
+        print("estimated hot-input share: n/a (no holdout inputs: --holdout 0 or --sample 1)")
+    print(f"wrote {', '.join(written)}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -104,11 +104,4 @@ class FeatureIds:
         if missing or extra:
             raise ValueError(f"batch features do not match the tables: missing {missing}, unknown {extra}")
         for key, ids in self.values.items():
-            table = layout.configs[layout.table_of(key)]
-            if len(ids) == 0 or (ids.min() >= 0 and ids.max() < table.num_embeddings):
-                continue
-            bad = (ids < 0) | (ids >= table.num_embeddings)
-            raise ValueError(
-                f"feature {key} (table {table.name}): id {int(ids[np.argmax(bad)])} out of range "
-                f"[0, {table.num_embeddings}) ({int(bad.sum())} ids out of range in this batch)"
-            )
+            layout.check_ids(layout.table_of(key), ids, feature=key)

@@ -35,10 +35,6 @@ class HotSet:
                 raise ValueError(f"table {config.name}: hot ids must be sorted and unique")
 
     @classmethod
-    def empty(cls, tables: Sequence[EmbeddingBagConfig]) -> HotSet:
-        return cls(tuple(tables), tuple(np.empty(0, dtype=np.int64) for _ in tables))
-
-    @classmethod
     def everything(cls, tables: Sequence[EmbeddingBagConfig]) -> HotSet:
         return cls(tuple(tables), tuple(np.arange(t.num_embeddings) for t in tables))
 
@@ -75,12 +71,16 @@ class HotSet:
 
     def hot_mask(self, table: str | int) -> np.ndarray:
         """Boolean mask over all rows of ``table`` (name or index): True where the row is hot."""
-        return self._masks[self._index(table)]
+        return self._masks[self.layout.index(table)]
 
     def remap(self, table: str | int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For original ``ids`` of ``table``: whether each is hot, and its id in its part."""
-        index = self._index(table)
+        """For original ``ids`` of ``table``: whether each is hot, and its id in its part.
+
+        Raises ``ValueError`` naming the table and the id when an id is not a row of the table.
+        """
+        index = self.layout.index(table)
         ids = np.asarray(ids)
+        self.layout.check_ids(index, ids)
         return self._masks[index][ids], self._new_ids[index][ids]
 
     def is_hot_input(self, data: BatchLike) -> np.ndarray:
@@ -96,11 +96,3 @@ class HotSet:
             if cold.any():
                 hot[ids.input_index(key)[cold]] = False
         return hot
-
-    def _index(self, table: str | int) -> int:
-        if isinstance(table, int):
-            return table
-        names = self.layout.names
-        if table not in names:
-            raise KeyError(f"no table {table!r} in the hot set ({names})")
-        return names.index(table)

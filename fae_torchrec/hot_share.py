@@ -64,11 +64,7 @@ def estimate_hot_share(stats: AccessStats, hot_set: HotSet) -> ShareEstimate:
     """Share of inputs outside the sample that ``hot_set`` makes entirely hot, from the holdout."""
     n = _holdout_size(stats)
     holdout = stats.holdout
-    tables = np.searchsorted(stats.row_offsets, holdout.rows, side="right") - 1
-    hot_row = np.empty(len(holdout.rows), dtype=bool)
-    for t in range(len(stats.tables)):
-        mine = tables == t
-        hot_row[mine] = hot_set.hot_mask(t)[holdout.rows[mine] - stats.row_offsets[t]]
+    hot_row = np.concatenate([hot_set.hot_mask(t) for t in range(len(stats.tables))])[holdout.rows]
     cold_inputs = np.unique(holdout.owners[~hot_row])
     share, low, high = wilson_interval(n - len(cold_inputs), n)
     return ShareEstimate(float(share), float(low), float(high), n)

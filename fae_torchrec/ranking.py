@@ -35,7 +35,7 @@ class RowRanking:
     @cached_property
     def tables(self) -> np.ndarray:
         """Table index of each ranked row."""
-        return np.searchsorted(self.stats.row_offsets, self.rows, side="right") - 1
+        return self.stats.table_of_rows(self.rows)
 
     @cached_property
     def cumulative_bytes(self) -> np.ndarray:
@@ -73,8 +73,8 @@ class RowRanking:
         return HotSet(self.stats.tables, tuple(hot))
 
     def worst_ranks(self) -> np.ndarray:
-        """Per holdout input, the largest rank among its rows (-1 for none; rank = len(rows) if any
-        row is unranked): the input is hot exactly when fewer than that many rows are hot."""
+        """Per holdout input, the largest rank among its rows (-1 for none; ``len(rows)`` when a row
+        is unranked): with the top ``k`` ranked rows hot, the input is hot exactly when this is < k."""
         holdout = self.stats.holdout
         order = np.argsort(self.rows)
         sorted_rows = self.rows[order]

@@ -38,8 +38,11 @@ class TableLayout:
             raise ValueError(f"table names must be unique, got {names}")
         seen: dict[str, str] = {}
         for config in self.configs:
-            if config.num_embeddings <= 0:
-                raise ValueError(f"table {config.name}: num_embeddings must be positive")
+            if config.num_embeddings <= 0 or config.embedding_dim <= 0:
+                raise ValueError(
+                    f"table {config.name}: num_embeddings and embedding_dim must be positive, got "
+                    f"{config.num_embeddings} and {config.embedding_dim}"
+                )
             if not config.feature_names:
                 raise ValueError(f"table {config.name}: no feature_names")
             for feature in config.feature_names:
@@ -72,6 +75,28 @@ class TableLayout:
         if feature not in self._table_index:
             raise KeyError(f"feature {feature} is not read by any table ({self.names})")
         return self._table_index[feature]
+
+    def check_ids(self, table: int, ids: np.ndarray, feature: str | None = None) -> None:
+        """Raise ``ValueError`` naming the table (and feature) and an id unless all ``ids`` are rows."""
+        config = self.configs[table]
+        if len(ids) == 0 or (ids.min() >= 0 and ids.max() < config.num_embeddings):
+            return
+        bad = (ids < 0) | (ids >= config.num_embeddings)
+        where = f"feature {feature} (table {config.name})" if feature else f"table {config.name}"
+        raise ValueError(
+            f"{where}: id {int(ids[np.argmax(bad)])} out of range [0, {config.num_embeddings}) "
+            f"({int(bad.sum())} ids out of range)"
+        )
+
+    def index(self, table: str | int) -> int:
+        """Position of ``table`` (a name or an index), checked."""
+        if isinstance(table, str):
+            if table not in self.names:
+                raise KeyError(f"no table {table!r} (tables: {self.names})")
+            return self.names.index(table)
+        if not 0 <= table < len(self.configs):
+            raise IndexError(f"table index {table} out of range [0, {len(self.configs)})")
+        return table
 
     def row_bytes(self, optimizer_class: type[torch.optim.Optimizer] | None = None) -> np.ndarray:
         """Per-table bytes of one row (see :func:`row_bytes`)."""

@@ -58,3 +58,14 @@ def test_empty_tsv_is_an_error(tmp_path, caplog):
         main(["profile", "--data", "criteo-tsv", str(empty), "--out", str(tmp_path / "s.npz")])
     assert exit_info.value.code == 2
     assert "no input was sampled: 0 inputs seen" in caplog.text
+
+
+def test_profile_without_holdout_writes_no_share_picture(tmp_path, capsys):
+    out = tmp_path / "counts.bin"
+    main(["profile", "--num-samples", "20000", "--scale", "0.001", "--holdout", "0",
+          "--out", str(out)])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "n/a (no holdout inputs" in printed
+    assert f"wrote {out}, {tmp_path / 'counts'}_access_cdf.png\n" in printed
+    assert not (tmp_path / "counts_hot_share.png").exists()
+    assert AccessStats.load(out).num_inputs == 20_000, "saved at exactly the given path"

@@ -51,7 +51,13 @@ def test_file_without_final_newline_and_chunk_boundaries(tmp_path):
         (GOOD.replace("e21f5d58", "e21f5d5z", 1), "field C3 'e21f5d5z' is not 8 hex digits"),
         (GOOD.replace("e21f5d58", "e21f5d5", 1), "field C3 'e21f5d5' is not 8 hex digits"),
         (GOOD.replace("\t16\t", "\t1x\t", 1), "field I4 '1x' is not an integer"),
-        (GOOD.replace("1\t5", "2\t5", 1), "label must be 0 or 1, got 2"),
+        (GOOD.replace("\t16\t", "\t-\t", 1), "field I4 '-' is not an integer"),
+        (
+            GOOD.replace("\t16\t", "\t" + "9" * 19 + "\t", 1),
+            "field I4 '9{19}' is not an integer of at most 18",
+        ),
+        (GOOD.replace("1\t5", "2\t5", 1), r"field label '2' is not a label \(0 or 1\)"),
+        (GOOD + "\r", "carriage return in line"),
     ],
 )
 def test_malformed_line_names_file_and_line(tmp_path, line, message):
@@ -59,6 +65,27 @@ def test_malformed_line_names_file_and_line(tmp_path, line, message):
     path.write_text("\n".join([GOOD, GOOD, line, GOOD]) + "\n")
     with pytest.raises(ValueError, match=f"bad.txt:3: .*{message}"):
         list(CriteoTsvReader(path, chunk_bytes=1 << 20))
+
+
+def test_error_names_the_first_bad_line_whatever_the_field(tmp_path):
+    path = tmp_path / "bad.txt"
+    bad_int = GOOD.replace("\t16\t", "\tx\t", 1)
+    bad_label = GOOD.replace("1\t5", "7\t5", 1)
+    bad_hex = GOOD.replace("62770d79", "62770d7", 1)
+    path.write_text("\n".join([GOOD, bad_hex, bad_int, bad_label]) + "\n")
+    with pytest.raises(ValueError, match=r"bad\.txt:2: field C1"):
+        list(CriteoTsvReader(path))
+    path.write_text("\n".join([GOOD, bad_int, bad_label, bad_hex]) + "\n")
+    with pytest.raises(ValueError, match=r"bad\.txt:2: field I4"):
+        list(CriteoTsvReader(path))
+
+
+def test_chunk_boundary_exactly_at_a_newline(tmp_path):
+    path = tmp_path / "day_2"
+    path.write_text("\n".join([GOOD] * 6) + "\n")
+    line_bytes = len(GOOD) + 1
+    for chunk in (line_bytes - 1, line_bytes, line_bytes + 1, 2 * line_bytes):
+        assert len(_ids(CriteoTsvReader(path, chunk_bytes=chunk))) == 6
 
 
 def test_malformed_line_number_counts_across_chunks(tmp_path):

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -137,3 +139,20 @@ def test_profiled_hot_set_matches_a_naive_count(small_tables):
         chosen.append(key)
         used += cost[key[0]]
     assert sorted((t, int(i)) for t, h in enumerate(hot.hot_ids) for i in h) == sorted(chosen)
+
+
+def test_remap_rejects_ids_that_are_not_rows(small_tables):
+    hot = HotSet.everything(small_tables)
+    with pytest.raises(ValueError, match=r"table t_a: id -1 out of range \[0, 10\)"):
+        hot.remap("t_a", np.array([0, -1]))
+    with pytest.raises(ValueError, match=r"table t_b: id 20 out of range"):
+        hot.remap(1, np.array([20]))
+    with pytest.raises(IndexError, match="table index 3"):
+        hot.hot_mask(3)
+    with pytest.raises(KeyError, match="no table 't_x'"):
+        hot.remap("t_x", np.array([0]))
+
+
+def test_tables_need_positive_sizes(small_tables):
+    with pytest.raises(ValueError, match="t_a: num_embeddings and embedding_dim must be positive"):
+        AccessProfiler([replace(small_tables[0], embedding_dim=0), *small_tables[1:]])

@@ -63,6 +63,12 @@ def test_multi_hot_carries_several_ids_per_feature():
     assert batch.sparse_features.lengths().tolist()[200:203] == [3, 3, 3]
 
 
+@pytest.mark.parametrize(("seed", "scale"), [(0, 1.0), (5, 0.01)])
+def test_click_rate_is_calibrated(seed, scale):
+    data = SyntheticCriteo(CHUNK_SIZE, scale=scale, seed=seed, ctr=0.3)
+    assert np.mean(data.chunk(0).labels) == pytest.approx(0.3, abs=0.01)
+
+
 def test_labels_are_learnable():
     """Per-row label rates learnt on one part of the data predict labels of another (AUC > 0.6)."""
     data = SyntheticCriteo(200_000, batch_size=CHUNK_SIZE, scale=0.01, seed=3)
@@ -93,5 +99,7 @@ def test_empty_and_invalid_arguments():
         SyntheticCriteo(10, batch_size=0)
     with pytest.raises(ValueError, match="correlation"):
         SyntheticCriteo(10, correlation=1.5)
-    with pytest.raises(ValueError, match="ids_per_feature"):
+    with pytest.raises(ValueError, match="ids_per_feature must be positive"):
         SyntheticCriteo(10, ids_per_feature=0)
+    with pytest.raises(ValueError, match="exponent must be one value or 26"):
+        SyntheticCriteo(10, exponent=[1.1, 1.2])

@@ -70,10 +70,14 @@ class SampleBlock:
         )
 
 
-def rebatch(blocks: Iterable[SampleBlock], batch_size: int) -> Iterator[SampleBlock]:
-    """Cut a stream of blocks into blocks of ``batch_size`` inputs; the last one may be smaller."""
+def check_batch_size(batch_size: int) -> None:
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
+
+
+def rebatch(blocks: Iterable[SampleBlock], batch_size: int) -> Iterator[SampleBlock]:
+    """Cut a stream of blocks into blocks of ``batch_size`` inputs; the last one may be smaller."""
+    check_batch_size(batch_size)
     pending: list[SampleBlock] = []
     held = 0
     for block in blocks:

@@ -15,7 +15,7 @@ from torchrec.datasets.criteo import (
 from torchrec.datasets.utils import Batch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from fae_torchrec.data.block import SampleBlock, rebatch
+from fae_torchrec.data.block import SampleBlock, check_batch_size, rebatch
 
 #: Rows per categorical feature of Criteo Kaggle as used by DLRM and TorchRec (33,762,577 in all).
 KAGGLE_TABLE_SIZES: tuple[int, ...] = (
@@ -31,7 +31,6 @@ __all__ = [
     "KAGGLE_TABLE_SIZES",
     "CriteoSource",
     "criteo_table_configs",
-    "hash_to_rows",
     "scaled_table_sizes",
     "single_hot_block",
 ]
@@ -44,12 +43,16 @@ def scaled_table_sizes(scale: float, sizes: Sequence[int] = KAGGLE_TABLE_SIZES) 
     return tuple(int(s) for s in np.maximum(1, np.rint(np.asarray(sizes) * scale)).astype(np.int64))
 
 
+def _check_table_sizes(table_sizes: Sequence[int]) -> None:
+    if len(table_sizes) != CAT_FEATURE_COUNT:
+        raise ValueError(f"expected {CAT_FEATURE_COUNT} table sizes, got {len(table_sizes)}")
+
+
 def criteo_table_configs(
     table_sizes: Sequence[int] = KAGGLE_TABLE_SIZES, embedding_dim: int = 16
 ) -> list[EmbeddingBagConfig]:
     """One ``EmbeddingBagConfig`` per categorical feature, named as TorchRec's DLRM examples do."""
-    if len(table_sizes) != CAT_FEATURE_COUNT:
-        raise ValueError(f"expected {CAT_FEATURE_COUNT} table sizes, got {len(table_sizes)}")
+    _check_table_sizes(table_sizes)
     return [
         EmbeddingBagConfig(
             name=f"t_{feature}",
@@ -61,18 +64,14 @@ def criteo_table_configs(
     ]
 
 
-def hash_to_rows(raw: np.ndarray, table_sizes: Sequence[int]) -> np.ndarray:
-    """Raw categorical values (``(n, 26)``) modulo each table's size, as TorchRec's readers do."""
-    return raw % np.asarray(table_sizes, dtype=np.int64)
-
-
 def single_hot_block(
     dense: np.ndarray, raw_ids: np.ndarray, labels: np.ndarray, table_sizes: Sequence[int]
 ) -> SampleBlock:
-    """A block of one id per feature from raw Criteo columns (hashed to rows here)."""
+    """A block of one id per feature from raw Criteo columns: raw categorical values (``(n, 26)``)
+    become rows modulo each table's size, as TorchRec's readers hash them."""
     return SampleBlock(
         dense=np.array(dense, dtype=np.float32),
-        ids=hash_to_rows(raw_ids, table_sizes),
+        ids=raw_ids % np.asarray(table_sizes, dtype=np.int64),
         labels=np.array(labels, dtype=np.int32).reshape(-1),
         ids_per_feature=(1,) * CAT_FEATURE_COUNT,
     )
@@ -83,10 +82,8 @@ class CriteoSource:
     ``batch_size`` inputs with one key per categorical feature (``cat_0`` .. ``cat_25``)."""
 
     def __init__(self, batch_size: int, table_sizes: Sequence[int]) -> None:
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if len(table_sizes) != CAT_FEATURE_COUNT:
-            raise ValueError(f"expected {CAT_FEATURE_COUNT} table sizes, got {len(table_sizes)}")
+        check_batch_size(batch_size)
+        _check_table_sizes(table_sizes)
         self.batch_size = batch_size
         self.table_sizes = tuple(int(s) for s in table_sizes)
 

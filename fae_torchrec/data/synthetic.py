@@ -2,11 +2,14 @@
 
 Each table draws row *ranks* from a truncated power law (rank ``r`` has weight ``(r + 1) ** -a``) and
 maps ranks to ids through a random affine permutation ``id = (A * r + B) mod N`` with ``gcd(A, N) = 1``,
-so the hot rows are spread over the table rather than being the small ids. Labels come from a planted
-logistic model: a linear function of the dense features plus, per feature, a fixed pseudo-random effect
-of each row (a hash of table and id, so it costs no memory). Data are generated in fixed chunks, each
-from its own seed ``(seed, chunk)``, so the samples do not depend on the batch size and memory does not
-grow with the number of samples.
+so the hot rows are spread over the table rather than being the small ids. Popularity is correlated
+across the features of an input, as in real traffic: each id takes its input's shared uniform quantile
+with probability ``correlation``, otherwise a quantile of its own, so popular rows tend to appear
+together. Labels come from a planted logistic model: a linear function of the dense features plus, per
+feature, a fixed pseudo-random effect of each row (a hash of table and id, so it costs no memory), with
+the intercept set so that the click rate is ``ctr``. Data are generated in fixed chunks, each from its
+own seed ``(seed, chunk)``, so the samples do not depend on the batch size and memory does not grow
+with the number of samples.
 """
 
 from __future__ import annotations
@@ -78,7 +81,10 @@ class SyntheticCriteo(CriteoSource):
         exponent: power-law exponent per table (one value for all, or 26 values).
         ids_per_feature: ids each input carries per feature (1 = single-hot, as in Criteo; a sequence
             of 26 counts for multi-hot data as in DLRM-v2).
+        correlation: chance that an id takes its input's shared popularity quantile (0 = independent
+            features, 1 = all ids of an input equally popular).
         sparse_signal: weight of each feature's row effect in the planted logit.
+        ctr: share of positive labels the planted model is calibrated to (Criteo Kaggle: 25.6%).
     """
 
     def __init__(
@@ -92,21 +98,20 @@ class SyntheticCriteo(CriteoSource):
         ids_per_feature: int | Sequence[int] = 1,
         correlation: float = DEFAULT_CORRELATION,
         sparse_signal: float = 0.6,
+        ctr: float = 0.25,
     ) -> None:
         if num_samples < 0:
             raise ValueError(f"num_samples must be non-negative, got {num_samples}")
         super().__init__(batch_size, scaled_table_sizes(scale))
         self.num_samples = num_samples
         self.seed = seed
-        exponents = np.broadcast_to(np.asarray(exponent, dtype=np.float64), CAT_FEATURE_COUNT)
-        if np.any(exponents <= 0):
-            raise ValueError(f"exponents must be positive, got {exponent}")
-        counts = np.broadcast_to(np.asarray(ids_per_feature, dtype=np.int64), CAT_FEATURE_COUNT)
-        if np.any(counts <= 0):
-            raise ValueError(f"ids_per_feature must be positive, got {ids_per_feature}")
+        exponents = _per_feature("exponent", exponent, np.float64)
+        counts = _per_feature("ids_per_feature", ids_per_feature, np.int64)
         self.ids_per_feature = tuple(int(c) for c in counts)
         if not 0.0 <= correlation <= 1.0:
             raise ValueError(f"correlation must be in [0, 1], got {correlation}")
+        if not 0.0 < ctr < 1.0:
+            raise ValueError(f"ctr must be in (0, 1), got {ctr}")
         self.correlation = correlation
         rng = np.random.default_rng([seed, 1 << 32])
         self._dense_weights = rng.normal(0.0, 0.4, INT_FEATURE_COUNT).astype(np.float32)
@@ -122,6 +127,8 @@ class SyntheticCriteo(CriteoSource):
             )
             for n, a in zip(self.table_sizes, exponents, strict=True)
         ]
+        _, _, pilot = self._draw(np.random.default_rng([seed, 1 << 33]), 1 << 14)
+        self._intercept = _intercept_for(ctr, pilot)
 
     @property
     def num_chunks(self) -> int:
@@ -133,19 +140,8 @@ class SyntheticCriteo(CriteoSource):
             raise IndexError(f"chunk {index} out of range [0, {self.num_chunks})")
         n = min(CHUNK_SIZE, self.num_samples - index * CHUNK_SIZE)
         rng = np.random.default_rng([self.seed, index])
-        raw = np.floor(np.exp(self._dense_mu + 1.5 * rng.standard_normal((n, INT_FEATURE_COUNT))))
-        dense = np.log1p(raw).astype(np.float32)
-        logit = (dense - np.float32(2.0)) @ self._dense_weights - np.float32(1.3)
-        bounds = np.concatenate([[0], np.cumsum(self.ids_per_feature)])
-        ids = np.empty((n, bounds[-1]), dtype=np.int64)
-        uniform = rng.random((n, bounds[-1]))
-        shared = rng.random((n, bounds[-1])) < self.correlation
-        uniform[shared] = np.broadcast_to(rng.random((n, 1)), uniform.shape)[shared]
-        for f, plan in enumerate(self._tables):
-            cols = slice(bounds[f], bounds[f + 1])
-            ranks = _power_law_ranks(uniform[:, cols], plan.num_rows, plan.exponent)
-            ids[:, cols] = (ranks * plan.multiplier + plan.offset) % plan.num_rows
-            logit += np.float32(plan.weight) * _row_effect(ids[:, cols], plan.salt).mean(axis=1)
+        dense, ids, logit = self._draw(rng, n)
+        logit += np.float32(self._intercept)
         labels = rng.random(n, dtype=np.float32) < 1.0 / (1.0 + np.exp(-logit))
         return SampleBlock(
             dense=dense,
@@ -157,8 +153,47 @@ class SyntheticCriteo(CriteoSource):
     def raw_blocks(self) -> Iterator[SampleBlock]:
         return (self.chunk(i) for i in range(self.num_chunks))
 
+    def _draw(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Dense features, ids and the planted logit (without intercept) of ``n`` inputs."""
+        raw = np.floor(np.exp(self._dense_mu + 1.5 * rng.standard_normal((n, INT_FEATURE_COUNT))))
+        dense = np.log1p(raw).astype(np.float32)
+        logit = (dense - np.float32(2.0)) @ self._dense_weights
+        bounds = np.concatenate([[0], np.cumsum(self.ids_per_feature)])
+        ids = np.empty((n, bounds[-1]), dtype=np.int64)
+        uniform = rng.random((n, bounds[-1]))
+        shared = rng.random((n, bounds[-1])) < self.correlation
+        uniform[shared] = np.broadcast_to(rng.random((n, 1)), uniform.shape)[shared]
+        for f, plan in enumerate(self._tables):
+            cols = slice(bounds[f], bounds[f + 1])
+            ranks = _power_law_ranks(uniform[:, cols], plan.num_rows, plan.exponent)
+            ids[:, cols] = (ranks * plan.multiplier + plan.offset) % plan.num_rows
+            logit += np.float32(plan.weight) * _row_effect(ids[:, cols], plan.salt).mean(axis=1)
+        return dense, ids, logit
+
     def __len__(self) -> int:
         return -(-self.num_samples // self.batch_size)
+
+
+def _per_feature(name: str, value: float | Sequence[float], dtype: type) -> np.ndarray:
+    """One positive value per categorical feature, from one value or 26."""
+    values = np.asarray(value, dtype=dtype)
+    if values.ndim > 1 or (values.ndim == 1 and len(values) != CAT_FEATURE_COUNT):
+        raise ValueError(f"{name} must be one value or {CAT_FEATURE_COUNT}, got {value}")
+    if np.any(values <= 0):
+        raise ValueError(f"{name} must be positive, got {value}")
+    return np.broadcast_to(values, CAT_FEATURE_COUNT)
+
+
+def _intercept_for(ctr: float, logit: np.ndarray) -> float:
+    """The intercept that makes the mean of ``sigmoid(logit + intercept)`` equal ``ctr`` (bisection)."""
+    low, high = -30.0, 30.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        if np.mean(1.0 / (1.0 + np.exp(-(logit + middle)))) < ctr:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
 
 
 def _coprime(rng: np.random.Generator, n: int) -> int:
