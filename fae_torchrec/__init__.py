@@ -1,10 +1,11 @@
 """FAE (Frequently Accessed Embeddings) for TorchRec.
 
-Profile which embedding rows are hot, build the hot set for a GPU memory budget, and estimate how
-many training inputs are then entirely hot.
+Profile which embedding rows are hot, build the hot set for a GPU memory budget, estimate how many
+training inputs are then entirely hot, and split embedding tables into hot and cold parts.
 """
 
 from fae_torchrec.access_stats import AccessStats, Holdout
+from fae_torchrec.fae_embedding_bag import FAEEmbeddingBagCollection, part_table_name
 from fae_torchrec.feature_ids import FeatureIds
 from fae_torchrec.hot_set import HotSet
 from fae_torchrec.hot_share import (
@@ -22,6 +23,7 @@ from fae_torchrec.units import format_bytes, parse_bytes
 __all__ = [
     "AccessProfiler",
     "AccessStats",
+    "FAEEmbeddingBagCollection",
     "FeatureIds",
     "Holdout",
     "HotSet",
@@ -34,5 +36,6 @@ __all__ = [
     "hot_share_curve",
     "measure_hot_share",
     "parse_bytes",
+    "part_table_name",
     "row_bytes",
 ]

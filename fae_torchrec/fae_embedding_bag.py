@@ -1,0 +1,217 @@
+"""``FAEEmbeddingBagCollection``: an ``EmbeddingBagCollection`` split into a hot part and a cold part.
+
+Every row of every table lives in exactly one part: the hot rows of table ``t`` form table ``t_hot`` of
+the ``hot`` EBC (ids ``0..H-1``, in original id order) and the other rows form ``t_cold`` of the
+``cold`` EBC. The forward takes the original ``KeyedJaggedTensor``, remaps ids with one
+``searchsorted`` over the sorted hot ids of all tables, looks up both parts with SUM pooling and
+returns the ``KeyedTensor`` the unsplit EBC would return (MEAN tables are divided by the bag sizes at
+the end). Both parts are ordinary EBCs, so ``DistributedModelParallel`` shards each with TorchRec's
+own sharders and kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import torch
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingBagCollectionInterface
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+from fae_torchrec.hot_set import HotSet
+from fae_torchrec.tables import TableLayout
+
+HOT, COLD = "hot", "cold"
+
+
+def part_table_name(table: str, part: str) -> str:
+    """Name of ``table``'s share in a part (unique across both parts, as planner constraints need)."""
+    return f"{table}_{part}"
+
+
+class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
+    """A drop-in for ``EmbeddingBagCollection`` whose tables are split by a ``HotSet``.
+
+    Args:
+        tables: the original table configs (SUM or MEAN pooling).
+        hot_set: which rows of each table are hot (made for the same tables).
+        is_weighted: whether features carry per-id weights (SUM pooling only, as in TorchRec).
+        device: where the parts are created (``meta`` for planning).
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingBagConfig],
+        hot_set: HotSet,
+        is_weighted: bool = False,
+        device: torch.device | None = None,
+    ) -> None:
+        super().__init__()
+        layout = TableLayout.of(tables)
+        if layout.describe() != hot_set.layout.describe():
+            raise ValueError(f"hot set is for other tables: {hot_set.layout.names} vs model {layout.names}")
+        for config in tables:
+            if config.pooling not in (PoolingType.SUM, PoolingType.MEAN):
+                raise ValueError(f"table {config.name}: pooling {config.pooling} is not supported")
+            if is_weighted and config.pooling != PoolingType.SUM:
+                raise ValueError(f"table {config.name}: weighted features need SUM pooling")
+        self._configs = list(tables)
+        self._layout = layout
+        self._is_weighted = is_weighted
+        num_hot = np.array([len(ids) for ids in hot_set.hot_ids], dtype=np.int64)
+        self._num_hot = num_hot.tolist()
+        sizes = {HOT: num_hot, COLD: layout.num_rows - num_hot}
+        self.hot = self._make_part(HOT, sizes[HOT], device)
+        self.cold = self._make_part(COLD, sizes[COLD], device)
+        features = layout.features
+        self._part_keys = {
+            part: [
+                features.index(f)
+                for c, n in zip(tables, sizes[part], strict=True)
+                if n > 0
+                for f in c.feature_names
+            ]
+            for part in sizes
+        }
+        offsets = np.concatenate([[0], np.cumsum(layout.num_rows)])
+        # sorted global rows (table offset + id) of all hot rows, then the total as a sentinel, so that
+        # searchsorted always lands on a valid index
+        hot_rows = [ids + offsets[t] for t, ids in enumerate(hot_set.hot_ids)] + [offsets[-1:]]
+        self.register_buffer("hot_rows", torch.from_numpy(np.concatenate(hot_rows).astype(np.int64)))
+        self.register_buffer("row_offsets", torch.from_numpy(offsets[:-1].astype(np.int64)))
+        self.register_buffer("hot_offsets", torch.from_numpy(np.concatenate([[0], np.cumsum(num_hot)])[:-1]))
+        table_of_feature = [layout.table_of(f) for f in features]
+        self.register_buffer("table_of_feature", torch.tensor(table_of_feature), persistent=False)
+
+    def _make_part(
+        self, part: str, sizes: np.ndarray, device: torch.device | None
+    ) -> EmbeddingBagCollection | None:
+        configs = [
+            replace(c, name=part_table_name(c.name, part), num_embeddings=int(n), pooling=PoolingType.SUM)
+            for c, n in zip(self._configs, sizes, strict=True)
+            if n > 0
+        ]
+        if not configs:
+            return None
+        return EmbeddingBagCollection(configs, is_weighted=self._is_weighted, device=device)
+
+    @classmethod
+    def from_ebc(cls, ebc: EmbeddingBagCollection, hot_set: HotSet) -> FAEEmbeddingBagCollection:
+        """The split of a (trained) EBC: each row's weights copied into its part."""
+        split = cls(ebc.embedding_bag_configs(), hot_set, ebc.is_weighted(), device=ebc.device)
+        split.load_ebc_state_dict(ebc.state_dict())
+        return split
+
+    def load_ebc_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load weights given in the original layout (a plain EBC's ``state_dict``)."""
+        with torch.no_grad():
+            for config, pieces in self._pieces():
+                weight = state_dict[f"embedding_bags.{config.name}.weight"]
+                for ids, part_weight in pieces:
+                    part_weight.copy_(weight[ids.to(weight.device)])
+
+    def ebc_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights in the original layout: a state dict a plain EBC of the same tables loads."""
+        state = {}
+        for config, pieces in self._pieces():
+            dtype = pieces[0][1].dtype
+            weight = torch.empty(config.num_embeddings, config.embedding_dim, dtype=dtype)
+            for ids, part_weight in pieces:
+                weight[ids] = part_weight.detach().cpu()
+            state[f"embedding_bags.{config.name}.weight"] = weight
+        return state
+
+    def _pieces(self) -> list[tuple[EmbeddingBagConfig, list[tuple[torch.Tensor, torch.Tensor]]]]:
+        """Per table: its config and, per part holding rows of it, (original ids, part weight)."""
+        rows = self.hot_rows.cpu()
+        result = []
+        for t, config in enumerate(self._configs):
+            start = int(self.hot_offsets[t])
+            hot = rows[start : start + self._num_hot[t]] - int(self.row_offsets[t])
+            is_cold = torch.ones(config.num_embeddings, dtype=torch.bool)
+            is_cold[hot] = False
+            pieces = [
+                (ids, getattr(self, part).embedding_bags[part_table_name(config.name, part)].weight)
+                for part, ids in ((HOT, hot), (COLD, torch.nonzero(is_cold).flatten()))
+                if len(ids)
+            ]
+            result.append((config, pieces))
+        return result
+
+    def split_features(self, features: KeyedJaggedTensor) -> dict[str, KeyedJaggedTensor]:
+        """The inputs of each part: a KJT over the part's features whose ids are remapped into the
+        part; a bag keeps its hot ids in the hot KJT and its cold ids in the cold one."""
+        features = self._ordered(features)
+        values, lengths = features.values(), features.lengths()
+        device = values.device
+        per_key = torch.tensor(features.length_per_key(), device=device)
+        table = torch.repeat_interleave(self.table_of_feature.to(device), per_key)
+        rows = values + self.row_offsets[table]
+        position = torch.searchsorted(self.hot_rows, rows)
+        is_hot = self.hot_rows[position] == rows
+        hot_before = position - self.hot_offsets[table]
+        new_ids = torch.where(is_hot, hot_before, values - hot_before)
+        bag = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+        parts = {}
+        for part, mask in ((HOT, is_hot), (COLD, ~is_hot)):
+            if getattr(self, part) is None:
+                continue
+            kjt = KeyedJaggedTensor(
+                keys=self._layout.features,
+                values=new_ids[mask],
+                lengths=torch.zeros_like(lengths).index_add_(0, bag, mask.to(lengths.dtype)),
+                weights=features.weights()[mask] if self._is_weighted else None,
+                stride=features.stride(),
+            )
+            parts[part] = kjt.permute(self._part_keys[part])
+        return parts
+
+    def forward(self, features: KeyedJaggedTensor, hot_only: bool = False) -> KeyedTensor:
+        """Pooled embeddings of ``features`` (original ids), as the unsplit EBC gives them.
+
+        With ``hot_only`` the batch must carry hot ids only and the cold part is not called at all
+        (no lookup, no collective); a cold id then raises ``ValueError``.
+        """
+        parts = self.split_features(features)
+        if hot_only and COLD in parts and parts[COLD].values().numel():
+            raise ValueError("a batch marked hot_only carries cold ids")
+        pooled: dict[str, list[torch.Tensor]] = {}
+        for part, kjt in parts.items():
+            if not (hot_only and part == COLD):
+                for feature, value in getattr(self, part)(kjt).to_dict().items():
+                    pooled.setdefault(feature, []).append(value)
+        ordered = self._ordered(features)
+        lengths = ordered.lengths().view(len(self._layout.features), -1)
+        values = []
+        for config in self._configs:
+            for feature in config.feature_names:
+                found = pooled.get(feature)
+                if found is None:
+                    value = torch.zeros(ordered.stride(), config.embedding_dim, device=lengths.device)
+                else:
+                    value = found[0] if len(found) == 1 else found[0] + found[1]
+                if config.pooling == PoolingType.MEAN:
+                    bag_sizes = lengths[self._layout.features.index(feature)].clamp(min=1)
+                    value = value / bag_sizes.unsqueeze(1).to(value.dtype)
+                values.append(value)
+        return KeyedTensor(
+            keys=self._layout.features,
+            values=torch.cat(values, dim=1),
+            length_per_key=[c.embedding_dim for c in self._configs for _ in c.feature_names],
+        )
+
+    def _ordered(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """``features`` restricted to this module's features, in table order."""
+        keys = features.keys()
+        missing = [f for f in self._layout.features if f not in keys]
+        if missing:
+            raise ValueError(f"features {missing} are missing from the batch (keys {keys})")
+        return features.permute([keys.index(f) for f in self._layout.features])
+
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        return self._configs
+
+    def is_weighted(self) -> bool:
+        return self._is_weighted

@@ -1,0 +1,168 @@
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from torchrec.models.dlrm import DLRM
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from fae_torchrec import FAEEmbeddingBagCollection, HotSet
+
+HOT_IDS = {"t_a": [2, 5], "t_b": list(range(20)), "t_c": [0, 7, 29], "t_d": []}
+
+
+def _tables(pooling=PoolingType.SUM) -> list[EmbeddingBagConfig]:
+    return [
+        EmbeddingBagConfig(
+            name="t_a", embedding_dim=4, num_embeddings=10, feature_names=["a"], pooling=pooling
+        ),
+        EmbeddingBagConfig(
+            name="t_b", embedding_dim=8, num_embeddings=20, feature_names=["b"], pooling=pooling
+        ),
+        EmbeddingBagConfig(
+            name="t_c", embedding_dim=4, num_embeddings=30, feature_names=["c1", "c2"], pooling=pooling
+        ),
+        EmbeddingBagConfig(
+            name="t_d", embedding_dim=4, num_embeddings=6, feature_names=["d"], pooling=pooling
+        ),
+    ]
+
+
+def _hot_set(tables) -> HotSet:
+    return HotSet(tuple(tables), tuple(np.array(HOT_IDS[t.name], dtype=np.int64) for t in tables))
+
+
+def _ebc(tables, weighted=False) -> EmbeddingBagCollection:
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(tables, is_weighted=weighted)
+    with torch.no_grad():
+        for bag in ebc.embedding_bags.values():
+            bag.weight.normal_()
+    return ebc
+
+
+def _batch(kind: str, stride: int = 16, weighted: bool = False, seed: int = 0) -> KeyedJaggedTensor:
+    """Multi-hot batch (0-3 ids per bag, some empty) whose ids are all hot, all cold or mixed."""
+    rng = np.random.default_rng(seed)
+    sizes = {"a": 10, "b": 20, "c1": 30, "c2": 30, "d": 6}
+    table = {"a": "t_a", "b": "t_b", "c1": "t_c", "c2": "t_c", "d": "t_d"}
+    values, lengths = [], []
+    for key, size in sizes.items():
+        hot = np.array(HOT_IDS[table[key]], dtype=np.int64)
+        cold = np.setdiff1d(np.arange(size), hot)
+        pool = {"hot": hot, "cold": cold, "mixed": np.arange(size)}[kind]
+        counts = rng.integers(0, 4, stride) if len(pool) else np.zeros(stride, dtype=np.int64)
+        lengths.append(counts)
+        values.append(rng.choice(pool, counts.sum()) if len(pool) else np.empty(0, np.int64))
+    n = int(sum(len(v) for v in values))
+    return KeyedJaggedTensor(
+        keys=list(sizes),
+        values=torch.from_numpy(np.concatenate(values)),
+        lengths=torch.from_numpy(np.concatenate(lengths)).int(),
+        weights=torch.rand(n, generator=torch.Generator().manual_seed(seed)) if weighted else None,
+    )
+
+
+def _assert_same(expected, actual):
+    expected, actual = expected.to_dict(), actual.to_dict()
+    assert expected.keys() == actual.keys()
+    for key in expected:
+        torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])
+@pytest.mark.parametrize("kind", ["hot", "cold", "mixed"])
+def test_forward_equals_the_original_ebc(pooling, kind):
+    tables = _tables(pooling)
+    ebc = _ebc(tables)
+    split = FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
+    for seed in range(3):
+        batch = _batch(kind, seed=seed)
+        _assert_same(ebc(batch), split(batch))
+
+
+@pytest.mark.parametrize("kind", ["hot", "cold", "mixed"])
+def test_weighted_forward_equals_the_original_ebc(kind):
+    tables = _tables()
+    ebc = _ebc(tables, weighted=True)
+    split = FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
+    batch = _batch(kind, weighted=True)
+    _assert_same(ebc(batch), split(batch))
+
+
+def test_tables_live_in_the_parts_that_hold_their_rows():
+    tables = _tables()
+    split = FAEEmbeddingBagCollection(tables, _hot_set(tables))
+    hot = {c.name: c.num_embeddings for c in split.hot.embedding_bag_configs()}
+    cold = {c.name: c.num_embeddings for c in split.cold.embedding_bag_configs()}
+    assert hot == {"t_a_hot": 2, "t_b_hot": 20, "t_c_hot": 3}, "t_d has no hot row"
+    assert cold == {"t_a_cold": 8, "t_c_cold": 27, "t_d_cold": 6}, "t_b is all hot"
+
+
+def test_hot_only_step_never_calls_the_cold_part():
+    tables = _tables()
+    ebc = _ebc(tables)
+    split = FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
+    calls = []
+    split.cold.register_forward_pre_hook(lambda module, args: calls.append(1))
+    batch = _batch("hot")
+    _assert_same(ebc(batch), split(batch, hot_only=True))
+    assert calls == []
+    split(batch)
+    assert calls == [1]
+    with pytest.raises(ValueError, match="hot_only carries cold ids"):
+        split(_batch("mixed"), hot_only=True)
+
+
+def test_gradients_reach_each_row_in_its_part():
+    tables = _tables()
+    ebc = _ebc(tables)
+    split = FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
+    batch = _batch("mixed")
+    ebc(batch).values().square().sum().backward()
+    split(batch).values().square().sum().backward()
+    for config, pieces in split._pieces():
+        reference = ebc.embedding_bags[config.name].weight.grad
+        for ids, weight in pieces:
+            torch.testing.assert_close(weight.grad, reference[ids], rtol=0, atol=1e-5)
+
+
+def test_round_trip_to_the_original_layout_is_bit_identical():
+    tables = _tables()
+    ebc = _ebc(tables)
+    split = FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
+    state = split.ebc_state_dict()
+    assert state.keys() == ebc.state_dict().keys()
+    for key, value in ebc.state_dict().items():
+        assert torch.equal(state[key], value)
+    rebuilt = EmbeddingBagCollection(tables)
+    rebuilt.load_state_dict(state)
+    _assert_same(ebc(_batch("mixed")), rebuilt(_batch("mixed")))
+
+
+def test_swapped_into_torchrec_dlrm():
+    tables = [replace(t, embedding_dim=8) for t in _tables()]
+    ebc = _ebc(tables)
+    torch.manual_seed(1)
+    model = DLRM(embedding_bag_collection=ebc, dense_in_features=3, dense_arch_layer_sizes=[8],
+                 over_arch_layer_sizes=[4, 1])  # fmt: skip
+    batch = _batch("mixed")
+    dense = torch.rand(batch.stride(), 3)
+    expected = model(dense, batch)
+    model.sparse_arch.embedding_bag_collection = FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
+    torch.testing.assert_close(model(dense, batch), expected, rtol=0, atol=1e-5)
+
+
+def test_bad_configurations_are_refused():
+    tables = _tables()
+    with pytest.raises(ValueError, match="hot set is for other tables"):
+        FAEEmbeddingBagCollection(tables[:3], _hot_set(tables))
+    with pytest.raises(ValueError, match="weighted features need SUM pooling"):
+        mean = _tables(PoolingType.MEAN)
+        FAEEmbeddingBagCollection(mean, _hot_set(mean), is_weighted=True)
+    split = FAEEmbeddingBagCollection(tables, _hot_set(tables))
+    batch = _batch("mixed")
+    with pytest.raises(ValueError, match=r"features \['d'\] are missing"):
+        split(batch.permute([0, 1, 2, 3]))
