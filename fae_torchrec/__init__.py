@@ -17,6 +17,7 @@ from fae_torchrec.hot_share import (
 )
 from fae_torchrec.profiler import AccessProfiler
 from fae_torchrec.ranking import RowRanking
+from fae_torchrec.state import load_full_state_dict
 from fae_torchrec.tables import TableLayout, row_bytes
 from fae_torchrec.units import format_bytes, parse_bytes
 
@@ -34,6 +35,7 @@ __all__ = [
     "estimate_hot_share",
     "format_bytes",
     "hot_share_curve",
+    "load_full_state_dict",
     "measure_hot_share",
     "parse_bytes",
     "part_table_name",

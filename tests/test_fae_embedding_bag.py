@@ -166,3 +166,13 @@ def test_bad_configurations_are_refused():
     batch = _batch("mixed")
     with pytest.raises(ValueError, match=r"features \['d'\] are missing"):
         split(batch.permute([0, 1, 2, 3]))
+
+
+def test_load_full_state_dict_into_an_unsharded_module():
+    tables = _tables()
+    split = FAEEmbeddingBagCollection.from_ebc(_ebc(tables), _hot_set(tables))
+    other = FAEEmbeddingBagCollection(tables, _hot_set(tables))
+    load_full_state_dict(other, split.state_dict())
+    _assert_same(split(_batch("mixed")), other(_batch("mixed")))
+    with pytest.raises(KeyError, match="no entry 'hot_rows'"):
+        load_full_state_dict(other, {k: v for k, v in split.state_dict().items() if k != "hot_rows"})
