@@ -1,0 +1,97 @@
+"""``CacheStatistics`` of a cold table, computed from the sampled access counts of its cold rows.
+
+TorchRec reads three numbers from a ``fused_uvm_caching`` table's ``CacheParams.stats``: the expected
+distinct lookups per global batch, the miss rate as a function of the cache load factor, and a
+cacheability score. Under the independent reference model (each lookup draws row ``r`` with
+probability ``p_r``, estimated from the sample):
+
+* distinct lookups among ``n`` draws: ``sum_r 1 - (1 - p_r) ** n``;
+* LRU miss rate of a cache of ``C = clf * rows`` rows, by Che's approximation: find the
+  characteristic time ``T`` with ``sum_r 1 - exp(-p_r T) = C``; the hit rate is
+  ``sum_r p_r (1 - exp(-p_r T))``;
+* cacheability: the area under the miss-rate curve (TorchRec's definition).
+
+Rows never seen in the sample share the Good-Turing estimate of the unseen mass (the share of sampled
+accesses made by rows seen once). The miss-rate curve is tabulated at construction: the object is
+small and immutable, and ``deepcopy`` returns it as is (the planner copies it many times).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from torchrec.distributed.types import CacheStatistics
+
+#: Load factors at which the miss-rate curve is tabulated (dense near 0, where caches are sized).
+LOAD_FACTOR_GRID = np.concatenate([[0.0], np.geomspace(1e-4, 1.0, 64)])
+
+
+@dataclass(frozen=True, eq=False)
+class AccessCacheStatistics(CacheStatistics):
+    """Cache statistics of one table from access counts (see the module docstring)."""
+
+    lookups: float
+    load_factors: tuple[float, ...]
+    miss_rates: tuple[float, ...]
+
+    @classmethod
+    def from_counts(cls, counts: np.ndarray, lookups_per_batch: float) -> AccessCacheStatistics:
+        """Statistics of a table whose rows were accessed ``counts`` times in the sample, looked up
+        ``lookups_per_batch`` times per global batch."""
+        if len(counts) == 0:
+            raise ValueError("a table needs at least one row")
+        probability, multiplicity = _row_probabilities(np.asarray(counts, dtype=np.float64))
+        distinct = float(
+            multiplicity @ -np.expm1(lookups_per_batch * np.log1p(-np.minimum(probability, 1 - 1e-12)))
+        )
+        rows = float(multiplicity.sum())
+        miss = (
+            [1.0]
+            + [_che_miss_rate(probability, multiplicity, clf * rows) for clf in LOAD_FACTOR_GRID[1:-1]]
+            + [0.0]
+        )
+        return cls(distinct, tuple(LOAD_FACTOR_GRID.tolist()), tuple(miss))
+
+    @property
+    def expected_lookups(self) -> float:
+        return self.lookups
+
+    def expected_miss_rate(self, clf: float) -> float:
+        return float(np.interp(clf, self.load_factors, self.miss_rates))
+
+    @property
+    def cacheability(self) -> float:
+        return float(np.trapezoid(self.miss_rates, self.load_factors))
+
+    def __deepcopy__(self, memo: dict) -> AccessCacheStatistics:
+        return self
+
+
+def _row_probabilities(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct access probabilities of the rows and how many rows have each."""
+    total = counts.sum()
+    unseen = int(np.count_nonzero(counts == 0))
+    if total == 0:
+        return np.array([1.0 / len(counts)]), np.array([float(len(counts))])
+    unseen_mass = np.count_nonzero(counts == 1) / total if unseen else 0.0
+    values, multiplicity = np.unique(counts[counts > 0], return_counts=True)
+    probability = values / total * (1.0 - unseen_mass)
+    if unseen and unseen_mass > 0:
+        probability = np.append(probability, unseen_mass / unseen)
+        multiplicity = np.append(multiplicity, unseen)
+    return probability, multiplicity.astype(np.float64)
+
+
+def _che_miss_rate(probability: np.ndarray, multiplicity: np.ndarray, cache_rows: float) -> float:
+    """LRU miss rate of a cache of ``cache_rows`` rows (Che's approximation, bisection on log T)."""
+    occupied = multiplicity[probability > 0].sum()
+    if cache_rows >= occupied:
+        return 0.0
+    low, high = -40.0, 60.0
+    for _ in range(80):
+        middle = (low + high) / 2
+        filled = multiplicity @ -np.expm1(-probability * np.exp(middle))
+        low, high = (middle, high) if filled < cache_rows else (low, middle)
+    held = -np.expm1(-probability * np.exp((low + high) / 2))
+    return float(1.0 - (multiplicity * probability) @ held)

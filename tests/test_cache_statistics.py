@@ -1,0 +1,64 @@
+import copy
+from collections import OrderedDict
+from itertools import pairwise
+
+import numpy as np
+import pytest
+
+from planner.cache_statistics import AccessCacheStatistics
+
+
+def _lru_miss_rate(stream: np.ndarray, capacity: int) -> float:
+    """Reference: replay ``stream`` through an LRU cache of ``capacity`` rows."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    misses = 0
+    for row in stream.tolist():
+        if row in cache:
+            cache.move_to_end(row)
+            continue
+        misses += 1
+        cache[row] = None
+        if len(cache) > capacity:
+            cache.popitem(last=False)
+    return misses / len(stream)
+
+
+def test_miss_rate_and_lookups_match_an_lru_replay():
+    rows = 20_000
+    weights = 1 / np.arange(1, rows + 1) ** 1.1
+    counts = np.round(weights / weights.sum() * 1e7).astype(np.int64) + 2
+    stats = AccessCacheStatistics.from_counts(counts, lookups_per_batch=20_000)
+    stream = np.random.default_rng(0).choice(rows, 200_000, p=counts / counts.sum())
+    for capacity in (200, 2000):
+        assert stats.expected_miss_rate(capacity / rows) == pytest.approx(
+            _lru_miss_rate(stream, capacity), abs=0.02
+        )
+    assert stats.expected_lookups == pytest.approx(len(np.unique(stream[:20_000])), rel=0.03)
+
+
+def test_curve_ends_and_cacheability():
+    counts = np.array([50, 20, 5, 1, 1, 0, 0, 0])
+    stats = AccessCacheStatistics.from_counts(counts, lookups_per_batch=10)
+    assert stats.expected_miss_rate(0.0) == 1.0 and stats.expected_miss_rate(1.0) == 0.0
+    curve = [stats.expected_miss_rate(x) for x in np.linspace(0, 1, 11)]
+    assert all(a >= b for a, b in pairwise(curve))
+    assert 0.0 < stats.cacheability < 1.0
+    uniform = AccessCacheStatistics.from_counts(np.full(8, 10), lookups_per_batch=10)
+    assert uniform.cacheability > stats.cacheability, "skewed access is easier to cache"
+
+
+def test_unseen_rows_take_the_good_turing_mass():
+    counts = np.array([100] + [1] * 10 + [0] * 1000)
+    stats = AccessCacheStatistics.from_counts(counts, lookups_per_batch=1)
+    unseen_mass = 10 / 110
+    # a cache as large as the seen rows still misses most of the mass spread over the unseen ones
+    assert stats.expected_miss_rate(11 / 1011) > 0.8 * unseen_mass
+
+
+def test_small_immutable_and_shared_by_deepcopy():
+    stats = AccessCacheStatistics.from_counts(np.arange(100), lookups_per_batch=64)
+    assert copy.deepcopy(stats) is stats
+    with pytest.raises(AttributeError):
+        stats.lookups = 1.0
+    with pytest.raises(ValueError, match="at least one row"):
+        AccessCacheStatistics.from_counts(np.array([], dtype=np.int64), lookups_per_batch=1)
