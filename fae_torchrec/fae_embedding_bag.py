@@ -123,13 +123,24 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             state[f"embedding_bags.{config.name}.weight"] = weight
         return state
 
+    def hot_set(self) -> HotSet:
+        """The split this module was built with."""
+        return HotSet(tuple(self._configs), tuple(ids.numpy() for ids in self._hot_ids()))
+
+    def _hot_ids(self) -> list[torch.Tensor]:
+        """Per table, its hot ids (original ids, ascending, on the CPU)."""
+        rows = self.hot_rows.cpu()
+        starts = self.hot_offsets.cpu().tolist()
+        offsets = self.row_offsets.cpu().tolist()
+        return [
+            rows[start : start + n] - offset
+            for start, n, offset in zip(starts, self._num_hot, offsets, strict=True)
+        ]
+
     def _pieces(self) -> list[tuple[EmbeddingBagConfig, list[tuple[torch.Tensor, torch.Tensor]]]]:
         """Per table: its config and, per part holding rows of it, (original ids, part weight)."""
-        rows = self.hot_rows.cpu()
         result = []
-        for t, config in enumerate(self._configs):
-            start = int(self.hot_offsets[t])
-            hot = rows[start : start + self._num_hot[t]] - int(self.row_offsets[t])
+        for config, hot in zip(self._configs, self._hot_ids(), strict=True):
             is_cold = torch.ones(config.num_embeddings, dtype=torch.bool)
             is_cold[hot] = False
             pieces = [

@@ -32,6 +32,7 @@ class AccessCacheStatistics(CacheStatistics):
     """Cache statistics of one table from access counts (see the module docstring)."""
 
     lookups: float
+    rows: int
     load_factors: tuple[float, ...]
     miss_rates: tuple[float, ...]
 
@@ -51,11 +52,16 @@ class AccessCacheStatistics(CacheStatistics):
             + [_che_miss_rate(probability, multiplicity, clf * rows) for clf in LOAD_FACTOR_GRID[1:-1]]
             + [0.0]
         )
-        return cls(distinct, tuple(LOAD_FACTOR_GRID.tolist()), tuple(miss))
+        return cls(distinct, len(counts), tuple(LOAD_FACTOR_GRID.tolist()), tuple(miss))
 
     @property
     def expected_lookups(self) -> float:
         return self.lookups
+
+    @property
+    def minimum_load_factor(self) -> float:
+        """The load factor of a cache that holds one global batch's distinct rows."""
+        return min(1.0, self.lookups / self.rows)
 
     def expected_miss_rate(self, clf: float) -> float:
         return float(np.interp(clf, self.load_factors, self.miss_rates))

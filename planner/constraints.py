@@ -1,0 +1,124 @@
+"""TorchRec ``ParameterConstraints`` for the two parts of an FAE-split model.
+
+Hot tables may use HBM kernels only (``fused``, or ``dense`` where TorchRec picks data-parallel); cold
+tables use ``fused_uvm_caching`` with ``CacheParams`` (a load factor and ``AccessCacheStatistics``). On a
+CPU topology both parts get TorchRec's CPU kernels and sharding types, so plans execute here. The
+sharding type of every part table is left to TorchRec's cost model unless the user constrains it.
+Pooling factors come from the statistics: a table's ids per input, split by the share of its accesses
+that fall on hot rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.types import CacheParams, ShardingType
+
+from fae_torchrec import AccessStats, HotSet, part_table_name
+from fae_torchrec.fae_embedding_bag import COLD, HOT
+from planner.cache_sizing import cold_counts
+from planner.cache_statistics import AccessCacheStatistics
+
+HOT_KERNELS = [EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.value]
+COLD_KERNELS = {
+    "cuda": [EmbeddingComputeKernel.FUSED_UVM_CACHING.value],
+    "cpu": HOT_KERNELS,
+}
+#: Sharding types of cold tables on CUDA: data-parallel would copy a UVM table to every rank.
+CUDA_COLD_SHARDING_TYPES = [
+    ShardingType.TABLE_WISE.value,
+    ShardingType.ROW_WISE.value,
+    ShardingType.COLUMN_WISE.value,
+    ShardingType.TABLE_ROW_WISE.value,
+    ShardingType.TABLE_COLUMN_WISE.value,
+]
+CPU_SHARDING_TYPES = [
+    ShardingType.DATA_PARALLEL.value,
+    ShardingType.TABLE_WISE.value,
+    ShardingType.COLUMN_WISE.value,
+    ShardingType.TABLE_COLUMN_WISE.value,
+]
+
+
+def ids_per_input(stats: AccessStats) -> np.ndarray:
+    """Per table, sampled accesses per input and feature (its pooling factor)."""
+    features = np.array([len(c.feature_names) for c in stats.tables])
+    return stats.table_accesses() / stats.num_sampled / features
+
+
+def hot_access_share(stats: AccessStats, hot_set: HotSet) -> np.ndarray:
+    """Per table, the share of its sampled accesses that fall on hot rows."""
+    total = np.maximum(stats.table_accesses(), 1)
+    return np.array([c[ids].sum() for c, ids in zip(stats.counts, hot_set.hot_ids, strict=True)]) / total
+
+
+def cold_cache_statistics(
+    stats: AccessStats, hot_set: HotSet, global_batch_size: int
+) -> dict[str, AccessCacheStatistics]:
+    """Cache statistics of every table's cold rows, keyed by table name."""
+    lookups = ids_per_input(stats) * (1.0 - hot_access_share(stats, hot_set)) * global_batch_size
+    return {
+        config.name: AccessCacheStatistics.from_counts(counts, float(n * len(config.feature_names)))
+        for config, counts, n in zip(stats.tables, cold_counts(stats, hot_set), lookups, strict=True)
+        if len(counts)
+    }
+
+
+def fae_constraints(
+    stats: AccessStats,
+    hot_set: HotSet,
+    compute_device: str,
+    caches: dict[str, tuple[float, AccessCacheStatistics]],
+    user: dict[str, ParameterConstraints] | None = None,
+) -> dict[str, ParameterConstraints]:
+    """Constraints keyed by part table name (``t_hot``, ``t_cold``) for every part that has rows.
+
+    ``caches`` gives each cold table's load factor and statistics (used on CUDA). ``user``
+    constraints are keyed by original table name and apply to both parts; their kernels are
+    intersected with the part's allowed ones (an empty intersection is an error naming the table).
+    """
+    user = user or {}
+    pooling = ids_per_input(stats)
+    share = hot_access_share(stats, hot_set)
+    constraints = {}
+    for t, config in enumerate(stats.tables):
+        base = user.get(config.name, ParameterConstraints())
+        sharding_types = base.sharding_types or (CPU_SHARDING_TYPES if compute_device == "cpu" else None)
+        features = len(config.feature_names)
+        if len(hot_set.hot_ids[t]):
+            constraints[part_table_name(config.name, HOT)] = replace(
+                base,
+                sharding_types=sharding_types,
+                compute_kernels=_kernels(config.name, HOT, HOT_KERNELS, base),
+                pooling_factors=[float(pooling[t] * share[t])] * features,
+            )
+        if config.name in caches:
+            load_factor, cache_stats = caches[config.name]
+            cache = None
+            if compute_device == "cuda":
+                cache = replace(
+                    base.cache_params or CacheParams(), load_factor=load_factor, stats=cache_stats
+                )
+            constraints[part_table_name(config.name, COLD)] = replace(
+                base,
+                sharding_types=sharding_types or CUDA_COLD_SHARDING_TYPES,
+                compute_kernels=_kernels(config.name, COLD, COLD_KERNELS[compute_device], base),
+                pooling_factors=[float(pooling[t] * (1.0 - share[t]))] * features,
+                cache_params=cache,
+            )
+    return constraints
+
+
+def _kernels(table: str, part: str, allowed: list[str], user: ParameterConstraints) -> list[str]:
+    if user.compute_kernels is None:
+        return list(allowed)
+    kernels = [k for k in user.compute_kernels if k in allowed]
+    if not kernels:
+        raise ValueError(
+            f"table {table}: its {part} part may use kernels {allowed}, the constraints allow only "
+            f"{user.compute_kernels}"
+        )
+    return kernels

@@ -1,0 +1,186 @@
+"""``FAEShardingPlanner``: TorchRec's ``EmbeddingShardingPlanner`` driven by FAE access statistics.
+
+The planner works on models whose embedding bags are ``FAEEmbeddingBagCollection``s. For the part
+tables it writes ``ParameterConstraints`` (HBM kernels for hot rows, ``fused_uvm_caching`` with cache
+statistics for cold rows; CPU kernels on a CPU topology), sizes the cold caches from the device memory
+TorchRec's storage reservation leaves, and lets TorchRec's enumerator, proposers, partitioner and
+perf model do the rest. ``choose_hot_set`` is FAE's knob: without a budget it tries budgets from none
+to the whole device memory and keeps the one with the shortest predicted step, where hot steps skip the
+cold part and count with the estimated hot-input share.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
+from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
+
+from fae_torchrec import AccessStats, FAEEmbeddingBagCollection, HotSet, format_bytes, hot_share_curve
+from planner.cache_sizing import cache_load_factors
+from planner.constraints import cold_cache_statistics, fae_constraints
+from planner.report import FAEPlanReport
+
+logger = logging.getLogger(__name__)
+
+#: Share of the device memory TorchRec's default storage reservation keeps free.
+RESERVED_PERCENTAGE = 0.15
+#: Share of the memory left for embeddings that the cold caches may take (headroom for rounding).
+CACHE_SHARE = 0.9
+
+
+class FAEShardingPlanner(ShardingPlanner):
+    """Plans FAE-split models for ``DistributedModelParallel``.
+
+    Args:
+        topology: the devices (CUDA for HBM and UVM caching, CPU to execute here).
+        stats: the access statistics the split was made from (the same tables).
+        batch_size: per-rank batch size.
+        constraints: user ``ParameterConstraints`` keyed by original table name.
+        hot_budget_bytes: fix the hot-row budget instead of searching for it.
+        optimizer_class: embedding optimizer, for the row cost of hot rows and caches.
+        num_candidates: budgets the knob tries besides none.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        stats: AccessStats,
+        batch_size: int = 512,
+        constraints: dict[str, ParameterConstraints] | None = None,
+        hot_budget_bytes: int | None = None,
+        optimizer_class: type[torch.optim.Optimizer] | None = None,
+        num_candidates: int = 6,
+    ) -> None:
+        if hot_budget_bytes is not None and hot_budget_bytes < 0:
+            raise ValueError(f"hot budget must be non-negative, got {hot_budget_bytes} bytes")
+        self.topology = topology
+        self.stats = stats
+        self.batch_size = batch_size
+        self.constraints = constraints
+        self.hot_budget_bytes = hot_budget_bytes
+        self.optimizer_class = optimizer_class
+        self.num_candidates = num_candidates
+        self.report: FAEPlanReport | None = None
+        self._ranking = stats.ranking(optimizer_class)
+
+    def choose_hot_set(self) -> HotSet:
+        """The hot set to build the model with: the given budget's, or the knob's choice."""
+        if self.hot_budget_bytes is not None:
+            return self._ranking.hot_set(self.hot_budget_bytes)
+        memory = self._device_memory(_meta_module(self.stats, HotSet.everything(self.stats.tables)))
+        seen_bytes = float(self._ranking.cumulative_bytes[-1]) if len(self._ranking.rows) else 0.0
+        top = min(seen_bytes, float(memory.sum()))
+        budgets = [0.0]
+        if top > 0:
+            budgets += np.geomspace(top / 2 ** (self.num_candidates - 1), top, self.num_candidates).tolist()
+        best: tuple[float, HotSet] | None = None
+        failure: PlannerError | None = None
+        for budget in budgets:
+            hot_set = self._ranking.hot_set(int(budget))
+            try:
+                report = self._plan_report(_meta_module(self.stats, hot_set), hot_set, get_default_sharders())
+            except PlannerError as error:
+                logger.info("hot budget %s: no plan fits", format_bytes(budget))
+                failure = failure or error
+                continue
+            logger.info("hot budget %s: predicted step %.3f ms", format_bytes(budget), report.step)
+            if best is None or report.step < best[0]:
+                best, self.report = (report.step, hot_set), report
+        if best is None:
+            raise ValueError(str(failure).split("\n")[0])
+        return best[1]
+
+    def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
+        """The sharding plan of ``module`` (containing one ``FAEEmbeddingBagCollection``)."""
+        fae = [m for m in module.modules() if isinstance(m, FAEEmbeddingBagCollection)]
+        if len(fae) != 1:
+            raise ValueError(f"expected one FAEEmbeddingBagCollection in the model, found {len(fae)}")
+        hot_set = fae[0].hot_set()
+        if hot_set.layout.describe() != self.stats.layout.describe():
+            raise ValueError("the statistics are for other tables than the model's FAEEmbeddingBagCollection")
+        plan, self.report = self._plan(module, hot_set, sharders)
+        logger.info("%s", self.report)
+        return plan
+
+    def collective_plan(
+        self,
+        module: nn.Module,
+        sharders: list[ModuleSharder[nn.Module]] | None = None,
+        pg: dist.ProcessGroup | None = None,
+    ) -> ShardingPlan:
+        """Plan on rank 0 and broadcast the plan to every rank of ``pg``."""
+        pg = pg if pg is not None else dist.GroupMember.WORLD
+        return invoke_on_rank_and_broadcast_result(
+            pg, 0, self.plan, module, sharders or get_default_sharders()
+        )
+
+    def _plan_report(self, module: nn.Module, hot_set: HotSet, sharders: list) -> FAEPlanReport:
+        return self._plan(module, hot_set, sharders)[1]
+
+    def _plan(self, module: nn.Module, hot_set: HotSet, sharders: list) -> tuple[ShardingPlan, FAEPlanReport]:
+        world = self.topology.world_size
+        caches = cold_cache_statistics(self.stats, hot_set, self.batch_size * world)
+        minimum = {name: cache.minimum_load_factor for name, cache in caches.items()}
+        memory = self._device_memory(module)
+        cache_budget = CACHE_SHARE * max(float(memory.sum()) - hot_set.hot_bytes(self.optimizer_class), 0.0)
+        load_factors = cache_load_factors(self.stats, hot_set, cache_budget, minimum, self.optimizer_class)
+        constraints = fae_constraints(
+            self.stats,
+            hot_set,
+            self.topology.compute_device,
+            {name: (load_factors[name], s) for name, s in caches.items()},
+            self.constraints,
+        )
+        planner = EmbeddingShardingPlanner(
+            topology=self.topology,
+            batch_size=self.batch_size,
+            constraints=constraints,
+            storage_reservation=HeuristicalStorageReservation(percentage=RESERVED_PERCENTAGE),
+            stats=[],
+            debug=False,
+        )
+        try:
+            plan = planner.plan(module, sharders)
+        except PlannerError as error:
+            raise PlannerError(f"{self._too_small_message(hot_set, load_factors)}\n{error}") from error
+        budget = hot_set.hot_bytes(self.optimizer_class)
+        share = (
+            float(hot_share_curve(self._ranking, np.array([budget])).share[0])
+            if len(self.stats.holdout)
+            else 0.0
+        )
+        report = FAEPlanReport.from_options(planner._best_plan, world, budget, share, load_factors)
+        return plan, report
+
+    def _device_memory(self, module: nn.Module) -> np.ndarray:
+        """Per device, the memory TorchRec's storage reservation leaves for embeddings."""
+        reserved = HeuristicalStorageReservation(percentage=RESERVED_PERCENTAGE).reserve(
+            self.topology, self.batch_size, module, get_default_sharders()
+        )
+        kind = "hbm" if self.topology.compute_device == "cuda" else "ddr"
+        return np.array([getattr(d.storage, kind) for d in reserved.devices], dtype=np.float64)
+
+    def _too_small_message(self, hot_set: HotSet, load_factors: dict[str, float] | None = None) -> str:
+        memory = float(self._device_memory(_meta_module(self.stats, hot_set)).sum())
+        row_bytes = self.stats.layout.row_bytes(self.optimizer_class)
+        cold_rows = self.stats.layout.num_rows - np.array([len(h) for h in hot_set.hot_ids])
+        factors = np.array([(load_factors or {}).get(c.name, 0.0) for c in self.stats.tables])
+        needed = hot_set.hot_bytes(self.optimizer_class) + float((cold_rows * factors) @ row_bytes)
+        return (
+            f"topology too small: hot rows and cold caches need {format_bytes(needed)}, the devices "
+            f"offer {format_bytes(memory)} after TorchRec's reservations; missing "
+            f"{format_bytes(max(needed - memory, 0.0))}"
+        )
+
+
+def _meta_module(stats: AccessStats, hot_set: HotSet) -> FAEEmbeddingBagCollection:
+    return FAEEmbeddingBagCollection(stats.tables, hot_set, device=torch.device("meta"))
