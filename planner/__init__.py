@@ -1,5 +1,22 @@
-"""The FAE sharding planner for TorchRec (hot rows on HBM, cold rows UVM-cached).
+"""The FAE sharding planner for TorchRec: hot rows on HBM, cold rows in UVM-cached tables.
 
-Built on ``torchrec.distributed.planner`` in the next step of the project; it consumes the
-``AccessStats`` and ``HotSet`` of :mod:`fae_torchrec`.
+``FAEShardingPlanner`` plans models built with ``fae_torchrec.FAEEmbeddingBagCollection`` on top of
+TorchRec's ``EmbeddingShardingPlanner``: ``constraints`` writes the ``ParameterConstraints`` of the
+parts, ``cache_statistics`` the ``CacheStatistics`` of cold tables, ``cache_sizing`` their load
+factors, and ``report`` the predicted figures of a plan.
 """
+
+from planner.cache_sizing import cache_load_factors
+from planner.cache_statistics import AccessCacheStatistics
+from planner.constraints import fae_constraints
+from planner.fae_planner import FAEShardingPlanner
+from planner.report import FAEPlanReport, PartPlacement
+
+__all__ = [
+    "AccessCacheStatistics",
+    "FAEPlanReport",
+    "FAEShardingPlanner",
+    "PartPlacement",
+    "cache_load_factors",
+    "fae_constraints",
+]

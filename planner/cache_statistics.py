@@ -18,7 +18,7 @@ small and immutable, and ``deepcopy`` returns it as is (the planner copies it ma
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from torchrec.distributed.types import CacheStatistics
@@ -33,8 +33,8 @@ class AccessCacheStatistics(CacheStatistics):
 
     lookups: float
     rows: int
-    load_factors: tuple[float, ...]
-    miss_rates: tuple[float, ...]
+    load_factors: tuple[float, ...] = field(repr=False)
+    miss_rates: tuple[float, ...] = field(repr=False)
 
     @classmethod
     def from_counts(cls, counts: np.ndarray, lookups_per_batch: float) -> AccessCacheStatistics:

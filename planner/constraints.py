@@ -50,9 +50,19 @@ def ids_per_input(stats: AccessStats) -> np.ndarray:
 
 
 def hot_access_share(stats: AccessStats, hot_set: HotSet) -> np.ndarray:
-    """Per table, the share of its sampled accesses that fall on hot rows."""
+    """Per table, the share of its accesses that fall on hot rows.
+
+    Measured on the holdout where it has accesses of the table: the sample chose the hot rows, so its
+    own share is biased upwards (every sampled row is hot once the budget holds them all).
+    """
     total = np.maximum(stats.table_accesses(), 1)
-    return np.array([c[ids].sum() for c, ids in zip(stats.counts, hot_set.hot_ids, strict=True)]) / total
+    in_sample = np.array([c[ids].sum() for c, ids in zip(stats.counts, hot_set.hot_ids, strict=True)]) / total
+    rows = stats.holdout.rows
+    tables = stats.table_of_rows(rows)
+    hot = np.concatenate([hot_set.hot_mask(t) for t in range(len(stats.tables))])[rows]
+    seen = np.bincount(tables, minlength=len(stats.tables))
+    held_out = np.bincount(tables, weights=hot, minlength=len(stats.tables)) / np.maximum(seen, 1)
+    return np.where(seen > 0, held_out, in_sample)
 
 
 def cold_cache_statistics(

@@ -76,7 +76,7 @@ class FAEShardingPlanner(ShardingPlanner):
         """The hot set to build the model with: the given budget's, or the knob's choice."""
         if self.hot_budget_bytes is not None:
             return self._ranking.hot_set(self.hot_budget_bytes)
-        memory = self._device_memory(_meta_module(self.stats, HotSet.everything(self.stats.tables)))
+        memory = self._device_memory(_meta_module(self.stats, self._ranking.hot_set(0)))
         seen_bytes = float(self._ranking.cumulative_bytes[-1]) if len(self._ranking.rows) else 0.0
         top = min(seen_bytes, float(memory.sum()))
         budgets = [0.0]
@@ -129,10 +129,9 @@ class FAEShardingPlanner(ShardingPlanner):
     def _plan(self, module: nn.Module, hot_set: HotSet, sharders: list) -> tuple[ShardingPlan, FAEPlanReport]:
         world = self.topology.world_size
         caches = cold_cache_statistics(self.stats, hot_set, self.batch_size * world)
-        minimum = {name: cache.minimum_load_factor for name, cache in caches.items()}
         memory = self._device_memory(module)
         cache_budget = CACHE_SHARE * max(float(memory.sum()) - hot_set.hot_bytes(self.optimizer_class), 0.0)
-        load_factors = cache_load_factors(self.stats, hot_set, cache_budget, minimum, self.optimizer_class)
+        load_factors = cache_load_factors(self.stats, hot_set, cache_budget, caches, self.optimizer_class)
         constraints = fae_constraints(
             self.stats,
             hot_set,

@@ -1,0 +1,116 @@
+"""Dry-run FAE plans for CUDA topologies (planned on this CPU-only machine) and planner errors."""
+
+import pytest
+import torch
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
+from torchrec.distributed.sharding_plan import get_default_sharders
+
+from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
+from fae_torchrec.data import SyntheticCriteo
+from planner import AccessCacheStatistics, FAEShardingPlanner
+
+GIB = 1 << 30
+HBM_KERNELS = {EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.value}
+
+
+@pytest.fixture(scope="module")
+def kaggle_stats():
+    """Statistics of Kaggle-size synthetic data (26 tables, 33.8M rows)."""
+    data = SyntheticCriteo(400_000, batch_size=1 << 16, seed=5)
+    return data, AccessProfiler(data.table_configs(), 0.05, seed=0, holdout_size=20_000).profile(data)
+
+
+def _stats_at_dim(kaggle_stats, dim):
+    data, stats = kaggle_stats
+    tables = data.table_configs(dim)
+    return type(stats)(tuple(tables), stats.counts, stats.num_inputs, stats.num_sampled, stats.holdout)
+
+
+def _plan(stats, world_size, hbm_cap, budget):
+    topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=hbm_cap)
+    planner = FAEShardingPlanner(topology, stats, batch_size=2048, hot_budget_bytes=budget)
+    model = FAEEmbeddingBagCollection(stats.tables, planner.choose_hot_set(), device=torch.device("meta"))
+    return planner, planner.plan(model, get_default_sharders())
+
+
+def _check_plan(plan, planner, hbm_cap):
+    hot, cold = plan.plan["hot"], plan.plan["cold"]
+    assert {p.compute_kernel for p in hot.values()} <= HBM_KERNELS
+    assert {p.compute_kernel for p in cold.values()} == {EmbeddingComputeKernel.FUSED_UVM_CACHING.value}
+    for sharding in cold.values():
+        assert isinstance(sharding.cache_params.stats, AccessCacheStatistics)
+        assert 0.0 < sharding.cache_params.load_factor < 1.0
+    assert max(planner.report.rank_hbm) <= hbm_cap
+    assert planner.report.hot_step <= planner.report.cold_step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("world_size", "dim", "hbm_cap"),
+    [(1, 16, 1 * GIB), (8, 16, GIB // 4), (1, 128, 6 * GIB), (8, 128, 1 * GIB)],
+)
+def test_dry_run_plans_put_hot_rows_on_hbm_and_cold_rows_in_uvm_caches(
+    kaggle_stats, world_size, dim, hbm_cap
+):
+    stats = _stats_at_dim(kaggle_stats, dim)
+    assert sum(t.num_embeddings * dim * 4 for t in stats.tables) > world_size * hbm_cap, (
+        "the model must not fit"
+    )
+    planner, plan = _plan(stats, world_size, hbm_cap, budget=world_size * hbm_cap // 64)
+    _check_plan(plan, planner, hbm_cap)
+    assert planner.report.hot_rows["t_cat_2"] > 0
+
+
+@pytest.mark.slow
+def test_the_knob_chooses_a_budget_that_beats_no_hot_rows(kaggle_stats):
+    stats = _stats_at_dim(kaggle_stats, 16)
+    topology = Topology(world_size=8, compute_device="cuda", hbm_cap=GIB // 4)
+    planner = FAEShardingPlanner(topology, stats, batch_size=2048, num_candidates=3)
+    hot_set = planner.choose_hot_set()
+    chosen = planner.report
+    assert hot_set.total_hot > 0 and chosen.hot_budget_bytes > 0
+    _, none = _plan(stats, 8, GIB // 4, budget=0)
+    planner_none = FAEShardingPlanner(topology, stats, batch_size=2048, hot_budget_bytes=0)
+    planner_none.plan(
+        FAEEmbeddingBagCollection(stats.tables, planner_none.choose_hot_set(), device=torch.device("meta")),
+        get_default_sharders(),
+    )
+    assert chosen.step < planner_none.report.step
+    assert "predicted step" in str(chosen) and "rank 7: HBM" in str(chosen)
+
+
+def test_cpu_topology_uses_cpu_kernels():
+    small = SyntheticCriteo(50_000, batch_size=1 << 14, scale=0.001, seed=1)
+    stats = AccessProfiler(small.table_configs(8), 0.2, holdout_size=2000).profile(small)
+    planner = FAEShardingPlanner(
+        Topology(world_size=2, compute_device="cpu"), stats, batch_size=64, hot_budget_bytes=4096
+    )
+    model = FAEEmbeddingBagCollection(stats.tables, planner.choose_hot_set(), device=torch.device("meta"))
+    plan = planner.plan(model, get_default_sharders())
+    kernels = {p.compute_kernel for part in plan.plan.values() for p in part.values()}
+    assert kernels <= HBM_KERNELS
+    assert all(p.cache_params is None for p in plan.plan["cold"].values())
+
+
+def test_bad_input_is_a_clear_error(kaggle_stats):
+    stats = _stats_at_dim(kaggle_stats, 16)
+    topology = Topology(world_size=1, compute_device="cuda", hbm_cap=GIB)
+    with pytest.raises(ValueError, match="hot budget must be non-negative"):
+        FAEShardingPlanner(topology, stats, hot_budget_bytes=-1)
+    other = _stats_at_dim(kaggle_stats, 32)
+    planner = FAEShardingPlanner(topology, stats, hot_budget_bytes=1 << 20)
+    model = FAEEmbeddingBagCollection(other.tables, other.hot_set(1 << 20), device=torch.device("meta"))
+    with pytest.raises(ValueError, match="statistics are for other tables"):
+        planner.plan(model, get_default_sharders())
+    tiny = Topology(world_size=1, compute_device="cuda", hbm_cap=64 << 20)
+    planner = FAEShardingPlanner(tiny, stats, batch_size=2048, hot_budget_bytes=1 << 20)
+    model = FAEEmbeddingBagCollection(stats.tables, planner.choose_hot_set(), device=torch.device("meta"))
+    with pytest.raises(PlannerError, match="topology too small: .* missing"):
+        planner.plan(model, get_default_sharders())
+    with pytest.raises(ValueError, match="its cold part may use kernels"):
+        constrained = {"t_cat_2": ParameterConstraints(compute_kernels=["fused"])}
+        FAEShardingPlanner(topology, stats, constraints=constrained, hot_budget_bytes=1 << 20).plan(
+            FAEEmbeddingBagCollection(stats.tables, stats.hot_set(1 << 20), device=torch.device("meta")),
+            get_default_sharders(),
+        )
