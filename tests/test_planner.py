@@ -70,13 +70,8 @@ def test_the_knob_chooses_a_budget_that_beats_no_hot_rows(kaggle_stats):
     hot_set = planner.choose_hot_set()
     chosen = planner.report
     assert hot_set.total_hot > 0 and chosen.hot_budget_bytes > 0
-    _, none = _plan(stats, 8, GIB // 4, budget=0)
-    planner_none = FAEShardingPlanner(topology, stats, batch_size=2048, hot_budget_bytes=0)
-    planner_none.plan(
-        FAEEmbeddingBagCollection(stats.tables, planner_none.choose_hot_set(), device=torch.device("meta")),
-        get_default_sharders(),
-    )
-    assert chosen.step < planner_none.report.step
+    no_hot_rows, _ = _plan(stats, 8, GIB // 4, budget=0)
+    assert chosen.step < no_hot_rows.report.step
     assert "predicted step" in str(chosen) and "rank 7: HBM" in str(chosen)
 
 
@@ -106,7 +101,7 @@ def test_bad_input_is_a_clear_error(kaggle_stats):
     tiny = Topology(world_size=1, compute_device="cuda", hbm_cap=64 << 20)
     planner = FAEShardingPlanner(tiny, stats, batch_size=2048, hot_budget_bytes=1 << 20)
     model = FAEEmbeddingBagCollection(stats.tables, planner.choose_hot_set(), device=torch.device("meta"))
-    with pytest.raises(PlannerError, match="topology too small: .* missing"):
+    with pytest.raises(PlannerError, match=r"topology too small: .* missing"):
         planner.plan(model, get_default_sharders())
     with pytest.raises(ValueError, match="its cold part may use kernels"):
         constrained = {"t_cat_2": ParameterConstraints(compute_kernels=["fused"])}
