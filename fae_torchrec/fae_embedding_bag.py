@@ -59,6 +59,9 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
                 raise ValueError(f"table {config.name}: weighted features need SUM pooling")
         self._configs = list(tables)
         self._layout = layout
+        #: Default of ``forward``'s ``hot_only``: set it before a step when the model calls this
+        #: module itself (as TorchRec's ``DLRM`` does); every rank must set it alike.
+        self.hot_only = False
         self._is_weighted = is_weighted
         num_hot = np.array([len(ids) for ids in hot_set.hot_ids], dtype=np.int64)
         self._num_hot = num_hot.tolist()
@@ -179,12 +182,13 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             parts[part] = kjt.permute(self._part_keys[part])
         return parts
 
-    def forward(self, features: KeyedJaggedTensor, hot_only: bool = False) -> KeyedTensor:
+    def forward(self, features: KeyedJaggedTensor, hot_only: bool | None = None) -> KeyedTensor:
         """Pooled embeddings of ``features`` (original ids), as the unsplit EBC gives them.
 
-        With ``hot_only`` the batch must carry hot ids only and the cold part is not called at all
-        (no lookup, no collective); a cold id then raises ``ValueError``.
+        With ``hot_only`` (default: the ``hot_only`` attribute) the batch must carry hot ids only and
+        the cold part is not called at all (no lookup, no collective); a cold id raises ``ValueError``.
         """
+        hot_only = self.hot_only if hot_only is None else hot_only
         parts = self.split_features(features)
         if hot_only and COLD in parts and parts[COLD].values().numel():
             raise ValueError("a batch marked hot_only carries cold ids")

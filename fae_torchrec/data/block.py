@@ -35,6 +35,10 @@ class SampleBlock:
             self.ids_per_feature,
         )
 
+    def select(self, inputs: np.ndarray) -> SampleBlock:
+        """The inputs where the boolean mask (or index array) ``inputs`` selects them."""
+        return SampleBlock(self.dense[inputs], self.ids[inputs], self.labels[inputs], self.ids_per_feature)
+
     @staticmethod
     def concat(blocks: Sequence[SampleBlock]) -> SampleBlock:
         if len(blocks) == 1:
