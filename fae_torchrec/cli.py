@@ -1,4 +1,4 @@
-"""The ``fae-torchrec`` command line: ``fae-torchrec profile ...``."""
+"""The ``fae-torchrec`` command line: ``fae-torchrec profile ...`` and ``fae-torchrec plan ...``."""
 
 from __future__ import annotations
 
@@ -6,11 +6,15 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
 import torchrec
+from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.sharding_plan import get_default_sharders
 
 from fae_torchrec.access_stats import AccessStats
 from fae_torchrec.data import (
@@ -20,6 +24,7 @@ from fae_torchrec.data import (
     criteo_table_configs,
     scaled_table_sizes,
 )
+from fae_torchrec.fae_embedding_bag import FAEEmbeddingBagCollection
 from fae_torchrec.hot_set import HotSet
 from fae_torchrec.hot_share import estimate_hot_share, hot_share_curve
 from fae_torchrec.plots import plot_access_cdf, plot_hot_share
@@ -66,6 +71,17 @@ def _parser() -> argparse.ArgumentParser:
     profile.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
     profile.add_argument("--batch-size", type=int, default=8192)
     profile.add_argument("--out", default="stats.npz", help="statistics file; PNGs go beside it")
+    plan = commands.add_parser(
+        "plan", help="dry-run FAE plan for a CUDA topology beside TorchRec's default plan"
+    )
+    plan.add_argument("--stats", required=True, help="statistics file written by `profile`")
+    plan.add_argument("--world-size", type=int, default=8)
+    plan.add_argument("--hbm-cap", default="16GiB", help="HBM per GPU")
+    plan.add_argument("--batch-size", type=int, default=2048, help="per-rank batch size")
+    plan.add_argument("--dim", type=int, help="embedding dimension (default: the stats file's)")
+    plan.add_argument("--budget", help="fix the hot-row budget instead of letting the knob choose")
+    plan.add_argument("--candidates", type=int, default=6, help="budgets the knob tries")
+    plan.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
     return parser
 
 
@@ -150,12 +166,45 @@ def profile(args: argparse.Namespace) -> None:
     print(f"wrote {', '.join(written)}")
 
 
+def plan(args: argparse.Namespace) -> None:
+    from planner import FAEShardingPlanner, torchrec_default_plan
+
+    stats = AccessStats.load(args.stats)
+    if args.dim is not None:
+        stats = AccessStats.load(args.stats, [replace(t, embedding_dim=args.dim) for t in stats.tables])
+    topology = Topology(world_size=args.world_size, compute_device="cuda", hbm_cap=parse_bytes(args.hbm_cap))
+    start = time.perf_counter()
+    planner = FAEShardingPlanner(
+        topology,
+        stats,
+        batch_size=args.batch_size,
+        hot_budget_bytes=None if args.budget is None else parse_bytes(args.budget),
+        optimizer_class=OPTIMIZERS[args.optimizer],
+        num_candidates=args.candidates,
+    )
+    module = FAEEmbeddingBagCollection(stats.tables, planner.choose_hot_set(), device=torch.device("meta"))
+    planner.plan(module, get_default_sharders())
+    seconds = time.perf_counter() - start
+    _, default, kernels = torchrec_default_plan(stats.tables, topology, args.batch_size)
+    fae = planner.report
+    print(
+        f"{args.world_size} x CUDA, HBM {args.hbm_cap} per GPU, batch {args.batch_size} per rank, "
+        f"model {format_bytes(stats.ranking().total_bytes)}; FAE planning took {seconds:.1f} s"
+    )
+    print(fae)
+    print(
+        f"TorchRec default plan: predicted step {default.step:.3f} ms; kernels "
+        f"{dict(sorted(kernels.items()))}; max HBM per rank {format_bytes(max(default.hbm))}"
+    )
+    print(f"predicted step ratio, TorchRec default / FAE: {default.step / fae.step:.2f}x")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logger.setLevel(logging.INFO)
     args = _parser().parse_args(argv)
     try:
-        profile(args)
+        {"profile": profile, "plan": plan}[args.command](args)
     except (ValueError, FileNotFoundError) as error:
         logger.error("%s", error)
         sys.exit(2)

@@ -24,6 +24,7 @@ from fae_torchrec.hot_set import HotSet
 from fae_torchrec.tables import TableLayout
 
 HOT, COLD = "hot", "cold"
+_SPLIT, _ALL_HOT, _ALL_COLD = 0, 1, 2
 
 
 def part_table_name(table: str, part: str) -> str:
@@ -78,13 +79,18 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             ]
             for part in sizes
         }
+        # Only tables with rows in both parts need a lookup: sorted global rows (table offset + id)
+        # of their hot rows, then the total as a sentinel so that searchsorted lands on a valid index.
+        # A table entirely hot (or cold) keeps its ids, with no memory spent on it.
         offsets = np.concatenate([[0], np.cumsum(layout.num_rows)])
-        # sorted global rows (table offset + id) of all hot rows, then the total as a sentinel, so that
-        # searchsorted always lands on a valid index
-        hot_rows = [ids + offsets[t] for t, ids in enumerate(hot_set.hot_ids)] + [offsets[-1:]]
+        split = (num_hot > 0) & (num_hot < layout.num_rows)
+        hot_rows = [ids + offsets[t] for t, ids in enumerate(hot_set.hot_ids) if split[t]] + [offsets[-1:]]
+        looked_up = np.where(split, num_hot, 0)
         self.register_buffer("hot_rows", torch.from_numpy(np.concatenate(hot_rows).astype(np.int64)))
         self.register_buffer("row_offsets", torch.from_numpy(offsets[:-1].astype(np.int64)))
-        self.register_buffer("hot_offsets", torch.from_numpy(np.concatenate([[0], np.cumsum(num_hot)])[:-1]))
+        self.register_buffer("hot_offsets", torch.from_numpy(np.cumsum(looked_up) - looked_up))
+        kind = np.where(num_hot == 0, _ALL_COLD, np.where(split, _SPLIT, _ALL_HOT))
+        self.register_buffer("table_kind", torch.from_numpy(kind.astype(np.int64)), persistent=False)
         table_of_feature = [layout.table_of(f) for f in features]
         self.register_buffer("table_of_feature", torch.tensor(table_of_feature), persistent=False)
 
@@ -136,8 +142,10 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         starts = self.hot_offsets.cpu().tolist()
         offsets = self.row_offsets.cpu().tolist()
         return [
-            rows[start : start + n] - offset
-            for start, n, offset in zip(starts, self._num_hot, offsets, strict=True)
+            torch.arange(n) if kind == _ALL_HOT else rows[start : start + n] - offset
+            for start, n, offset, kind in zip(
+                starts, self._num_hot, offsets, self.table_kind.tolist(), strict=True
+            )
         ]
 
     def _pieces(self) -> list[tuple[EmbeddingBagConfig, list[tuple[torch.Tensor, torch.Tensor]]]]:
@@ -164,8 +172,12 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         table = torch.repeat_interleave(self.table_of_feature.to(device), per_key)
         rows = values + self.row_offsets[table]
         position = torch.searchsorted(self.hot_rows, rows)
-        is_hot = self.hot_rows[position] == rows
-        hot_before = position - self.hot_offsets[table]
+        kind = self.table_kind[table]
+        is_hot = torch.where(kind == _SPLIT, self.hot_rows[position] == rows, kind == _ALL_HOT)
+        # hot rows of the table below each id: its hot id if hot, and id minus it is its cold id
+        hot_before = torch.where(
+            kind == _SPLIT, position - self.hot_offsets[table], torch.where(kind == _ALL_HOT, values, 0)
+        )
         new_ids = torch.where(is_hot, hot_before, values - hot_before)
         bag = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
         parts = {}

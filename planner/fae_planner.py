@@ -76,12 +76,14 @@ class FAEShardingPlanner(ShardingPlanner):
         """The hot set to build the model with: the given budget's, or the knob's choice."""
         if self.hot_budget_bytes is not None:
             return self._ranking.hot_set(self.hot_budget_bytes)
-        memory = self._device_memory(_meta_module(self.stats, self._ranking.hot_set(0)))
+        memory = float(self._device_memory(_meta_module(self.stats, self._ranking.hot_set(0))).sum())
         seen_bytes = float(self._ranking.cumulative_bytes[-1]) if len(self._ranking.rows) else 0.0
-        top = min(seen_bytes, float(memory.sum()))
+        top = min(seen_bytes, memory)
         budgets = [0.0]
         if top > 0:
             budgets += np.geomspace(top / 2 ** (self.num_candidates - 1), top, self.num_candidates).tolist()
+        if self._ranking.total_bytes <= memory:
+            budgets.append(float(self._ranking.total_bytes))  # the whole model fits: every row hot
         best: tuple[float, HotSet] | None = None
         failure: PlannerError | None = None
         for budget in budgets:

@@ -23,6 +23,30 @@ class PartPlacement:
 
 
 @dataclass(frozen=True)
+class RankTotals:
+    """Per rank, the predicted time (ms) and storage of the shards a plan puts there."""
+
+    perf: tuple[float, ...]
+    hbm: tuple[int, ...]
+    ddr: tuple[int, ...]
+
+    @property
+    def step(self) -> float:
+        """The predicted step time: the slowest rank's."""
+        return max(self.perf)
+
+    @classmethod
+    def of(cls, options: list[ShardingOption], world_size: int) -> RankTotals:
+        perf = np.zeros(world_size)
+        hbm, ddr = np.zeros(world_size, dtype=np.int64), np.zeros(world_size, dtype=np.int64)
+        for shard in (shard for option in options for shard in option.shards):
+            perf[shard.rank] += shard.perf.total
+            hbm[shard.rank] += shard.storage.hbm
+            ddr[shard.rank] += shard.storage.ddr
+        return cls(tuple(perf.tolist()), tuple(hbm.tolist()), tuple(ddr.tolist()))
+
+
+@dataclass(frozen=True)
 class FAEPlanReport:
     """Predicted figures of one plan (times in TorchRec perf-model units, ms)."""
 
@@ -52,32 +76,25 @@ class FAEPlanReport:
         hot_input_share: float,
         load_factors: dict[str, float],
     ) -> FAEPlanReport:
-        hot_time, all_time = np.zeros(world_size), np.zeros(world_size)
-        hbm, ddr = np.zeros(world_size, dtype=np.int64), np.zeros(world_size, dtype=np.int64)
         placements: dict[str, dict[str, PartPlacement]] = {}
         for option in options:
             table, part = option.name.rsplit("_", 1)
-            ranks = tuple(sorted({shard.rank for shard in option.shards}))
             placements.setdefault(table, {})[part] = PartPlacement(
                 rows=int(option.tensor.shape[0]),
                 sharding_type=option.sharding_type,
                 compute_kernel=option.compute_kernel,
-                ranks=ranks,
+                ranks=tuple(sorted({shard.rank for shard in option.shards})),
                 load_factor=load_factors.get(table) if part == COLD else None,
             )
-            for shard in option.shards:
-                all_time[shard.rank] += shard.perf.total
-                if part == HOT:
-                    hot_time[shard.rank] += shard.perf.total
-                hbm[shard.rank] += shard.storage.hbm
-                ddr[shard.rank] += shard.storage.ddr
+        hot_options = [o for o in options if o.name.endswith(f"_{HOT}")]
+        totals = RankTotals.of(options, world_size)
         return cls(
             hot_budget_bytes=hot_budget_bytes,
             hot_input_share=hot_input_share,
-            hot_step=float(hot_time.max()),
-            cold_step=float(all_time.max()),
-            rank_hbm=tuple(int(x) for x in hbm),
-            rank_ddr=tuple(int(x) for x in ddr),
+            hot_step=RankTotals.of(hot_options, world_size).step,
+            cold_step=totals.step,
+            rank_hbm=totals.hbm,
+            rank_ddr=totals.ddr,
             placements=placements,
         )
 
