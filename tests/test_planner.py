@@ -7,6 +7,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, PlannerErro
 from torchrec.distributed.sharding_plan import get_default_sharders
 
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
+from fae_torchrec.cli import main
 from fae_torchrec.data import SyntheticCriteo
 from planner import AccessCacheStatistics, FAEShardingPlanner
 
@@ -109,3 +110,15 @@ def test_bad_input_is_a_clear_error(kaggle_stats):
             FAEEmbeddingBagCollection(stats.tables, stats.hot_set(1 << 20), device=torch.device("meta")),
             get_default_sharders(),
         )
+
+
+@pytest.mark.slow
+def test_plan_cli_prints_both_plans(kaggle_stats, tmp_path, capsys):
+    _, stats = kaggle_stats
+    stats.save(tmp_path / "stats.npz")
+    main(["plan", "--stats", str(tmp_path / "stats.npz"), "--world-size", "8", "--hbm-cap", "256MiB",
+          "--candidates", "2"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "FAE plan: hot budget" in printed and "fused_uvm_caching lf=" in printed
+    assert "TorchRec default plan: predicted step" in printed
+    assert "predicted step ratio, TorchRec default / FAE:" in printed
