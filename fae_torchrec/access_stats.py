@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -83,6 +83,11 @@ class AccessStats:
     def hot_set_by_share(self, threshold: float = 0.001) -> HotSet:
         """The per-table alternative: rows with at least ``threshold`` of their table's accesses."""
         return self.ranking().hot_set_by_share(threshold)
+
+    def with_embedding_dim(self, embedding_dim: int) -> AccessStats:
+        """The same counts for tables of another embedding dimension (counts do not depend on it)."""
+        tables = tuple(replace(t, embedding_dim=embedding_dim) for t in self.tables)
+        return replace(self, tables=tables)
 
     def table_accesses(self) -> np.ndarray:
         """Sampled accesses per table."""

@@ -8,7 +8,6 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -171,7 +170,7 @@ def plan(args: argparse.Namespace) -> None:
 
     stats = AccessStats.load(args.stats)
     if args.dim is not None:
-        stats = AccessStats.load(args.stats, [replace(t, embedding_dim=args.dim) for t in stats.tables])
+        stats = stats.with_embedding_dim(args.dim)
     topology = Topology(world_size=args.world_size, compute_device="cuda", hbm_cap=parse_bytes(args.hbm_cap))
     start = time.perf_counter()
     planner = FAEShardingPlanner(

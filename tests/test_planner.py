@@ -23,9 +23,7 @@ def kaggle_stats():
 
 
 def _stats_at_dim(kaggle_stats, dim):
-    data, stats = kaggle_stats
-    tables = data.table_configs(dim)
-    return type(stats)(tuple(tables), stats.counts, stats.num_inputs, stats.num_sampled, stats.holdout)
+    return kaggle_stats[1].with_embedding_dim(dim)
 
 
 def _plan(stats, world_size, hbm_cap, budget):
