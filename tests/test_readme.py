@@ -9,6 +9,8 @@ def test_readme_example_runs(tmp_path, monkeypatch):
     blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
     assert blocks, "README has a Python example"
     monkeypatch.chdir(tmp_path)
-    for block in blocks:
-        exec(compile(block, "README.md", "exec"), {})
+    namespace: dict = {}
+    for block in blocks:  # the blocks continue one another, as a reader runs them
+        exec(compile(block, "README.md", "exec"), namespace)
     assert (tmp_path / "stats.npz").exists()
+    assert set(namespace["plan"].plan) == {"hot", "cold"}
