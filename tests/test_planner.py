@@ -9,7 +9,7 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
 from fae_torchrec.cli import main
 from fae_torchrec.data import SyntheticCriteo
-from planner import AccessCacheStatistics, FAEShardingPlanner
+from planner import AccessCacheStatistics, FAEShardingPlanner, torchrec_default_plan
 
 GIB = 1 << 30
 HBM_KERNELS = {EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.value}
@@ -53,9 +53,9 @@ def test_dry_run_plans_put_hot_rows_on_hbm_and_cold_rows_in_uvm_caches(
     kaggle_stats, world_size, dim, hbm_cap
 ):
     stats = _stats_at_dim(kaggle_stats, dim)
-    assert sum(t.num_embeddings * dim * 4 for t in stats.tables) > world_size * hbm_cap, (
-        "the model must not fit"
-    )
+    topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=hbm_cap)
+    _, _, default_kernels = torchrec_default_plan(stats.tables, topology, batch_size=2048)
+    assert EmbeddingComputeKernel.FUSED_UVM_CACHING.value in default_kernels, "TorchRec must need UVM here"
     planner, plan = _plan(stats, world_size, hbm_cap, budget=world_size * hbm_cap // 64)
     _check_plan(plan, planner, hbm_cap)
     assert planner.report.hot_rows["t_cat_2"] > 0
