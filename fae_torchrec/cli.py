@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torchrec
-from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.planner.types import PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 
 from fae_torchrec.access_stats import AccessStats
@@ -23,7 +23,6 @@ from fae_torchrec.data import (
     criteo_table_configs,
     scaled_table_sizes,
 )
-from fae_torchrec.fae_embedding_bag import FAEEmbeddingBagCollection
 from fae_torchrec.hot_set import HotSet
 from fae_torchrec.hot_share import estimate_hot_share, hot_share_curve
 from fae_torchrec.plots import plot_access_cdf, plot_hot_share
@@ -181,8 +180,7 @@ def plan(args: argparse.Namespace) -> None:
         optimizer_class=OPTIMIZERS[args.optimizer],
         num_candidates=args.candidates,
     )
-    module = FAEEmbeddingBagCollection(stats.tables, planner.choose_hot_set(), device=torch.device("meta"))
-    planner.plan(module, get_default_sharders())
+    planner.plan(planner.meta_module(planner.choose_hot_set()), get_default_sharders())
     seconds = time.perf_counter() - start
     _, default, kernels = torchrec_default_plan(stats.tables, topology, args.batch_size)
     fae = planner.report
@@ -204,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     try:
         {"profile": profile, "plan": plan}[args.command](args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, PlannerError) as error:
         logger.error("%s", error)
         sys.exit(2)
 

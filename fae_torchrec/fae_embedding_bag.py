@@ -165,25 +165,30 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
     def split_features(self, features: KeyedJaggedTensor) -> dict[str, KeyedJaggedTensor]:
         """The inputs of each part: a KJT over the part's features whose ids are remapped into the
         part; a bag keeps its hot ids in the hot KJT and its cold ids in the cold one."""
-        features = self._ordered(features)
+        return self._split(self._ordered(features), (HOT, COLD))
+
+    def _split(self, features: KeyedJaggedTensor, parts: tuple[str, ...]) -> dict[str, KeyedJaggedTensor]:
         values, lengths = features.values(), features.lengths()
         device = values.device
-        per_key = torch.tensor(features.length_per_key(), device=device)
-        table = torch.repeat_interleave(self.table_of_feature.to(device), per_key)
-        rows = values + self.row_offsets[table]
-        position = torch.searchsorted(self.hot_rows, rows)
-        kind = self.table_kind[table]
-        is_hot = torch.where(kind == _SPLIT, self.hot_rows[position] == rows, kind == _ALL_HOT)
+        hot_rows, hot_offsets = self.hot_rows.to(device), self.hot_offsets.to(device)
+        table = torch.repeat_interleave(
+            self.table_of_feature.to(device), torch.tensor(features.length_per_key(), device=device)
+        )
+        rows = values + self.row_offsets.to(device)[table]
+        position = torch.searchsorted(hot_rows, rows)
+        kind = self.table_kind.to(device)[table]
+        is_hot = torch.where(kind == _SPLIT, hot_rows[position] == rows, kind == _ALL_HOT)
         # hot rows of the table below each id: its hot id if hot, and id minus it is its cold id
         hot_before = torch.where(
-            kind == _SPLIT, position - self.hot_offsets[table], torch.where(kind == _ALL_HOT, values, 0)
+            kind == _SPLIT, position - hot_offsets[table], torch.where(kind == _ALL_HOT, values, 0)
         )
         new_ids = torch.where(is_hot, hot_before, values - hot_before)
         bag = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
-        parts = {}
-        for part, mask in ((HOT, is_hot), (COLD, ~is_hot)):
+        result = {}
+        for part in parts:
             if getattr(self, part) is None:
                 continue
+            mask = is_hot if part == HOT else ~is_hot
             kjt = KeyedJaggedTensor(
                 keys=self._layout.features,
                 values=new_ids[mask],
@@ -191,25 +196,25 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
                 weights=features.weights()[mask] if self._is_weighted else None,
                 stride=features.stride(),
             )
-            parts[part] = kjt.permute(self._part_keys[part])
-        return parts
+            result[part] = kjt.permute(self._part_keys[part])
+        if COLD not in parts and self.cold is not None and not bool(is_hot.all()):
+            raise ValueError("a batch marked hot_only carries cold ids")
+        return result
 
     def forward(self, features: KeyedJaggedTensor, hot_only: bool | None = None) -> KeyedTensor:
         """Pooled embeddings of ``features`` (original ids), as the unsplit EBC gives them.
 
         With ``hot_only`` (default: the ``hot_only`` attribute) the batch must carry hot ids only and
-        the cold part is not called at all (no lookup, no collective); a cold id raises ``ValueError``.
+        the cold part is not called at all (no lookup, no collective); a cold id raises ``ValueError``
+        before any lookup. The check is local to the rank: under DMP the other ranks would then wait
+        in the hot part's collectives, so the router must only mark batches it made of hot inputs.
         """
         hot_only = self.hot_only if hot_only is None else hot_only
-        parts = self.split_features(features)
-        if hot_only and COLD in parts and parts[COLD].values().numel():
-            raise ValueError("a batch marked hot_only carries cold ids")
-        pooled: dict[str, list[torch.Tensor]] = {}
-        for part, kjt in parts.items():
-            if not (hot_only and part == COLD):
-                for feature, value in getattr(self, part)(kjt).to_dict().items():
-                    pooled.setdefault(feature, []).append(value)
         ordered = self._ordered(features)
+        pooled: dict[str, list[torch.Tensor]] = {}
+        for part, kjt in self._split(ordered, (HOT,) if hot_only else (HOT, COLD)).items():
+            for feature, value in getattr(self, part)(kjt).to_dict().items():
+                pooled.setdefault(feature, []).append(value)
         lengths = ordered.lengths().view(len(self._layout.features), -1)
         values = []
         for config in self._configs:

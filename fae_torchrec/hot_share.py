@@ -60,12 +60,15 @@ def _holdout_size(stats: AccessStats) -> int:
     return len(stats.holdout)
 
 
+def holdout_rows_hot(stats: AccessStats, hot_set: HotSet) -> np.ndarray:
+    """For each row the holdout inputs look up, whether ``hot_set`` makes it hot."""
+    return np.concatenate([hot_set.hot_mask(t) for t in range(len(stats.tables))])[stats.holdout.rows]
+
+
 def estimate_hot_share(stats: AccessStats, hot_set: HotSet) -> ShareEstimate:
     """Share of inputs outside the sample that ``hot_set`` makes entirely hot, from the holdout."""
     n = _holdout_size(stats)
-    holdout = stats.holdout
-    hot_row = np.concatenate([hot_set.hot_mask(t) for t in range(len(stats.tables))])[holdout.rows]
-    cold_inputs = np.unique(holdout.owners[~hot_row])
+    cold_inputs = np.unique(stats.holdout.owners[~holdout_rows_hot(stats, hot_set)])
     share, low, high = wilson_interval(n - len(cold_inputs), n)
     return ShareEstimate(float(share), float(low), float(high), n)
 

@@ -12,8 +12,9 @@ probability ``p_r``, estimated from the sample):
 * cacheability: the area under the miss-rate curve (TorchRec's definition).
 
 Rows never seen in the sample share the Good-Turing estimate of the unseen mass (the share of sampled
-accesses made by rows seen once). The miss-rate curve is tabulated at construction: the object is
-small and immutable, and ``deepcopy`` returns it as is (the planner copies it many times).
+accesses made by rows seen once), capped at the share uniform access would give them. The miss-rate
+curve is tabulated at construction: the object is small and immutable, and ``deepcopy`` returns it as
+is (the planner copies it many times).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class AccessCacheStatistics(CacheStatistics):
         distinct = float(
             multiplicity @ -np.expm1(lookups_per_batch * np.log1p(-np.minimum(probability, 1 - 1e-12)))
         )
-        rows = float(multiplicity.sum())
+        rows = float(len(counts))
         miss = (
             [1.0]
             + [_che_miss_rate(probability, multiplicity, clf * rows) for clf in LOAD_FACTOR_GRID[1:-1]]
@@ -80,7 +81,8 @@ def _row_probabilities(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     unseen = int(np.count_nonzero(counts == 0))
     if total == 0:
         return np.array([1.0 / len(counts)]), np.array([float(len(counts))])
-    unseen_mass = np.count_nonzero(counts == 1) / total if unseen else 0.0
+    # Good-Turing, but never more per unseen row than uniform access would give it
+    unseen_mass = min(np.count_nonzero(counts == 1) / total, unseen / len(counts)) if unseen else 0.0
     values, multiplicity = np.unique(counts[counts > 0], return_counts=True)
     probability = values / total * (1.0 - unseen_mass)
     if unseen and unseen_mass > 0:

@@ -19,6 +19,7 @@ from torchrec.distributed.types import CacheParams, ShardingType
 
 from fae_torchrec import AccessStats, HotSet, part_table_name
 from fae_torchrec.fae_embedding_bag import COLD, HOT
+from fae_torchrec.hot_share import holdout_rows_hot
 from planner.cache_sizing import cold_counts
 from planner.cache_statistics import AccessCacheStatistics
 
@@ -57,9 +58,8 @@ def hot_access_share(stats: AccessStats, hot_set: HotSet) -> np.ndarray:
     """
     total = np.maximum(stats.table_accesses(), 1)
     in_sample = np.array([c[ids].sum() for c, ids in zip(stats.counts, hot_set.hot_ids, strict=True)]) / total
-    rows = stats.holdout.rows
-    tables = stats.table_of_rows(rows)
-    hot = np.concatenate([hot_set.hot_mask(t) for t in range(len(stats.tables))])[rows]
+    tables = stats.table_of_rows(stats.holdout.rows)
+    hot = holdout_rows_hot(stats, hot_set)
     seen = np.bincount(tables, minlength=len(stats.tables))
     held_out = np.bincount(tables, weights=hot, minlength=len(stats.tables)) / np.maximum(seen, 1)
     return np.where(seen > 0, held_out, in_sample)
@@ -87,48 +87,67 @@ def fae_constraints(
     """Constraints keyed by part table name (``t_hot``, ``t_cold``) for every part that has rows.
 
     ``caches`` gives each cold table's load factor and statistics (used on CUDA). ``user``
-    constraints are keyed by original table name and apply to both parts; their kernels are
-    intersected with the part's allowed ones (an empty intersection is an error naming the table).
+    constraints are keyed by original table name and apply to both parts; their kernels and sharding
+    types are intersected with the part's allowed ones (an empty intersection is an error naming the
+    table).
     """
     user = user or {}
     pooling = ids_per_input(stats)
     share = hot_access_share(stats, hot_set)
+    cpu = compute_device == "cpu"
     constraints = {}
     for t, config in enumerate(stats.tables):
         base = user.get(config.name, ParameterConstraints())
-        sharding_types = base.sharding_types or (CPU_SHARDING_TYPES if compute_device == "cpu" else None)
         features = len(config.feature_names)
         if len(hot_set.hot_ids[t]):
             constraints[part_table_name(config.name, HOT)] = replace(
                 base,
-                sharding_types=sharding_types,
-                compute_kernels=_kernels(config.name, HOT, HOT_KERNELS, base),
+                sharding_types=_allowed(
+                    config.name,
+                    HOT,
+                    "sharding types",
+                    CPU_SHARDING_TYPES if cpu else None,
+                    base.sharding_types,
+                ),
+                compute_kernels=_allowed(config.name, HOT, "kernels", HOT_KERNELS, base.compute_kernels),
                 pooling_factors=[float(pooling[t] * share[t])] * features,
             )
         if config.name in caches:
             load_factor, cache_stats = caches[config.name]
             cache = None
-            if compute_device == "cuda":
+            if not cpu:
                 cache = replace(
                     base.cache_params or CacheParams(), load_factor=load_factor, stats=cache_stats
                 )
             constraints[part_table_name(config.name, COLD)] = replace(
                 base,
-                sharding_types=sharding_types or CUDA_COLD_SHARDING_TYPES,
-                compute_kernels=_kernels(config.name, COLD, COLD_KERNELS[compute_device], base),
+                sharding_types=_allowed(
+                    config.name,
+                    COLD,
+                    "sharding types",
+                    CPU_SHARDING_TYPES if cpu else CUDA_COLD_SHARDING_TYPES,
+                    base.sharding_types,
+                ),
+                compute_kernels=_allowed(
+                    config.name, COLD, "kernels", COLD_KERNELS[compute_device], base.compute_kernels
+                ),
                 pooling_factors=[float(pooling[t] * (1.0 - share[t]))] * features,
                 cache_params=cache,
             )
     return constraints
 
 
-def _kernels(table: str, part: str, allowed: list[str], user: ParameterConstraints) -> list[str]:
-    if user.compute_kernels is None:
-        return list(allowed)
-    kernels = [k for k in user.compute_kernels if k in allowed]
-    if not kernels:
+def _allowed(
+    table: str, part: str, what: str, allowed: list[str] | None, requested: list[str] | None
+) -> list[str] | None:
+    """``requested`` within ``allowed`` (None: no limit); an empty result is an error naming the table."""
+    if requested is None:
+        return None if allowed is None else list(allowed)
+    if allowed is None:
+        return list(requested)
+    chosen = [x for x in requested if x in allowed]
+    if not chosen:
         raise ValueError(
-            f"table {table}: its {part} part may use kernels {allowed}, the constraints allow only "
-            f"{user.compute_kernels}"
+            f"table {table}: its {part} part may use {what} {allowed}, the constraints allow only {requested}"
         )
-    return kernels
+    return chosen

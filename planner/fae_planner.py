@@ -1,12 +1,17 @@
 """``FAEShardingPlanner``: TorchRec's ``EmbeddingShardingPlanner`` driven by FAE access statistics.
 
-The planner works on models whose embedding bags are ``FAEEmbeddingBagCollection``s. For the part
+The planner works on models whose embedding bags are a ``FAEEmbeddingBagCollection``. For the part
 tables it writes ``ParameterConstraints`` (HBM kernels for hot rows, ``fused_uvm_caching`` with cache
 statistics for cold rows; CPU kernels on a CPU topology), sizes the cold caches from the device memory
 TorchRec's storage reservation leaves, and lets TorchRec's enumerator, proposers, partitioner and
 perf model do the rest. ``choose_hot_set`` is FAE's knob: without a budget it tries budgets from none
-to the whole device memory and keeps the one with the shortest predicted step, where hot steps skip the
-cold part and count with the estimated hot-input share.
+up to the bytes of the rows seen in the sample (a row never seen is never hot), within the device
+memory, plus the whole model when it fits, and keeps the one with the shortest predicted step, where
+hot steps skip the cold part and count with the estimated hot-input share.
+
+As with TorchRec's planner, call ``apply_optimizer_in_backward`` on the model before planning so that
+optimizer state counts in the storage estimates; the knob's own candidate modules get
+``optimizer_class`` attached that way.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from fae_torchrec import AccessStats, FAEEmbeddingBagCollection, HotSet, format_bytes, hot_share_curve
+from fae_torchrec import AccessStats, FAEEmbeddingBagCollection, HotSet, estimate_hot_share, format_bytes
 from planner.cache_sizing import cache_load_factors
 from planner.constraints import cold_cache_statistics, fae_constraints
 from planner.report import FAEPlanReport
@@ -47,7 +54,7 @@ class FAEShardingPlanner(ShardingPlanner):
         constraints: user ``ParameterConstraints`` keyed by original table name.
         hot_budget_bytes: fix the hot-row budget instead of searching for it.
         optimizer_class: embedding optimizer, for the row cost of hot rows and caches.
-        num_candidates: budgets the knob tries besides none.
+        num_candidates: budgets the knob tries besides none (and the whole model).
     """
 
     def __init__(
@@ -62,6 +69,9 @@ class FAEShardingPlanner(ShardingPlanner):
     ) -> None:
         if hot_budget_bytes is not None and hot_budget_bytes < 0:
             raise ValueError(f"hot budget must be non-negative, got {hot_budget_bytes} bytes")
+        unknown = sorted(set(constraints or {}) - set(stats.layout.names))
+        if unknown:
+            raise ValueError(f"constraints for unknown tables {unknown} (tables: {stats.layout.names})")
         self.topology = topology
         self.stats = stats
         self.batch_size = batch_size
@@ -73,10 +83,13 @@ class FAEShardingPlanner(ShardingPlanner):
         self._ranking = stats.ranking(optimizer_class)
 
     def choose_hot_set(self) -> HotSet:
-        """The hot set to build the model with: the given budget's, or the knob's choice."""
+        """The hot set to build the model with: the given budget's, or the knob's choice.
+
+        Raises ``PlannerError`` when no candidate budget gives a plan that fits.
+        """
         if self.hot_budget_bytes is not None:
             return self._ranking.hot_set(self.hot_budget_bytes)
-        memory = float(self._device_memory(_meta_module(self.stats, self._ranking.hot_set(0))).sum())
+        memory = float(self._device_memory(self.meta_module(self._ranking.hot_set(0))).sum())
         seen_bytes = float(self._ranking.cumulative_bytes[-1]) if len(self._ranking.rows) else 0.0
         top = min(seen_bytes, memory)
         budgets = [0.0]
@@ -89,7 +102,7 @@ class FAEShardingPlanner(ShardingPlanner):
         for budget in budgets:
             hot_set = self._ranking.hot_set(int(budget))
             try:
-                report = self._plan_report(_meta_module(self.stats, hot_set), hot_set, get_default_sharders())
+                _, report = self._plan(self.meta_module(hot_set), hot_set, get_default_sharders())
             except PlannerError as error:
                 logger.info("hot budget %s: no plan fits", format_bytes(budget))
                 failure = failure or error
@@ -98,18 +111,19 @@ class FAEShardingPlanner(ShardingPlanner):
             if best is None or report.step < best[0]:
                 best, self.report = (report.step, hot_set), report
         if best is None:
-            raise ValueError(str(failure).split("\n")[0])
+            raise PlannerError(str(failure).split("\n")[0], failure.error_type)
         return best[1]
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
         """The sharding plan of ``module`` (containing one ``FAEEmbeddingBagCollection``)."""
-        fae = [m for m in module.modules() if isinstance(m, FAEEmbeddingBagCollection)]
+        fae = [(n, m) for n, m in module.named_modules() if isinstance(m, FAEEmbeddingBagCollection)]
         if len(fae) != 1:
             raise ValueError(f"expected one FAEEmbeddingBagCollection in the model, found {len(fae)}")
-        hot_set = fae[0].hot_set()
+        path, split = fae[0]
+        hot_set = split.hot_set()
         if hot_set.layout.describe() != self.stats.layout.describe():
             raise ValueError("the statistics are for other tables than the model's FAEEmbeddingBagCollection")
-        plan, self.report = self._plan(module, hot_set, sharders)
+        plan, self.report = self._plan(module, hot_set, sharders, path)
         logger.info("%s", self.report)
         return plan
 
@@ -125,20 +139,22 @@ class FAEShardingPlanner(ShardingPlanner):
             pg, 0, self.plan, module, sharders or get_default_sharders()
         )
 
-    def _plan_report(self, module: nn.Module, hot_set: HotSet, sharders: list) -> FAEPlanReport:
-        return self._plan(module, hot_set, sharders)[1]
-
-    def _plan(self, module: nn.Module, hot_set: HotSet, sharders: list) -> tuple[ShardingPlan, FAEPlanReport]:
+    def _plan(
+        self, module: nn.Module, hot_set: HotSet, sharders: list, fae_path: str = ""
+    ) -> tuple[ShardingPlan, FAEPlanReport]:
         world = self.topology.world_size
         caches = cold_cache_statistics(self.stats, hot_set, self.batch_size * world)
         memory = self._device_memory(module)
         cache_budget = CACHE_SHARE * max(float(memory.sum()) - hot_set.hot_bytes(self.optimizer_class), 0.0)
         load_factors = cache_load_factors(self.stats, hot_set, cache_budget, caches, self.optimizer_class)
+        for name, constraint in (self.constraints or {}).items():  # a user's load factor wins
+            if name in load_factors and constraint.cache_params and constraint.cache_params.load_factor:
+                load_factors[name] = constraint.cache_params.load_factor
         constraints = fae_constraints(
             self.stats,
             hot_set,
             self.topology.compute_device,
-            {name: (load_factors[name], s) for name, s in caches.items()},
+            {name: (load_factors[name], cache) for name, cache in caches.items()},
             self.constraints,
         )
         planner = EmbeddingShardingPlanner(
@@ -152,14 +168,13 @@ class FAEShardingPlanner(ShardingPlanner):
         try:
             plan = planner.plan(module, sharders)
         except PlannerError as error:
-            raise PlannerError(f"{self._too_small_message(hot_set, load_factors)}\n{error}") from error
+            needed = self._smallest_storage(module, sharders, constraints)
+            raise PlannerError(
+                self._too_small_message(needed, float(memory.sum()), error), error.error_type
+            ) from error
+        share = estimate_hot_share(self.stats, hot_set).share if len(self.stats.holdout) else 0.0
         budget = hot_set.hot_bytes(self.optimizer_class)
-        share = (
-            float(hot_share_curve(self._ranking, np.array([budget])).share[0])
-            if len(self.stats.holdout)
-            else 0.0
-        )
-        report = FAEPlanReport.from_options(planner._best_plan, world, budget, share, load_factors)
+        report = FAEPlanReport.from_options(planner._best_plan, fae_path, world, budget, share, load_factors)
         return plan, report
 
     def _device_memory(self, module: nn.Module) -> np.ndarray:
@@ -170,18 +185,31 @@ class FAEShardingPlanner(ShardingPlanner):
         kind = "hbm" if self.topology.compute_device == "cuda" else "ddr"
         return np.array([getattr(d.storage, kind) for d in reserved.devices], dtype=np.float64)
 
-    def _too_small_message(self, hot_set: HotSet, load_factors: dict[str, float] | None = None) -> str:
-        memory = float(self._device_memory(_meta_module(self.stats, hot_set)).sum())
-        row_bytes = self.stats.layout.row_bytes(self.optimizer_class)
-        cold_rows = self.stats.layout.num_rows - np.array([len(h) for h in hot_set.hot_ids])
-        factors = np.array([(load_factors or {}).get(c.name, 0.0) for c in self.stats.tables])
-        needed = hot_set.hot_bytes(self.optimizer_class) + float((cold_rows * factors) @ row_bytes)
-        return (
-            f"topology too small: hot rows and cold caches need {format_bytes(needed)}, the devices "
-            f"offer {format_bytes(memory)} after TorchRec's reservations; missing "
-            f"{format_bytes(max(needed - memory, 0.0))}"
+    def _smallest_storage(self, module: nn.Module, sharders: list, constraints: dict) -> float:
+        """Device memory the plan needs at least: per table, its option using the least of it
+        (TorchRec's own storage estimates), summed."""
+        enumerator = EmbeddingEnumerator(self.topology, self.batch_size, constraints)
+        kind = "hbm" if self.topology.compute_device == "cuda" else "ddr"
+        smallest: dict[str, float] = {}
+        for option in enumerator.enumerate(module, sharders):
+            total = float(sum(getattr(shard.storage, kind) for shard in option.shards))
+            smallest[option.fqn] = min(smallest.get(option.fqn, total), total)
+        return sum(smallest.values())
+
+    @staticmethod
+    def _too_small_message(needed: float, memory: float, error: PlannerError) -> str:
+        summary = (
+            f"hot rows and the smallest cold caches need {format_bytes(needed)}, the devices offer "
+            f"{format_bytes(memory)} after TorchRec's reservations"
         )
+        if needed > memory:
+            return f"topology too small: {summary}; missing {format_bytes(needed - memory)}"
+        return f"no plan fits although {summary}: TorchRec could not place the shards\n{error}"
 
-
-def _meta_module(stats: AccessStats, hot_set: HotSet) -> FAEEmbeddingBagCollection:
-    return FAEEmbeddingBagCollection(stats.tables, hot_set, device=torch.device("meta"))
+    def meta_module(self, hot_set: HotSet) -> FAEEmbeddingBagCollection:
+        """For dry runs: the statistics' tables split by ``hot_set`` on the meta device, with
+        ``optimizer_class`` applied in backward so that its state counts in storage estimates."""
+        module = FAEEmbeddingBagCollection(self.stats.tables, hot_set, device=torch.device("meta"))
+        if self.optimizer_class is not None:
+            apply_optimizer_in_backward(self.optimizer_class, module.parameters(), {"lr": 0.01})
+        return module

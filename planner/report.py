@@ -13,12 +13,11 @@ from fae_torchrec.fae_embedding_bag import COLD, HOT
 
 @dataclass(frozen=True)
 class PartPlacement:
-    """Where one part of one table went: rows, sharding type, kernel, ranks, load factor."""
+    """Where one part of one table went: rows, sharding type, kernel, load factor."""
 
     rows: int
     sharding_type: str
     compute_kernel: str
-    ranks: tuple[int, ...]
     load_factor: float | None = None
 
 
@@ -71,22 +70,29 @@ class FAEPlanReport:
     def from_options(
         cls,
         options: list[ShardingOption],
+        fae_path: str,
         world_size: int,
         hot_budget_bytes: int,
         hot_input_share: float,
         load_factors: dict[str, float],
     ) -> FAEPlanReport:
+        """The report of a plan's sharding options; ``fae_path`` is the FAE module's name in the model.
+
+        A hot step runs every sharded table but the cold part's (other modules included).
+        """
+        part_paths = {_join(fae_path, part): part for part in (HOT, COLD)}
         placements: dict[str, dict[str, PartPlacement]] = {}
         for option in options:
-            table, part = option.name.rsplit("_", 1)
-            placements.setdefault(table, {})[part] = PartPlacement(
+            part = part_paths.get(option.path)
+            if part is None:
+                continue
+            placements.setdefault(option.name.removesuffix(f"_{part}"), {})[part] = PartPlacement(
                 rows=int(option.tensor.shape[0]),
                 sharding_type=option.sharding_type,
                 compute_kernel=option.compute_kernel,
-                ranks=tuple(sorted({shard.rank for shard in option.shards})),
-                load_factor=load_factors.get(table) if part == COLD else None,
+                load_factor=load_factors.get(option.name.removesuffix(f"_{COLD}")) if part == COLD else None,
             )
-        hot_options = [o for o in options if o.name.endswith(f"_{HOT}")]
+        hot_options = [o for o in options if part_paths.get(o.path) != COLD]
         totals = RankTotals.of(options, world_size)
         return cls(
             hot_budget_bytes=hot_budget_bytes,
@@ -124,3 +130,7 @@ def _where(placement: PartPlacement | None) -> str:
     if placement.load_factor is not None:
         text += f" lf={placement.load_factor:.3f}"
     return text
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name

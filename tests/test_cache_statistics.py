@@ -55,6 +55,13 @@ def test_unseen_rows_take_the_good_turing_mass():
     assert stats.expected_miss_rate(11 / 1011) > 0.8 * unseen_mass
 
 
+def test_unseen_rows_without_singletons_still_count_as_rows():
+    stats = AccessCacheStatistics.from_counts(np.array([2] * 100 + [0] * 900), lookups_per_batch=1)
+    assert stats.expected_miss_rate(0.12) < 0.01, "a cache of 120 rows holds every row ever accessed"
+    all_singletons = AccessCacheStatistics.from_counts(np.array([1] * 10 + [0] * 90), lookups_per_batch=1)
+    assert all_singletons.expected_miss_rate(0.1) > 0.5
+
+
 def test_small_immutable_and_shared_by_deepcopy():
     stats = AccessCacheStatistics.from_counts(np.arange(100), lookups_per_batch=64)
     assert copy.deepcopy(stats) is stats

@@ -5,8 +5,11 @@ import torch
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.types import CacheParams
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
+from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, estimate_hot_share
 from fae_torchrec.cli import main
 from fae_torchrec.data import SyntheticCriteo
 from planner import AccessCacheStatistics, FAEShardingPlanner, torchrec_default_plan
@@ -41,7 +44,8 @@ def _check_plan(plan, planner, hbm_cap):
         assert isinstance(sharding.cache_params.stats, AccessCacheStatistics)
         assert 0.0 < sharding.cache_params.load_factor < 1.0
     assert max(planner.report.rank_hbm) <= hbm_cap
-    assert planner.report.hot_step <= planner.report.cold_step
+    hot_set = planner.choose_hot_set()
+    assert planner.report.hot_input_share == estimate_hot_share(planner.stats, hot_set).share
 
 
 @pytest.mark.slow
@@ -100,7 +104,7 @@ def test_bad_input_is_a_clear_error(kaggle_stats):
     tiny = Topology(world_size=1, compute_device="cuda", hbm_cap=64 << 20)
     planner = FAEShardingPlanner(tiny, stats, batch_size=2048, hot_budget_bytes=1 << 20)
     model = FAEEmbeddingBagCollection(stats.tables, planner.choose_hot_set(), device=torch.device("meta"))
-    with pytest.raises(PlannerError, match=r"topology too small: .* missing"):
+    with pytest.raises(PlannerError, match=r"topology too small: .* missing [1-9]"):
         planner.plan(model, get_default_sharders())
     with pytest.raises(ValueError, match="its cold part may use kernels"):
         constrained = {"t_cat_2": ParameterConstraints(compute_kernels=["fused"])}
@@ -120,3 +124,49 @@ def test_plan_cli_prints_both_plans(kaggle_stats, tmp_path, capsys):
     assert "FAE plan: hot budget" in printed and "fused_uvm_caching lf=" in printed
     assert "TorchRec default plan: predicted step" in printed
     assert "predicted step ratio, TorchRec default / FAE:" in printed
+
+
+@pytest.mark.slow
+def test_user_constraints_and_optimizer_state(kaggle_stats):
+    stats = _stats_at_dim(kaggle_stats, 16)
+    topology = Topology(world_size=2, compute_device="cuda", hbm_cap=GIB // 2)
+    with pytest.raises(ValueError, match=r"constraints for unknown tables \['t_cat_3_cold'\]"):
+        FAEShardingPlanner(topology, stats, constraints={"t_cat_3_cold": ParameterConstraints()})
+
+    def plan_with(constraints=None, optimizer=None):
+        planner = FAEShardingPlanner(
+            topology, stats, batch_size=2048, constraints=constraints, hot_budget_bytes=1 << 20,
+            optimizer_class=optimizer,
+        )  # fmt: skip
+        return planner, planner.plan(planner.meta_module(planner.choose_hot_set()), get_default_sharders())
+
+    with pytest.raises(ValueError, match="t_cat_3: its cold part may use sharding types"):
+        plan_with({"t_cat_3": ParameterConstraints(sharding_types=["data_parallel"])})
+    fixed = {"t_cat_3": ParameterConstraints(cache_params=CacheParams(load_factor=0.05))}
+    _, plan = plan_with(fixed)
+    assert plan.plan["cold"]["t_cat_3_cold"].cache_params.load_factor == 0.05
+    plain = FAEShardingPlanner(topology, stats, hot_budget_bytes=1 << 20)
+    adam = FAEShardingPlanner(topology, stats, hot_budget_bytes=1 << 20, optimizer_class=torch.optim.Adam)
+    rows, rows_with_state = plain.choose_hot_set().total_hot, adam.choose_hot_set().total_hot
+    assert rows_with_state == pytest.approx(rows / 3, rel=0.01), "Adam keeps two more copies of a row"
+    module = adam.meta_module(adam.choose_hot_set())
+    assert all(p._optimizer_classes == [torch.optim.Adam] for p in module.parameters()), (
+        "TorchRec's storage estimate counts the optimizer state of the dry-run module"
+    )
+
+
+def test_report_keeps_only_the_fae_module_tables():
+    small = SyntheticCriteo(20_000, batch_size=1 << 14, scale=0.001, seed=1)
+    stats = AccessProfiler(small.table_configs(8), 0.2, holdout_size=2000).profile(small)
+    planner = FAEShardingPlanner(
+        Topology(world_size=2, compute_device="cpu"), stats, batch_size=64, hot_budget_bytes=2048
+    )
+    other = EmbeddingBagCollection(
+        [EmbeddingBagConfig(name="user_id", embedding_dim=8, num_embeddings=100, feature_names=["user"])],
+        device=torch.device("meta"),
+    )
+    model = torch.nn.ModuleDict({"fae": planner.meta_module(planner.choose_hot_set()), "other": other})
+    plan = planner.plan(model, get_default_sharders())
+    assert "other" in plan.plan
+    assert set(planner.report.placements) == {t.name for t in stats.tables}
+    assert planner.report.hot_step <= planner.report.cold_step
