@@ -24,10 +24,6 @@ from planner.cache_sizing import cold_counts
 from planner.cache_statistics import AccessCacheStatistics
 
 HOT_KERNELS = [EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.value]
-COLD_KERNELS = {
-    "cuda": [EmbeddingComputeKernel.FUSED_UVM_CACHING.value],
-    "cpu": HOT_KERNELS,
-}
 #: Sharding types of cold tables on CUDA: data-parallel would copy a UVM table to every rank.
 CUDA_COLD_SHARDING_TYPES = [
     ShardingType.TABLE_WISE.value,
@@ -42,6 +38,13 @@ CPU_SHARDING_TYPES = [
     ShardingType.COLUMN_WISE.value,
     ShardingType.TABLE_COLUMN_WISE.value,
 ]
+#: (sharding types, kernels) a part may use, by compute device; None leaves TorchRec every choice.
+ALLOWED = {
+    ("cuda", HOT): (None, HOT_KERNELS),
+    ("cuda", COLD): (CUDA_COLD_SHARDING_TYPES, [EmbeddingComputeKernel.FUSED_UVM_CACHING.value]),
+    ("cpu", HOT): (CPU_SHARDING_TYPES, HOT_KERNELS),
+    ("cpu", COLD): (CPU_SHARDING_TYPES, HOT_KERNELS),
+}
 
 
 def ids_per_input(stats: AccessStats) -> np.ndarray:
@@ -94,45 +97,26 @@ def fae_constraints(
     user = user or {}
     pooling = ids_per_input(stats)
     share = hot_access_share(stats, hot_set)
-    cpu = compute_device == "cpu"
     constraints = {}
     for t, config in enumerate(stats.tables):
         base = user.get(config.name, ParameterConstraints())
-        features = len(config.feature_names)
+        per_part = {}
         if len(hot_set.hot_ids[t]):
-            constraints[part_table_name(config.name, HOT)] = replace(
-                base,
-                sharding_types=_allowed(
-                    config.name,
-                    HOT,
-                    "sharding types",
-                    CPU_SHARDING_TYPES if cpu else None,
-                    base.sharding_types,
-                ),
-                compute_kernels=_allowed(config.name, HOT, "kernels", HOT_KERNELS, base.compute_kernels),
-                pooling_factors=[float(pooling[t] * share[t])] * features,
-            )
+            per_part[HOT] = (share[t], base.cache_params)
         if config.name in caches:
             load_factor, cache_stats = caches[config.name]
-            cache = None
-            if not cpu:
-                cache = replace(
-                    base.cache_params or CacheParams(), load_factor=load_factor, stats=cache_stats
-                )
-            constraints[part_table_name(config.name, COLD)] = replace(
+            cache = replace(base.cache_params or CacheParams(), load_factor=load_factor, stats=cache_stats)
+            per_part[COLD] = (1.0 - share[t], None if compute_device == "cpu" else cache)
+        for part, (access_share, cache_params) in per_part.items():
+            allowed_types, allowed_kernels = ALLOWED[compute_device, part]
+            constraints[part_table_name(config.name, part)] = replace(
                 base,
                 sharding_types=_allowed(
-                    config.name,
-                    COLD,
-                    "sharding types",
-                    CPU_SHARDING_TYPES if cpu else CUDA_COLD_SHARDING_TYPES,
-                    base.sharding_types,
+                    config.name, part, "sharding types", allowed_types, base.sharding_types
                 ),
-                compute_kernels=_allowed(
-                    config.name, COLD, "kernels", COLD_KERNELS[compute_device], base.compute_kernels
-                ),
-                pooling_factors=[float(pooling[t] * (1.0 - share[t]))] * features,
-                cache_params=cache,
+                compute_kernels=_allowed(config.name, part, "kernels", allowed_kernels, base.compute_kernels),
+                pooling_factors=[float(pooling[t] * access_share)] * len(config.feature_names),
+                cache_params=cache_params,
             )
     return constraints
 
