@@ -50,19 +50,24 @@ class SampleBlock:
             blocks[0].ids_per_feature,
         )
 
+    def feature_ids(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        """Per feature, its ids as an ``(n, ids_per_feature)`` array (input for ``FeatureIds.of``)."""
+        bounds = np.concatenate([[0], np.cumsum(self.ids_per_feature)])
+        return {key: self.ids[:, bounds[f] : bounds[f + 1]] for f, key in enumerate(keys)}
+
     def to_batch(self, keys: Sequence[str]) -> Batch:
         """A TorchRec ``Batch`` whose ``KeyedJaggedTensor`` has one key per feature, in order."""
         n = len(self)
         counts = np.asarray(self.ids_per_feature)
         if np.all(counts == 1):
-            values = np.ascontiguousarray(self.ids.T).reshape(-1)
+            values = np.require(self.ids.T, requirements=["C", "W"]).reshape(-1)
         else:
             bounds = np.concatenate([[0], np.cumsum(counts)])
             values = np.concatenate(
                 [self.ids[:, bounds[f] : bounds[f + 1]].reshape(-1) for f in range(len(counts))]
             )
         return Batch(
-            dense_features=torch.from_numpy(self.dense),
+            dense_features=torch.from_numpy(np.require(self.dense, requirements=["C", "W"])),
             sparse_features=KeyedJaggedTensor(
                 keys=list(keys),
                 values=torch.from_numpy(values),
@@ -70,7 +75,7 @@ class SampleBlock:
                 stride=n,
                 length_per_key=(counts * n).tolist(),
             ),
-            labels=torch.from_numpy(self.labels),
+            labels=torch.from_numpy(np.require(self.labels, requirements=["C", "W"])),
         )
 
 

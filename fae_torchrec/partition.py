@@ -1,0 +1,127 @@
+"""FAE's offline step: a data set split once into its entirely-hot inputs and the others.
+
+Inputs keep their order within each part. A partition lives in memory or in a directory of ``.npy``
+files (``hot_dense.npy``, ``hot_ids.npy``, ``hot_labels.npy`` and the same for ``cold``), written
+chunk by chunk while the data streams past, and read back memory-mapped.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from fae_torchrec.data.block import SampleBlock
+from fae_torchrec.hot_set import HotSet
+
+HOT, COLD = "hot", "cold"
+PARTS = (HOT, COLD)
+_FIELDS = ("dense", "ids", "labels")
+_HEADER_BYTES = 128
+
+
+@dataclass(frozen=True)
+class HotColdPartition:
+    """The entirely-hot inputs of a data set (``hot``) and all the others (``cold``)."""
+
+    hot: SampleBlock
+    cold: SampleBlock
+
+    def part(self, name: str) -> SampleBlock:
+        return {HOT: self.hot, COLD: self.cold}[name]
+
+    @classmethod
+    def of(cls, blocks: Iterable[SampleBlock], hot_set: HotSet, keys: Sequence[str]) -> HotColdPartition:
+        """Partition in memory."""
+        parts: dict[str, list[SampleBlock]] = {HOT: [], COLD: []}
+        for block in blocks:
+            hot = hot_set.is_hot_input(block.feature_ids(keys))
+            parts[HOT].append(block.select(hot))
+            parts[COLD].append(block.select(~hot))
+        if not parts[HOT]:
+            raise ValueError("no inputs to partition")
+        return cls(SampleBlock.concat(parts[HOT]), SampleBlock.concat(parts[COLD]))
+
+    @classmethod
+    def write(
+        cls,
+        blocks: Iterable[SampleBlock],
+        hot_set: HotSet,
+        keys: Sequence[str],
+        directory: str | os.PathLike,
+        total: int | None = None,
+    ) -> HotColdPartition:
+        """Partition to ``directory`` block by block (memory stays one block), then open it."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        writers: dict[tuple[str, str], _NpyAppender] = {}
+        ids_per_feature = None
+        for block in tqdm(blocks, total=total, desc="partitioning", unit="block", leave=False):
+            ids_per_feature = block.ids_per_feature
+            hot = hot_set.is_hot_input(block.feature_ids(keys))
+            for part, chosen in ((HOT, block.select(hot)), (COLD, block.select(~hot))):
+                for field in _FIELDS:
+                    array = getattr(chosen, field)
+                    key = (part, field)
+                    if key not in writers:
+                        writers[key] = _NpyAppender(
+                            directory / f"{part}_{field}.npy", array.dtype, array.shape[1:]
+                        )
+                    writers[key].append(array)
+        if ids_per_feature is None:
+            raise ValueError("no inputs to partition")
+        for writer in writers.values():
+            writer.close()
+        (directory / "partition.json").write_text(json.dumps({"ids_per_feature": list(ids_per_feature)}))
+        return cls.open(directory)
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike) -> HotColdPartition:
+        """A partition written by :meth:`write`, memory-mapped."""
+        directory = Path(directory)
+        meta = directory / "partition.json"
+        if not meta.exists():
+            raise FileNotFoundError(f"{meta}: missing; not a partition directory")
+        ids_per_feature = tuple(json.loads(meta.read_text())["ids_per_feature"])
+        blocks = {
+            part: SampleBlock(
+                *(np.load(directory / f"{part}_{field}.npy", mmap_mode="r") for field in _FIELDS),
+                ids_per_feature=ids_per_feature,
+            )
+            for part in PARTS
+        }
+        return cls(blocks[HOT], blocks[COLD])
+
+
+class _NpyAppender:
+    """An ``.npy`` file grown by appending rows; its header is rewritten with the row count at the end."""
+
+    def __init__(self, path: Path, dtype: np.dtype, row_shape: tuple[int, ...]) -> None:
+        self.path, self.dtype, self.row_shape, self.rows = path, np.dtype(dtype), row_shape, 0
+        self.file = open(path, "wb")  # closed in close()
+        self._write_header()
+
+    def append(self, array: np.ndarray) -> None:
+        self.file.write(np.ascontiguousarray(array, dtype=self.dtype).tobytes())
+        self.rows += len(array)
+
+    def close(self) -> None:
+        self.file.seek(0)
+        self._write_header()
+        self.file.close()
+
+    def _write_header(self) -> None:
+        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+                  "shape": (self.rows, *self.row_shape)}  # fmt: skip
+        text = repr(header).encode("latin1")
+        padding = _HEADER_BYTES - 10 - len(text) - 1
+        if padding < 0 or ast.literal_eval(text.decode("latin1")) != header:
+            raise ValueError(f"{self.path}: header does not fit {_HEADER_BYTES} bytes")
+        self.file.write(b"\x93NUMPY\x01\x00" + (_HEADER_BYTES - 10).to_bytes(2, "little"))
+        self.file.write(text + b" " * padding + b"\n")

@@ -1,0 +1,107 @@
+"""Partition, schedule and router: every input exactly once per epoch, hot steps hot, ranks in step."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from fae_torchrec import AccessProfiler
+from fae_torchrec.data import SyntheticCriteo
+from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
+from fae_torchrec.partition import COLD, HOT, HotColdPartition
+from fae_torchrec.router import BatchRouter
+from fae_torchrec.schedule import make_schedule
+
+
+@pytest.fixture(scope="module")
+def data():
+    synthetic = SyntheticCriteo(6_000, batch_size=1000, scale=0.002, seed=4)
+    stats = AccessProfiler(synthetic.table_configs(), 0.3, seed=0, holdout_size=500).profile(synthetic)
+    return synthetic, stats.hot_set(16 << 10)
+
+
+def _covered(steps, world_size):
+    return Counter(
+        (part, i)
+        for step in steps
+        for r in range(world_size)
+        for part, a, b in step.spans[r]
+        for i in range(a, b)
+    )
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("order", ["phases", "shuffled"])
+@pytest.mark.parametrize(
+    ("num_hot", "num_cold", "batch_size"), [(25, 13, 4), (24, 0, 4), (3, 40, 8), (0, 9, 3)]
+)
+def test_every_input_exactly_once_and_hot_steps_only_hot(world_size, order, num_hot, num_cold, batch_size):
+    steps = make_schedule(num_hot, num_cold, batch_size, world_size, order, seed=1)
+    expected = Counter([(HOT, i) for i in range(num_hot)] + [(COLD, i) for i in range(num_cold)])
+    assert _covered(steps, world_size) == expected
+    for step in steps:
+        sizes = [step.size(r) for r in range(world_size)]
+        assert min(sizes) >= 1, "every rank trains on something at every step"
+        if step.hot:
+            assert sizes == [batch_size] * world_size
+            assert all(part == HOT for spans in step.spans for part, _, _ in spans)
+        else:
+            assert max(sizes) < 2 * batch_size
+    if order == "phases":
+        kinds = [s.hot for s in steps]
+        assert kinds == sorted(kinds), "all cold steps, then all hot steps"
+
+
+def test_shuffled_order_is_seeded_per_epoch():
+    same = make_schedule(50, 50, 4, 2, "shuffled", seed=3, epoch=1)
+    assert same == make_schedule(50, 50, 4, 2, "shuffled", seed=3, epoch=1)
+    assert same != make_schedule(50, 50, 4, 2, "shuffled", seed=3, epoch=2)
+    assert same != make_schedule(50, 50, 4, 2, "shuffled", seed=4, epoch=1)
+    kinds = [s.hot for s in same]
+    assert kinds != sorted(kinds) and kinds != sorted(kinds, reverse=True), "interleaved"
+
+
+def test_schedule_errors():
+    with pytest.raises(ValueError, match="2 inputs left for cold steps but 3 ranks"):
+        make_schedule(0, 2, 4, 3)
+    with pytest.raises(ValueError, match="unknown order 'random'"):
+        make_schedule(1, 1, 1, 1, "random")
+
+
+def test_partition_in_memory_and_on_disk(data, tmp_path):
+    synthetic, hot_set = data
+    memory = HotColdPartition.of(synthetic.blocks(), hot_set, DEFAULT_CAT_NAMES)
+    disk = HotColdPartition.write(synthetic.blocks(), hot_set, DEFAULT_CAT_NAMES, tmp_path / "part")
+    assert len(memory.hot) + len(memory.cold) == 6_000
+    assert 0 < len(memory.hot) < 6_000
+    for part in (HOT, COLD):
+        for field in ("dense", "ids", "labels"):
+            assert np.array_equal(getattr(memory.part(part), field), getattr(disk.part(part), field))
+    assert hot_set.is_hot_input(disk.hot.feature_ids(DEFAULT_CAT_NAMES)).all()
+    assert not hot_set.is_hot_input(disk.cold.feature_ids(DEFAULT_CAT_NAMES)).any()
+    with pytest.raises(FileNotFoundError, match=r"partition\.json: missing"):
+        HotColdPartition.open(tmp_path)
+    with pytest.raises(ValueError, match="no inputs to partition"):
+        HotColdPartition.write(iter([]), hot_set, DEFAULT_CAT_NAMES, tmp_path / "empty")
+
+
+def test_router_serves_each_rank_its_inputs(data):
+    synthetic, hot_set = data
+    partition = HotColdPartition.of(synthetic.blocks(), hot_set, DEFAULT_CAT_NAMES)
+    routers = [BatchRouter(partition, 64, world_size=2, rank=r, seed=5) for r in range(2)]
+    served = [list(router.epoch(0)) for router in routers]
+    assert len(served[0]) == len(served[1]) == len(routers[0].schedule(0))
+    dense = []
+    for first, second in zip(*served, strict=True):
+        assert first.hot == second.hot and first.step == second.step
+        if first.hot:
+            assert hot_set.is_hot_input(first.batch).all() and hot_set.is_hot_input(second.batch).all()
+        dense += [first.batch.dense_features.numpy(), second.batch.dense_features.numpy()]
+    everything = np.concatenate([partition.hot.dense, partition.cold.dense])
+    seen = np.concatenate(dense)
+    assert len(seen) == len(everything)
+    assert np.array_equal(np.unique(seen, axis=0), np.unique(everything, axis=0))
+    resumed = list(routers[0].epoch(0, start_step=3))
+    assert [r.step for r in resumed] == [r.step for r in served[0][3:]]
+    with pytest.raises(ValueError, match="rank 2 out of range"):
+        BatchRouter(partition, 64, world_size=2, rank=2)
