@@ -11,7 +11,7 @@ own sharders and kernels.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -118,19 +118,27 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         with torch.no_grad():
             for config, pieces in self._pieces():
                 weight = state_dict[f"embedding_bags.{config.name}.weight"]
-                for ids, part_weight in pieces:
+                for ids, part_weight, _ in pieces:
                     part_weight.copy_(weight[ids.to(weight.device)])
 
-    def ebc_state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights in the original layout: a state dict a plain EBC of the same tables loads."""
-        state = {}
+    def ebc_state_dict(
+        self, state: Mapping[str, torch.Tensor] | None = None, prefix: str = ""
+    ) -> dict[str, torch.Tensor]:
+        """The weights in the original layout: a state dict a plain EBC of the same tables loads.
+
+        By default from this module's parameters; or from ``state``, full tensors keyed as this
+        module's state dict under ``prefix`` (such as ``gather_full_state_dict`` of a DMP model).
+        """
+        result = {}
         for config, pieces in self._pieces():
-            dtype = pieces[0][1].dtype
-            weight = torch.empty(config.num_embeddings, config.embedding_dim, dtype=dtype)
-            for ids, part_weight in pieces:
-                weight[ids] = part_weight.detach().cpu()
-            state[f"embedding_bags.{config.name}.weight"] = weight
-        return state
+            weights = [
+                (ids, weight if state is None else state[f"{prefix}{name}"]) for ids, weight, name in pieces
+            ]
+            full = torch.empty(config.num_embeddings, config.embedding_dim, dtype=weights[0][1].dtype)
+            for ids, weight in weights:
+                full[ids] = weight.detach().cpu()
+            result[f"embedding_bags.{config.name}.weight"] = full
+        return result
 
     def hot_set(self) -> HotSet:
         """The split this module was built with."""
@@ -148,14 +156,19 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             )
         ]
 
-    def _pieces(self) -> list[tuple[EmbeddingBagConfig, list[tuple[torch.Tensor, torch.Tensor]]]]:
-        """Per table: its config and, per part holding rows of it, (original ids, part weight)."""
+    def _pieces(self) -> list[tuple[EmbeddingBagConfig, list[tuple[torch.Tensor, torch.Tensor, str]]]]:
+        """Per table: its config and, per part holding rows of it, (original ids, part weight, the
+        weight's name in this module's state dict)."""
         result = []
         for config, hot in zip(self._configs, self._hot_ids(), strict=True):
             is_cold = torch.ones(config.num_embeddings, dtype=torch.bool)
             is_cold[hot] = False
             pieces = [
-                (ids, getattr(self, part).embedding_bags[part_table_name(config.name, part)].weight)
+                (
+                    ids,
+                    getattr(self, part).embedding_bags[part_table_name(config.name, part)].weight,
+                    f"{part}.embedding_bags.{part_table_name(config.name, part)}.weight",
+                )
                 for part, ids in ((HOT, hot), (COLD, torch.nonzero(is_cold).flatten()))
                 if len(ids)
             ]

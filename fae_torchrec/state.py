@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
@@ -12,7 +13,9 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 def load_full_state_dict(module: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
     """Copy full tensors into ``module``'s state, each rank its own shards (plain tensors whole).
 
-    Raises ``KeyError`` naming the first entry of the module that ``state_dict`` lacks.
+    Every rank must pass the same ``state_dict`` (for instance made under the same seed, or loaded
+    from one checkpoint): each rank copies only the shards it holds. Raises ``KeyError`` naming the
+    first entry of the module that ``state_dict`` lacks.
     """
     with torch.no_grad():
         for name, local in module.state_dict().items():
@@ -21,10 +24,30 @@ def load_full_state_dict(module: nn.Module, state_dict: Mapping[str, torch.Tenso
             full = state_dict[name].detach()
             if isinstance(local, ShardedTensor):
                 for shard in local.local_shards():
-                    index = tuple(
-                        slice(offset, offset + size)
-                        for offset, size in zip(shard.metadata.shard_offsets, shard.tensor.shape, strict=True)
-                    )
-                    shard.tensor.copy_(full[index])
+                    shard.tensor.copy_(full[_shard_index(shard)])
             else:
                 local.copy_(full)
+
+
+def gather_full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every entry of ``module``'s state as a full tensor on every rank (sharded entries assembled
+    from all ranks' shards with one all-reduce each; a collective: call it on every rank)."""
+    full = {}
+    for name, local in module.state_dict().items():
+        if isinstance(local, ShardedTensor):
+            tensor = torch.zeros(local.size(), dtype=local.dtype)
+            for shard in local.local_shards():
+                tensor[_shard_index(shard)] = shard.tensor.detach().cpu()
+            dist.all_reduce(tensor)
+            full[name] = tensor
+        else:
+            full[name] = local.detach().cpu().clone()
+    return full
+
+
+def _shard_index(shard) -> tuple[slice, ...]:
+    """Where a local shard sits in its full tensor."""
+    return tuple(
+        slice(offset, offset + size)
+        for offset, size in zip(shard.metadata.shard_offsets, shard.tensor.shape, strict=True)
+    )

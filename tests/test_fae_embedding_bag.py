@@ -125,7 +125,7 @@ def test_gradients_reach_each_row_in_its_part():
     split(batch).values().square().sum().backward()
     for config, pieces in split._pieces():
         reference = ebc.embedding_bags[config.name].weight.grad
-        for ids, weight in pieces:
+        for ids, weight, _ in pieces:
             torch.testing.assert_close(weight.grad, reference[ids], rtol=0, atol=1e-5)
 
 
