@@ -16,13 +16,8 @@ from torchrec.distributed.planner.types import PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 
 from fae_torchrec.access_stats import AccessStats
-from fae_torchrec.data import (
-    CriteoNpyReader,
-    CriteoTsvReader,
-    SyntheticCriteo,
-    criteo_table_configs,
-    scaled_table_sizes,
-)
+from fae_torchrec.data import criteo_table_configs, scaled_table_sizes
+from fae_torchrec.data.sources import add_data_arguments, open_source
 from fae_torchrec.hot_set import HotSet
 from fae_torchrec.hot_share import estimate_hot_share, hot_share_curve
 from fae_torchrec.plots import plot_access_cdf, plot_hot_share
@@ -39,7 +34,6 @@ OPTIMIZERS: dict[str, type[torch.optim.Optimizer] | None] = {
     "adagrad": torchrec.optim.Adagrad,
     "adam": torchrec.optim.Adam,
 }
-DATA_KINDS = ("synthetic", "criteo-tsv", "criteo-npy")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,18 +43,7 @@ def _parser() -> argparse.ArgumentParser:
         "profile",
         help="count row accesses on a sample, choose the hot set, estimate the hot-input share",
     )
-    profile.add_argument(
-        "--data",
-        nargs="+",
-        default=["synthetic"],
-        metavar="SOURCE",
-        help="synthetic (built-in, default), criteo-tsv FILE..., or criteo-npy PREFIX... "
-        "(PREFIX_dense.npy, PREFIX_sparse.npy, PREFIX_labels.npy)",
-    )
-    profile.add_argument("--num-samples", type=int, default=2_000_000, help="synthetic inputs")
-    profile.add_argument("--seed", type=int, default=0, help="synthetic data seed")
-    profile.add_argument("--ids-per-feature", type=int, default=1, help="synthetic multi-hot")
-    profile.add_argument("--scale", type=float, default=1.0, help="table sizes = Criteo Kaggle's x scale")
+    add_data_arguments(profile, num_samples=2_000_000, scale=1.0)
     profile.add_argument("--dim", type=int, default=16, help="embedding dimension")
     profile.add_argument("--sample", type=float, default=0.05, help="fraction of inputs counted")
     profile.add_argument("--sample-seed", type=int, default=0)
@@ -81,32 +64,6 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--candidates", type=int, default=6, help="budgets the knob tries")
     plan.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
     return parser
-
-
-def _data_source(args: argparse.Namespace) -> tuple[object, int | None]:
-    """The batches to profile and how many there are (None when unknown)."""
-    kind, paths = args.data[0], args.data[1:]
-    if kind not in DATA_KINDS:
-        raise ValueError(f"--data: unknown kind {kind!r}; choose from {', '.join(DATA_KINDS)}")
-    if (kind == "synthetic") != (not paths):
-        raise ValueError(f"--data {kind}: " + ("takes no path" if paths else "needs a path"))
-    sizes = scaled_table_sizes(args.scale)
-    if kind == "synthetic":
-        data = SyntheticCriteo(
-            args.num_samples,
-            args.batch_size,
-            scale=args.scale,
-            seed=args.seed,
-            ids_per_feature=args.ids_per_feature,
-        )
-        return data, len(data)
-    for path in paths:
-        if kind == "criteo-tsv" and not os.path.isfile(path):
-            raise ValueError(f"--data criteo-tsv: no such file: {path}")
-    if kind == "criteo-tsv":
-        return CriteoTsvReader(paths, args.batch_size, sizes), None
-    reader = CriteoNpyReader(paths, args.batch_size, sizes)
-    return reader, -(-reader.num_samples // args.batch_size)
 
 
 def _table_report(stats: AccessStats, hot_set: HotSet, optimizer: type | None) -> str:
@@ -135,7 +92,7 @@ def _table_report(stats: AccessStats, hot_set: HotSet, optimizer: type | None) -
 def profile(args: argparse.Namespace) -> None:
     budget = parse_bytes(args.budget)
     optimizer = OPTIMIZERS[args.optimizer]
-    data, total = _data_source(args)
+    data, total = open_source(args, args.batch_size)
     tables = criteo_table_configs(scaled_table_sizes(args.scale), args.dim)
     profiler = AccessProfiler(tables, args.sample, args.sample_seed, args.holdout)
     stats = profiler.profile(data, total=total)
