@@ -18,8 +18,7 @@ $(STAMP): pyproject.toml requirements/*.txt
 	touch $(STAMP)
 
 train: $(STAMP)
-	$(VENV)/bin/fae-torchrec profile --data synthetic --num-samples 2000000 --sample 0.05 \
-		--budget 256MiB --out runs/profile/stats.npz
+	$(PY) examples/train_dlrm_fae.py --out runs/train
 
 test: $(STAMP)
 	$(VENV)/bin/ruff format --check .

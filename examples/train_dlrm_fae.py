@@ -1,0 +1,254 @@
+"""Train TorchRec's DLRM with FAE on DistributedModelParallel, or the baseline with ``--baseline``.
+
+FAE: profile a sample of the training data, choose the hot set, split the embedding tables
+(``FAEEmbeddingBagCollection``), plan them with ``FAEShardingPlanner``, and train with the batch router:
+hot steps run the hot part only, cold steps both parts. The baseline trains the unsplit DLRM, planned
+by TorchRec's ``EmbeddingShardingPlanner``, on the same data in random order, with the same
+hyperparameters.
+
+    python examples/train_dlrm_fae.py                        # built-in synthetic data, one process
+    python examples/train_dlrm_fae.py --baseline             # the same model and data, TorchRec alone
+    torchrun --nproc_per_node 2 examples/train_dlrm_fae.py   # 2 ranks (gloo on CPU, NCCL on GPU)
+    python examples/train_dlrm_fae.py --data criteo-tsv train.txt --scale 1.0
+
+Writes ``metrics.json`` and ``curves.png`` (train loss, validation AUC) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.distributed as dist
+import torchrec
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from tqdm import tqdm
+
+from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, parse_bytes
+from fae_torchrec.data import SampleBlock, rebatch
+from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
+from fae_torchrec.data.sources import add_data_arguments, open_source
+from fae_torchrec.evaluation import evaluate
+from fae_torchrec.partition import HotColdPartition
+from fae_torchrec.router import BatchRouter
+from fae_torchrec.schedule import ORDERS, make_schedule
+from fae_torchrec.training import train_step
+from planner import FAEShardingPlanner
+
+logger = logging.getLogger("train_dlrm_fae")
+
+EMBEDDING_OPTIMIZERS = {
+    "sgd": torch.optim.SGD,
+    "adagrad": torch.optim.Adagrad,
+    "rowwise_adagrad": torchrec.optim.RowWiseAdagrad,
+    "adam": torch.optim.Adam,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_data_arguments(parser, num_samples=300_000, scale=0.02)
+    parser.add_argument("--baseline", action="store_true", help="TorchRec alone, data in random order")
+    parser.add_argument("--dim", type=int, default=16, help="embedding dimension")
+    parser.add_argument("--batch-size", type=int, default=512, help="per-rank batch size")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--sample", type=float, default=0.05, help="profiled fraction of inputs")
+    parser.add_argument("--budget", default="256KiB", help="hot-row budget (FAE)")
+    parser.add_argument("--order", choices=ORDERS, default="shuffled", help="hot/cold step order")
+    parser.add_argument("--optimizer", choices=sorted(EMBEDDING_OPTIMIZERS), default="rowwise_adagrad")
+    parser.add_argument("--lr", type=float, default=0.05, help="embedding learning rate")
+    parser.add_argument("--dense-lr", type=float, default=0.05, help="dense (Adagrad) learning rate")
+    parser.add_argument("--val-fraction", type=float, default=0.1, help="inputs held out for validation")
+    parser.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0: per epoch)")
+    parser.add_argument("--out", default="runs/train", help="metrics.json and curves.png go here")
+    return parser.parse_args(argv)
+
+
+def init_distributed() -> tuple[int, int, torch.device]:
+    """Join torchrun's process group, or make a group of one for a plain ``python`` run."""
+    cuda = torch.cuda.is_available()
+    backend = "nccl" if cuda else "gloo"
+    if "RANK" in os.environ:
+        dist.init_process_group(backend)
+    else:
+        store = Path(tempfile.mkdtemp()) / "store"
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        return rank, world, torch.device("cuda", torch.cuda.current_device())
+    return rank, world, torch.device("cpu")
+
+
+def load_data(args: argparse.Namespace) -> tuple[SampleBlock, SampleBlock, list]:
+    """Training and validation inputs (the last ``val_fraction`` of the data) and the tables."""
+    source, _ = open_source(args, batch_size=1 << 16)
+    data = SampleBlock.concat(list(source.raw_blocks()))
+    held_out = int(len(data) * args.val_fraction)
+    if len(data) - held_out <= 0 or held_out <= 0:
+        raise ValueError(f"{len(data)} inputs cannot make a training and a validation set")
+    return (
+        data.slice(0, len(data) - held_out),
+        data.slice(len(data) - held_out, len(data)),
+        source.table_configs(args.dim),
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", force=True)
+    logger.setLevel(logging.INFO)
+    rank, world, device = init_distributed()
+    try:
+        return _train(args, rank, world, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> dict:
+    train, validation, tables = load_data(args)
+    mode = "baseline" if args.baseline else "fae"
+    budget = parse_bytes(args.budget)
+    stats = AccessProfiler(tables, args.sample, seed=args.seed).profile(
+        block.to_batch(DEFAULT_CAT_NAMES) for block in rebatch([train], 1 << 16)
+    )
+    topology = Topology(world_size=world, compute_device=device.type)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    ebc = EmbeddingBagCollection(tables)
+    if args.baseline:
+        partition = HotColdPartition.unsplit(train, args.seed)
+        sparse = ebc
+        planner = EmbeddingShardingPlanner(topology, batch_size=args.batch_size)
+    else:
+        hot_set = stats.hot_set(budget)
+        partition = HotColdPartition.of(rebatch([train], 1 << 16), hot_set, DEFAULT_CAT_NAMES)
+        sparse = FAEEmbeddingBagCollection.from_ebc(ebc, hot_set)
+        planner = FAEShardingPlanner(topology, stats, batch_size=args.batch_size, hot_budget_bytes=budget)
+    model = DLRMTrain(
+        DLRM(
+            sparse,
+            dense_in_features=13,
+            dense_arch_layer_sizes=[64, args.dim],
+            over_arch_layer_sizes=[64, 32, 1],
+        )
+    )
+    apply_optimizer_in_backward(EMBEDDING_OPTIMIZERS[args.optimizer], sparse.parameters(), {"lr": args.lr})
+    full = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    sharders = get_default_sharders()
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
+    load_full_state_dict_all(dmp, full)
+    dense = torch.optim.Adagrad(
+        [p for name, p in dmp.named_parameters() if "embedding_bag" not in name], lr=args.dense_lr
+    )
+    router = BatchRouter(partition, args.batch_size, world, rank, order=args.order, seed=args.seed)
+    validation_batches = _validation_batches(validation, args.batch_size, world, rank)
+    logger.info(
+        "%s: %d training inputs (%d hot, %.1f%%), %d validation inputs, %d ranks",
+        mode, len(train), len(partition.hot), 100 * len(partition.hot) / len(train), len(validation), world,
+    )  # fmt: skip
+
+    history: dict[str, list] = {"step": [], "loss": [], "eval_step": [], "auc": [], "log_loss": []}
+    counts = {"hot_steps": 0, "cold_steps": 0}
+    seen, step_index, start = 0, 0, time.perf_counter()
+    for epoch in range(args.epochs):
+        steps = router.epoch(epoch)
+        bar = tqdm(steps, total=len(router.schedule(epoch)), desc=f"{mode} epoch {epoch}", disable=rank != 0)
+        for routed in bar:
+            batch = routed.batch.to(device)
+            loss = train_step(dmp, batch, dense, hot=routed.hot)
+            counts["hot_steps" if routed.hot else "cold_steps"] += 1
+            seen += batch.labels.numel() * world
+            step_index += 1
+            history["step"].append(step_index)
+            history["loss"].append(loss)
+            if step_index % 20 == 0:
+                bar.set_postfix(loss=f"{loss:.4f}")
+            if args.eval_every and step_index % args.eval_every == 0:
+                _record(history, step_index, evaluate(dmp, (b.to(device) for b in validation_batches)))
+        _record(history, step_index, evaluate(dmp, (b.to(device) for b in validation_batches)))
+    seconds = time.perf_counter() - start
+    metrics = {
+        "mode": mode,
+        "world_size": world,
+        "train_inputs": len(train),
+        "hot_input_share": len(partition.hot) / len(train),
+        **counts,
+        "samples_per_second": seen / seconds,
+        "final_auc": history["auc"][-1],
+        "final_log_loss": history["log_loss"][-1],
+        "history": history,
+    }
+    logger.info(
+        "%s: %.0f samples/s, %d hot and %d cold steps, validation AUC %.4f, log loss %.4f",
+        mode, metrics["samples_per_second"], counts["hot_steps"], counts["cold_steps"],
+        metrics["final_auc"], metrics["final_log_loss"],
+    )  # fmt: skip
+    if rank == 0:
+        _write(metrics, Path(args.out))
+    return metrics
+
+
+def load_full_state_dict_all(dmp: DistributedModelParallel, full: dict) -> None:
+    """The same initial weights on every rank, copied into the shards."""
+    from fae_torchrec import load_full_state_dict
+
+    load_full_state_dict(dmp, full)
+
+
+def _validation_batches(validation: SampleBlock, batch_size: int, world: int, rank: int) -> list:
+    """This rank's validation batches, the same number on every rank."""
+    steps = make_schedule(0, len(validation), batch_size, world, order="phases")
+    return [
+        SampleBlock.concat([validation.slice(a, b) for _, a, b in step.spans[rank]]).to_batch(
+            DEFAULT_CAT_NAMES
+        )
+        for step in steps
+    ]
+
+
+def _record(history: dict, step: int, result: dict) -> None:
+    history["eval_step"].append(step)
+    history["auc"].append(result["auc"])
+    history["log_loss"].append(result["log_loss"])
+
+
+def _write(metrics: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    history = metrics["history"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    losses = np.asarray(history["loss"])
+    window = max(1, len(losses) // 50)
+    smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+    left.plot(history["step"][window - 1 :], smooth)
+    left.set_xlabel("step")
+    left.set_ylabel(f"train loss (moving mean of {window})")
+    right.plot(history["eval_step"], history["auc"], marker="o")
+    right.set_xlabel("step")
+    right.set_ylabel("validation AUC")
+    fig.suptitle(f"DLRM, {metrics['mode']}, {metrics['world_size']} rank(s)")
+    fig.tight_layout()
+    fig.savefig(out / "curves.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""examples/train_dlrm_fae.py end to end: FAE against the baseline, and under torchrun with 2 ranks."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
+
+
+def _run(tmp_path, *args, launcher=()):
+    out = tmp_path / "out"
+    subprocess.run(
+        [*launcher, str(EXAMPLE), "--out", str(out), *args], check=True, capture_output=True, text=True
+    )
+    return json.loads((out / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_fae_reaches_the_baseline_auc(tmp_path):
+    fae = _run(tmp_path / "fae", "--num-samples", "200000", launcher=(sys.executable,))
+    baseline = _run(tmp_path / "base", "--num-samples", "200000", "--baseline", launcher=(sys.executable,))
+    assert fae["hot_steps"] > 0 and fae["cold_steps"] > 0 and baseline["hot_steps"] == 0
+    assert fae["train_inputs"] == baseline["train_inputs"]
+    assert baseline["final_auc"] > 0.75, "the model learns"
+    assert abs(fae["final_auc"] - baseline["final_auc"]) <= 0.003
+    assert (tmp_path / "fae" / "out" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_torchrun_with_two_ranks(tmp_path):
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
+    metrics = _run(tmp_path, "--num-samples", "40000", "--batch-size", "128", launcher=launcher)
+    assert metrics["world_size"] == 2
+    assert metrics["hot_steps"] > 0 and metrics["cold_steps"] > 0
+    assert 0.5 < metrics["final_auc"] <= 1.0
