@@ -10,7 +10,7 @@ from torchrec.datasets.utils import Batch
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
 from fae_torchrec.partition import HotColdPartition
-from fae_torchrec.schedule import Step, make_schedule
+from fae_torchrec.schedule import Step, initial_run, interleave, make_schedule
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class BatchRouter:
         partition: the data set split into hot and cold inputs.
         batch_size: inputs per rank and step (the last cold step may be larger, see ``schedule``).
         world_size, rank: this rank's place; every rank computes the same schedule.
-        order: ``phases`` or ``shuffled`` (see ``schedule``).
+        order: ``phases``, ``shuffled`` or ``adaptive`` (see ``schedule``).
         seed: seed of the shuffled order (with the epoch).
         keys: the feature names of the ``KeyedJaggedTensor``.
     """
@@ -54,6 +54,8 @@ class BatchRouter:
         self.order = order
         self.seed = seed
         self.keys = list(keys)
+        self._position: dict = {}
+        self._relayout = False
 
     def schedule(self, epoch: int) -> list[Step]:
         return make_schedule(
@@ -67,11 +69,64 @@ class BatchRouter:
         )
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[RoutedBatch]:
-        """This rank's batches of ``epoch`` from step ``start_step`` on (to resume mid-epoch)."""
+        """This rank's batches of ``epoch`` from step ``start_step`` on.
+
+        To resume mid-epoch, load the router's ``state_dict`` from the checkpoint first (the adaptive
+        order needs it) and start at its ``step``.
+        """
         steps = self.schedule(epoch)
-        for index in range(start_step, len(steps)):
-            step = steps[index]
-            block = SampleBlock.concat(
-                [self.partition.part(part).slice(start, stop) for part, start, stop in step.spans[self.rank]]
+        if self.order != "adaptive":
+            for index in range(start_step, len(steps)):
+                self._position = {"epoch": epoch, "step": index + 1}
+                yield self._batch(epoch, index, steps[index])
+            return
+        hot = [step for step in steps if step.hot]
+        cold = [step for step in steps if not step.hot]
+        if start_step == 0:
+            self._position = {"epoch": epoch, "step": 0, "hot_done": 0, "cold_done": 0, "anchor": (0, 0),
+                              "run": initial_run(len(hot)), "best_loss": float("inf")}  # fmt: skip
+        elif self._position.get("epoch") != epoch or self._position.get("step") != start_step:
+            raise ValueError(f"load the router state of epoch {epoch}, step {start_step} before resuming")
+        while self._position["step"] < len(steps):
+            # the kinds laid out at the last change of run length (the anchor), past the steps done
+            position = self._position
+            anchored = steps[: position["anchor"]]
+            hot_before = sum(step.hot for step in anchored)
+            kinds = interleave(
+                len(hot) - hot_before, len(cold) - (len(anchored) - hot_before), position["run"]
             )
-            yield RoutedBatch(epoch, index, step.hot, block.to_batch(self.keys))
+            self._relayout = False
+            for is_hot in kinds[position["step"] - position["anchor"] :]:
+                kind = "hot_done" if is_hot else "cold_done"
+                step = (hot if is_hot else cold)[self._position[kind]]
+                index = self._position["step"]
+                self._position = {**self._position, kind: self._position[kind] + 1, "step": index + 1}
+                yield self._batch(epoch, index, step)
+                if self._relayout:
+                    done = (self._position["hot_done"], self._position["cold_done"])
+                    self._position = {**self._position, "anchor": done}
+                    break
+
+    def report_validation_loss(self, loss: float) -> None:
+        """Adaptive order: a validation loss worse than the best so far halves the hot run length
+        for the rest of the epoch. Every rank must report the same loss (an all-reduced one)."""
+        if self.order != "adaptive":
+            return
+        if loss > self._position["best_loss"]:
+            self._position = {**self._position, "run": max(1, self._position["run"] // 2)}
+            self._relayout = True
+        else:
+            self._position = {**self._position, "best_loss": loss}
+
+    def state_dict(self) -> dict:
+        """Where the router is: epoch, next step, and the adaptive order's state."""
+        return dict(self._position)
+
+    def load_state_dict(self, state: dict) -> None:
+        self._position = dict(state)
+
+    def _batch(self, epoch: int, index: int, step: Step) -> RoutedBatch:
+        block = SampleBlock.concat(
+            [self.partition.part(part).slice(start, stop) for part, start, stop in step.spans[self.rank]]
+        )
+        return RoutedBatch(epoch, index, step.hot, block.to_batch(self.keys))

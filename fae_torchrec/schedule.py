@@ -13,6 +13,11 @@ Orders:
     ``phases``: all cold steps, then all hot steps (FAE's released code).
     ``shuffled``: hot and cold steps interleaved at random at the data's own ratio, and the steps of
         each kind in a random order (seeded by ``(seed, epoch)``).
+    ``adaptive``: the steps of each kind in the shuffled order, hot steps in ``ADAPTIVE_RUNS`` runs
+        spread evenly among the cold steps. The router halves the run length each time the
+        validation loss comes out worse than the best so far (see ``BatchRouter``), down to single
+        hot steps evenly interleaved with the cold ones: long hot runs are what can bias the model,
+        so they are broken up exactly when accuracy suffers.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import numpy as np
 
 from fae_torchrec.partition import COLD, HOT
 
-ORDERS = ("phases", "shuffled")
+ORDERS = ("phases", "shuffled", "adaptive")
+#: Runs of hot steps the adaptive order starts with.
+ADAPTIVE_RUNS = 8
 
 #: A contiguous range of one part: (part, start, stop).
 Span = tuple[str, int, int]
@@ -74,7 +81,32 @@ def make_schedule(
     rng = np.random.default_rng([seed, epoch])
     hot = [hot[i] for i in rng.permutation(len(hot))]
     cold = [cold[i] for i in rng.permutation(len(cold))]
-    kinds = rng.permutation(np.array([True] * len(hot) + [False] * len(cold), dtype=bool))
+    if order == "adaptive":
+        kinds = interleave(len(hot), len(cold), initial_run(len(hot)))
+    else:
+        kinds = rng.permutation(np.array([True] * len(hot) + [False] * len(cold), dtype=bool)).tolist()
+    return merge(hot, cold, kinds)
+
+
+def initial_run(hot_steps: int) -> int:
+    """The adaptive order's first run length: the hot steps in ``ADAPTIVE_RUNS`` runs."""
+    return max(1, -(-hot_steps // ADAPTIVE_RUNS))
+
+
+def interleave(hot_steps: int, cold_steps: int, run: int) -> list[bool]:
+    """Kinds of steps (True = hot): hot steps in runs of ``run``, cold steps spread evenly around
+    them (some before the first run, some after the last)."""
+    runs = -(-hot_steps // run) if hot_steps else 0
+    kinds: list[bool] = []
+    for r in range(runs + 1):
+        kinds += [False] * (cold_steps * (r + 1) // (runs + 1) - cold_steps * r // (runs + 1))
+        if r < runs:
+            kinds += [True] * min(run, hot_steps - r * run)
+    return kinds
+
+
+def merge(hot: list[Step], cold: list[Step], kinds: list[bool]) -> list[Step]:
+    """The steps in the order ``kinds`` gives, each kind's steps in their own order."""
     hot_iter, cold_iter = iter(hot), iter(cold)
     return [next(hot_iter) if kind else next(cold_iter) for kind in kinds]
 

@@ -105,3 +105,56 @@ def test_router_serves_each_rank_its_inputs(data):
     assert [r.step for r in resumed] == [r.step for r in served[0][3:]]
     with pytest.raises(ValueError, match="rank 2 out of range"):
         BatchRouter(partition, 64, world_size=2, rank=2)
+
+
+def _drive(router, feedback_at, start=0, stop=None):
+    """Kinds and dense inputs the router serves; at step ``feedback_at`` it hears a worse loss."""
+    served = []
+    for routed in router.epoch(0, start_step=start):
+        served.append((routed.step, routed.hot, routed.batch.dense_features.numpy().copy()))
+        if routed.step == 0:
+            router.report_validation_loss(0.5)
+        if routed.step == feedback_at:
+            router.report_validation_loss(0.9)
+        if stop is not None and routed.step + 1 == stop:
+            break
+    return served
+
+
+def test_adaptive_order_breaks_hot_runs_when_the_loss_worsens(data):
+    synthetic, hot_set = data
+    partition = HotColdPartition.of(synthetic.blocks(), hot_set, DEFAULT_CAT_NAMES)
+    ranks = [BatchRouter(partition, 16, world_size=2, rank=r, order="adaptive", seed=3) for r in range(2)]
+    served = [_drive(router, feedback_at=40) for router in ranks]
+    assert [(s, h) for s, h, _ in served[0]] == [(s, h) for s, h, _ in served[1]], "ranks agree"
+    assert ranks[0].state_dict()["run"] < max(1, -(-sum(h for _, h, _ in served[0]) // 8)), "runs shortened"
+    seen = np.concatenate([d for rank in served for _, _, d in rank])
+    everything = np.concatenate([partition.hot.dense, partition.cold.dense])
+    assert len(seen) == len(everything)
+    assert np.array_equal(np.unique(seen, axis=0), np.unique(everything, axis=0))
+
+    def longest_hot_run(kinds):
+        best = current = 0
+        for hot in kinds:
+            current = current + 1 if hot else 0
+            best = max(best, current)
+        return best
+
+    kinds = [h for _, h, _ in served[0]]
+    assert longest_hot_run(kinds[60:]) < longest_hot_run(kinds[:40])
+
+
+def test_adaptive_order_resumes_from_the_router_state(data):
+    synthetic, hot_set = data
+    partition = HotColdPartition.of(synthetic.blocks(), hot_set, DEFAULT_CAT_NAMES)
+    straight = _drive(BatchRouter(partition, 16, order="adaptive", seed=3), feedback_at=40)
+    first = BatchRouter(partition, 16, order="adaptive", seed=3)
+    head = _drive(first, feedback_at=40, stop=55)
+    resumed = BatchRouter(partition, 16, order="adaptive", seed=3)
+    with pytest.raises(ValueError, match="load the router state of epoch 0, step 55"):
+        next(resumed.epoch(0, start_step=55))
+    resumed.load_state_dict(first.state_dict())
+    tail = _drive(resumed, feedback_at=-1, start=55)
+    assert [(s, h) for s, h, _ in head + tail] == [(s, h) for s, h, _ in straight]
+    for (_, _, a), (_, _, b) in zip(head + tail, straight, strict=True):
+        assert np.array_equal(a, b)
