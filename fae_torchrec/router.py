@@ -88,15 +88,13 @@ class BatchRouter:
         elif self._position.get("epoch") != epoch or self._position.get("step") != start_step:
             raise ValueError(f"load the router state of epoch {epoch}, step {start_step} before resuming")
         while self._position["step"] < len(steps):
-            # the kinds laid out at the last change of run length (the anchor), past the steps done
+            # the kinds laid out when the run length last changed (the anchor: hot and cold steps done
+            # then), past the steps done since
             position = self._position
-            anchored = steps[: position["anchor"]]
-            hot_before = sum(step.hot for step in anchored)
-            kinds = interleave(
-                len(hot) - hot_before, len(cold) - (len(anchored) - hot_before), position["run"]
-            )
+            hot_then, cold_then = position["anchor"]
+            kinds = interleave(len(hot) - hot_then, len(cold) - cold_then, position["run"])
             self._relayout = False
-            for is_hot in kinds[position["step"] - position["anchor"] :]:
+            for is_hot in kinds[position["step"] - hot_then - cold_then :]:
                 kind = "hot_done" if is_hot else "cold_done"
                 step = (hot if is_hot else cold)[self._position[kind]]
                 index = self._position["step"]
