@@ -41,7 +41,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from tqdm import tqdm
 
-from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, parse_bytes
+from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, load_full_state_dict, parse_bytes
+from fae_torchrec.checkpoint import load_checkpoint, save_checkpoint
 from fae_torchrec.data import SampleBlock, rebatch
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
 from fae_torchrec.data.sources import add_data_arguments, open_source
@@ -78,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-fraction", type=float, default=0.1, help="inputs held out for validation")
     parser.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0: per epoch)")
     parser.add_argument("--out", default="runs/train", help="metrics.json and curves.png go here")
+    parser.add_argument("--checkpoint-dir", help="write a checkpoint here every --checkpoint-every steps")
+    parser.add_argument("--checkpoint-every", type=int, default=0)
+    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
     return parser.parse_args(argv)
 
 
@@ -154,7 +158,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     sharders = get_default_sharders()
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
-    load_full_state_dict_all(dmp, full)
+    load_full_state_dict(dmp, full)  # the same initial weights on every rank
     dense = torch.optim.Adagrad(
         [p for name, p in dmp.named_parameters() if "embedding_bag" not in name], lr=args.dense_lr
     )
@@ -167,9 +171,17 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
 
     history: dict[str, list] = {"step": [], "loss": [], "eval_step": [], "auc": [], "log_loss": []}
     counts = {"hot_steps": 0, "cold_steps": 0}
+    first_epoch, first_step = 0, 0
+    if args.resume:
+        if not args.checkpoint_dir:
+            raise ValueError("--resume needs --checkpoint-dir")
+        position = load_checkpoint(args.checkpoint_dir, dmp, dense, rank)
+        router.load_state_dict(position["router"])
+        first_epoch, first_step = position["router"]["epoch"], position["router"]["step"]
+        logger.info("resumed at epoch %d, step %d", first_epoch, first_step)
     seen, step_index, start = 0, 0, time.perf_counter()
-    for epoch in range(args.epochs):
-        steps = router.epoch(epoch)
+    for epoch in range(first_epoch, args.epochs):
+        steps = router.epoch(epoch, start_step=first_step if epoch == first_epoch else 0)
         bar = tqdm(steps, total=len(router.schedule(epoch)), desc=f"{mode} epoch {epoch}", disable=rank != 0)
         for routed in bar:
             batch = routed.batch.to(device)
@@ -182,8 +194,14 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
             if step_index % 20 == 0:
                 bar.set_postfix(loss=f"{loss:.4f}")
             if args.eval_every and step_index % args.eval_every == 0:
-                _record(history, step_index, evaluate(dmp, (b.to(device) for b in validation_batches)))
-        _record(history, step_index, evaluate(dmp, (b.to(device) for b in validation_batches)))
+                result = evaluate(dmp, (b.to(device) for b in validation_batches))
+                _record(history, step_index, result)
+                router.report_validation_loss(result["log_loss"])
+            if args.checkpoint_dir and args.checkpoint_every and step_index % args.checkpoint_every == 0:
+                save_checkpoint(args.checkpoint_dir, dmp, dense, {"router": router.state_dict()}, rank)
+        result = evaluate(dmp, (b.to(device) for b in validation_batches))
+        _record(history, step_index, result)
+        router.report_validation_loss(result["log_loss"])
     seconds = time.perf_counter() - start
     metrics = {
         "mode": mode,
@@ -204,13 +222,6 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     if rank == 0:
         _write(metrics, Path(args.out))
     return metrics
-
-
-def load_full_state_dict_all(dmp: DistributedModelParallel, full: dict) -> None:
-    """The same initial weights on every rank, copied into the shards."""
-    from fae_torchrec import load_full_state_dict
-
-    load_full_state_dict(dmp, full)
 
 
 def _validation_batches(validation: SampleBlock, batch_size: int, world: int, rank: int) -> list:

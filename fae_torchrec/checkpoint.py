@@ -19,11 +19,11 @@ def save_checkpoint(
     directory: str | os.PathLike,
     model: DistributedModelParallel,
     dense_optimizer: torch.optim.Optimizer,
-    position: dict[str, int],
+    position: dict,
     rank: int,
 ) -> None:
     """Write this rank's part of the training state; ``position`` says where to resume (such as
-    ``{"epoch": e, "step": s}``, the next step to run)."""
+    ``{"epoch": e, "step": s}``, the next step to run, or a router's ``state_dict``)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {
@@ -42,7 +42,7 @@ def load_checkpoint(
     model: DistributedModelParallel,
     dense_optimizer: torch.optim.Optimizer,
     rank: int,
-) -> dict[str, int]:
+) -> dict:
     """Restore this rank's training state written by :func:`save_checkpoint`; return the position."""
     path = Path(directory) / f"rank{rank}.pt"
     if not path.exists():
