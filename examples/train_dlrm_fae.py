@@ -49,7 +49,7 @@ from fae_torchrec.data.sources import add_data_arguments, open_source
 from fae_torchrec.evaluation import evaluate
 from fae_torchrec.partition import HotColdPartition
 from fae_torchrec.router import BatchRouter
-from fae_torchrec.schedule import ORDERS, make_schedule
+from fae_torchrec.schedule import ORDERS
 from fae_torchrec.training import train_step
 from planner import FAEShardingPlanner
 
@@ -127,6 +127,10 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> dict:
+    if args.optimizer == "adam" and device.type == "cpu":
+        raise ValueError(
+            "--optimizer adam: FBGEMM has no fused Adam on CPU; use it on GPU, or another optimizer"
+        )
     train, validation, tables = load_data(args)
     mode = "baseline" if args.baseline else "fae"
     budget = parse_bytes(args.budget)
@@ -169,17 +173,23 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         mode, len(train), len(partition.hot), 100 * len(partition.hot) / len(train), len(validation), world,
     )  # fmt: skip
 
-    history: dict[str, list] = {"step": [], "loss": [], "eval_step": [], "auc": [], "log_loss": []}
-    counts = {"hot_steps": 0, "cold_steps": 0}
+    progress = {
+        "step": 0,
+        "counts": {"hot_steps": 0, "cold_steps": 0},
+        "history": {"step": [], "loss": [], "eval_step": [], "auc": [], "log_loss": []},
+    }
+    history, counts = progress["history"], progress["counts"]
     first_epoch, first_step = 0, 0
     if args.resume:
         if not args.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir")
         position = load_checkpoint(args.checkpoint_dir, dmp, dense, rank)
         router.load_state_dict(position["router"])
+        progress = position["progress"]
+        history, counts = progress["history"], progress["counts"]
         first_epoch, first_step = position["router"]["epoch"], position["router"]["step"]
         logger.info("resumed at epoch %d, step %d", first_epoch, first_step)
-    seen, step_index, start = 0, 0, time.perf_counter()
+    seen, step_index, start = 0, progress["step"], time.perf_counter()
     for epoch in range(first_epoch, args.epochs):
         steps = router.epoch(epoch, start_step=first_step if epoch == first_epoch else 0)
         bar = tqdm(steps, total=len(router.schedule(epoch)), desc=f"{mode} epoch {epoch}", disable=rank != 0)
@@ -198,10 +208,13 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
                 _record(history, step_index, result)
                 router.report_validation_loss(result["log_loss"])
             if args.checkpoint_dir and args.checkpoint_every and step_index % args.checkpoint_every == 0:
-                save_checkpoint(args.checkpoint_dir, dmp, dense, {"router": router.state_dict()}, rank)
-        result = evaluate(dmp, (b.to(device) for b in validation_batches))
-        _record(history, step_index, result)
-        router.report_validation_loss(result["log_loss"])
+                progress["step"] = step_index
+                position = {"router": router.state_dict(), "progress": progress}
+                save_checkpoint(args.checkpoint_dir, dmp, dense, position, rank)
+        if not history["eval_step"] or history["eval_step"][-1] != step_index:
+            result = evaluate(dmp, (b.to(device) for b in validation_batches))
+            _record(history, step_index, result)
+            router.report_validation_loss(result["log_loss"])
     seconds = time.perf_counter() - start
     metrics = {
         "mode": mode,
@@ -209,7 +222,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         "train_inputs": len(train),
         "hot_input_share": len(partition.hot) / len(train),
         **counts,
-        "samples_per_second": seen / seconds,
+        "samples_per_second": seen / seconds,  # of this run (after a resume: since it)
         "final_auc": history["auc"][-1],
         "final_log_loss": history["log_loss"][-1],
         "history": history,
@@ -226,13 +239,9 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
 
 def _validation_batches(validation: SampleBlock, batch_size: int, world: int, rank: int) -> list:
     """This rank's validation batches, the same number on every rank."""
-    steps = make_schedule(0, len(validation), batch_size, world, order="phases")
-    return [
-        SampleBlock.concat([validation.slice(a, b) for _, a, b in step.spans[rank]]).to_batch(
-            DEFAULT_CAT_NAMES
-        )
-        for step in steps
-    ]
+    everything_cold = HotColdPartition(validation.slice(0, 0), validation)
+    router = BatchRouter(everything_cold, batch_size, world, rank, order="phases")
+    return [routed.batch for routed in router.epoch(0)]
 
 
 def _record(history: dict, step: int, result: dict) -> None:

@@ -82,9 +82,11 @@ class BatchRouter:
             return
         hot = [step for step in steps if step.hot]
         cold = [step for step in steps if not step.hot]
-        if start_step == 0:
+        if start_step == 0:  # the run length and best loss carry over from the previous epoch
+            run = min(self._position.get("run", len(hot)), initial_run(len(hot)))
+            best_loss = self._position.get("best_loss", float("inf"))
             self._position = {"epoch": epoch, "step": 0, "hot_done": 0, "cold_done": 0, "anchor": (0, 0),
-                              "run": initial_run(len(hot)), "best_loss": float("inf")}  # fmt: skip
+                              "run": run, "best_loss": best_loss}  # fmt: skip
         elif self._position.get("epoch") != epoch or self._position.get("step") != start_step:
             raise ValueError(f"load the router state of epoch {epoch}, step {start_step} before resuming")
         while self._position["step"] < len(steps):
@@ -101,17 +103,17 @@ class BatchRouter:
                 self._position = {**self._position, kind: self._position[kind] + 1, "step": index + 1}
                 yield self._batch(epoch, index, step)
                 if self._relayout:
-                    done = (self._position["hot_done"], self._position["cold_done"])
-                    self._position = {**self._position, "anchor": done}
                     break
 
     def report_validation_loss(self, loss: float) -> None:
         """Adaptive order: a validation loss worse than the best so far halves the hot run length
-        for the rest of the epoch. Every rank must report the same loss (an all-reduced one)."""
+        from the next step on (and in later epochs). Every rank must report the same loss (an
+        all-reduced one)."""
         if self.order != "adaptive":
             return
         if loss > self._position["best_loss"]:
-            self._position = {**self._position, "run": max(1, self._position["run"] // 2)}
+            done = (self._position["hot_done"], self._position["cold_done"])
+            self._position = {**self._position, "run": max(1, self._position["run"] // 2), "anchor": done}
             self._relayout = True
         else:
             self._position = {**self._position, "best_loss": loss}

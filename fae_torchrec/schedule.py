@@ -64,6 +64,8 @@ def make_schedule(
         raise ValueError(f"batch size and world size must be positive, got {batch_size} and {world_size}")
     round_size = batch_size * world_size
     hot_steps = num_hot // round_size
+    if hot_steps and 0 < num_cold + num_hot - hot_steps * round_size < world_size:
+        hot_steps -= 1  # too few inputs left for every rank in a cold step: one hot step's join them
     used_hot = hot_steps * round_size
     # the cold stream: cold inputs, then the hot inputs left over from the hot steps
     stream = [(COLD, 0, num_cold), (HOT, used_hot, num_hot)]

@@ -35,11 +35,14 @@ def gather_full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
     full = {}
     for name, local in module.state_dict().items():
         if isinstance(local, ShardedTensor):
-            tensor = torch.zeros(local.size(), dtype=local.dtype)
+            # assembled on the collective's device: NCCL reduces CUDA tensors only
+            nccl = dist.get_backend() == "nccl"
+            device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+            tensor = torch.zeros(local.size(), dtype=local.dtype, device=device)
             for shard in local.local_shards():
-                tensor[_shard_index(shard)] = shard.tensor.detach().cpu()
+                tensor[_shard_index(shard)] = shard.tensor.detach().to(device)
             dist.all_reduce(tensor)
-            full[name] = tensor
+            full[name] = tensor.cpu()
         else:
             full[name] = local.detach().cpu().clone()
     return full

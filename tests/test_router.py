@@ -31,9 +31,9 @@ def _covered(steps, world_size):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-@pytest.mark.parametrize("order", ["phases", "shuffled"])
+@pytest.mark.parametrize("order", ["phases", "shuffled", "adaptive"])
 @pytest.mark.parametrize(
-    ("num_hot", "num_cold", "batch_size"), [(25, 13, 4), (24, 0, 4), (3, 40, 8), (0, 9, 3)]
+    ("num_hot", "num_cold", "batch_size"), [(25, 13, 4), (24, 0, 4), (3, 40, 8), (0, 9, 3), (8, 1, 4)]
 )
 def test_every_input_exactly_once_and_hot_steps_only_hot(world_size, order, num_hot, num_cold, batch_size):
     steps = make_schedule(num_hot, num_cold, batch_size, world_size, order, seed=1)
@@ -64,6 +64,7 @@ def test_shuffled_order_is_seeded_per_epoch():
 def test_schedule_errors():
     with pytest.raises(ValueError, match="2 inputs left for cold steps but 3 ranks"):
         make_schedule(0, 2, 4, 3)
+    assert [s.hot for s in make_schedule(8, 1, 4, 2)] == [False], "a hot step's inputs make room"
     with pytest.raises(ValueError, match="unknown order 'random'"):
         make_schedule(1, 1, 1, 1, "random")
 
@@ -158,3 +159,15 @@ def test_adaptive_order_resumes_from_the_router_state(data):
     assert [(s, h) for s, h, _ in head + tail] == [(s, h) for s, h, _ in straight]
     for (_, _, a), (_, _, b) in zip(head + tail, straight, strict=True):
         assert np.array_equal(a, b)
+
+
+def test_adaptive_state_saved_right_after_a_worse_loss_resumes_exactly(data):
+    synthetic, hot_set = data
+    partition = HotColdPartition.of(synthetic.blocks(), hot_set, DEFAULT_CAT_NAMES)
+    straight = _drive(BatchRouter(partition, 16, order="adaptive", seed=3), feedback_at=40)
+    first = BatchRouter(partition, 16, order="adaptive", seed=3)
+    head = _drive(first, feedback_at=40, stop=41)  # the state is taken right after the report at 40
+    resumed = BatchRouter(partition, 16, order="adaptive", seed=3)
+    resumed.load_state_dict(first.state_dict())
+    tail = _drive(resumed, feedback_at=-1, start=41)
+    assert [(s, h) for s, h, _ in head + tail] == [(s, h) for s, h, _ in straight]
