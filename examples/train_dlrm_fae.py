@@ -3,8 +3,8 @@
 FAE: profile a sample of the training data, choose the hot set, split the embedding tables
 (``FAEEmbeddingBagCollection``), plan them with ``FAEShardingPlanner``, and train with the batch router:
 hot steps run the hot part only, cold steps both parts. The baseline trains the unsplit DLRM, planned
-by TorchRec's ``EmbeddingShardingPlanner``, on the same data in random order, with the same
-hyperparameters.
+by TorchRec's ``EmbeddingShardingPlanner``, on the same data with its batches in random order, with the
+same hyperparameters.
 
     python examples/train_dlrm_fae.py                        # built-in synthetic data, one process
     python examples/train_dlrm_fae.py --baseline             # the same model and data, TorchRec alone
@@ -22,6 +22,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import matplotlib
@@ -37,14 +38,22 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from tqdm import tqdm
 
-from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, load_full_state_dict, parse_bytes
+from fae_torchrec import (
+    AccessProfiler,
+    AccessStats,
+    FAEEmbeddingBagCollection,
+    HotSet,
+    load_full_state_dict,
+    parse_bytes,
+)
 from fae_torchrec.checkpoint import load_checkpoint, save_checkpoint
 from fae_torchrec.data import SampleBlock, rebatch
-from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
+from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES, CriteoSource
 from fae_torchrec.data.sources import add_data_arguments, open_source
 from fae_torchrec.evaluation import evaluate
 from fae_torchrec.partition import HotColdPartition
@@ -55,6 +64,8 @@ from planner import FAEShardingPlanner
 
 logger = logging.getLogger("train_dlrm_fae")
 
+#: Inputs per block when the data is streamed (the unit of the validation hold-out).
+BLOCK = 4096
 EMBEDDING_OPTIMIZERS = {
     "sgd": torch.optim.SGD,
     "adagrad": torch.optim.Adagrad,
@@ -76,7 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--optimizer", choices=sorted(EMBEDDING_OPTIMIZERS), default="rowwise_adagrad")
     parser.add_argument("--lr", type=float, default=0.05, help="embedding learning rate")
     parser.add_argument("--dense-lr", type=float, default=0.05, help="dense (Adagrad) learning rate")
-    parser.add_argument("--val-fraction", type=float, default=0.1, help="inputs held out for validation")
+    parser.add_argument(
+        "--val-every", type=int, default=10, help=f"hold out every N-th block of {BLOCK} inputs"
+    )
     parser.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0: per epoch)")
     parser.add_argument("--out", default="runs/train", help="metrics.json and curves.png go here")
     parser.add_argument("--checkpoint-dir", help="write a checkpoint here every --checkpoint-every steps")
@@ -101,18 +114,42 @@ def init_distributed() -> tuple[int, int, torch.device]:
     return rank, world, torch.device("cpu")
 
 
-def load_data(args: argparse.Namespace) -> tuple[SampleBlock, SampleBlock, list]:
-    """Training and validation inputs (the last ``val_fraction`` of the data) and the tables."""
-    source, _ = open_source(args, batch_size=1 << 16)
-    data = SampleBlock.concat(list(source.raw_blocks()))
-    held_out = int(len(data) * args.val_fraction)
-    if len(data) - held_out <= 0 or held_out <= 0:
-        raise ValueError(f"{len(data)} inputs cannot make a training and a validation set")
-    return (
-        data.slice(0, len(data) - held_out),
-        data.slice(len(data) - held_out, len(data)),
-        source.table_configs(args.dim),
-    )
+def _blocks(source: CriteoSource, validation: bool, every: int) -> Iterator[SampleBlock]:
+    """The training (or validation) blocks of ``source``: every ``every``-th block of ``BLOCK``
+    inputs is held out for validation."""
+    for index, block in enumerate(rebatch(source.raw_blocks(), BLOCK)):
+        if (index % every == every - 1) == validation:
+            yield block
+
+
+def prepare_data(
+    args: argparse.Namespace, rank: int
+) -> tuple[list[EmbeddingBagConfig], AccessStats, SampleBlock, HotColdPartition]:
+    """Rank 0 streams the data: it profiles the training blocks and writes their hot/cold partition
+    to ``--out`` (FAE's offline step; the baseline's partition is all cold). Every rank then gets the
+    statistics and the validation set, and memory-maps the partition, reading only its own batches."""
+    source, _ = open_source(args, batch_size=BLOCK)
+    tables = source.table_configs(args.dim)
+    directory = Path(args.out) / f"partition-{'baseline' if args.baseline else 'fae'}"
+    shared: list = [None, None]
+    if rank == 0:
+        training = (block.to_batch(DEFAULT_CAT_NAMES) for block in _blocks(source, False, args.val_every))
+        stats = AccessProfiler(tables, args.sample, seed=args.seed).profile(training)
+        held_out = list(_blocks(source, True, args.val_every))
+        if not held_out:
+            raise ValueError(
+                f"no validation inputs: the data has fewer than {args.val_every} blocks of {BLOCK}"
+            )
+        hot_set = (
+            HotSet(tuple(tables), tuple(np.empty(0, dtype=np.int64) for _ in tables))
+            if args.baseline
+            else stats.hot_set(parse_bytes(args.budget))
+        )
+        HotColdPartition.write(_blocks(source, False, args.val_every), hot_set, DEFAULT_CAT_NAMES, directory)
+        shared = [stats, SampleBlock.concat(held_out)]
+    dist.broadcast_object_list(shared, src=0)
+    stats, validation = shared
+    return tables, stats, validation, HotColdPartition.open(directory)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -131,24 +168,19 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         raise ValueError(
             "--optimizer adam: FBGEMM has no fused Adam on CPU; use it on GPU, or another optimizer"
         )
-    train, validation, tables = load_data(args)
+    tables, stats, validation, partition = prepare_data(args, rank)
     mode = "baseline" if args.baseline else "fae"
     budget = parse_bytes(args.budget)
-    stats = AccessProfiler(tables, args.sample, seed=args.seed).profile(
-        block.to_batch(DEFAULT_CAT_NAMES) for block in rebatch([train], 1 << 16)
-    )
     topology = Topology(world_size=world, compute_device=device.type)
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     ebc = EmbeddingBagCollection(tables)
     if args.baseline:
-        partition = HotColdPartition.unsplit(train, args.seed)
         sparse = ebc
         planner = EmbeddingShardingPlanner(topology, batch_size=args.batch_size)
     else:
-        hot_set = stats.hot_set(budget)
-        partition = HotColdPartition.of(rebatch([train], 1 << 16), hot_set, DEFAULT_CAT_NAMES)
-        sparse = FAEEmbeddingBagCollection.from_ebc(ebc, hot_set)
+        sparse = FAEEmbeddingBagCollection.from_ebc(ebc, stats.hot_set(budget))
         planner = FAEShardingPlanner(topology, stats, batch_size=args.batch_size, hot_budget_bytes=budget)
+    num_train = len(partition.hot) + len(partition.cold)
     model = DLRMTrain(
         DLRM(
             sparse,
@@ -170,7 +202,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     validation_batches = _validation_batches(validation, args.batch_size, world, rank)
     logger.info(
         "%s: %d training inputs (%d hot, %.1f%%), %d validation inputs, %d ranks",
-        mode, len(train), len(partition.hot), 100 * len(partition.hot) / len(train), len(validation), world,
+        mode, num_train, len(partition.hot), 100 * len(partition.hot) / num_train, len(validation), world,
     )  # fmt: skip
 
     progress = {
@@ -219,8 +251,8 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     metrics = {
         "mode": mode,
         "world_size": world,
-        "train_inputs": len(train),
-        "hot_input_share": len(partition.hot) / len(train),
+        "train_inputs": num_train,
+        "hot_input_share": len(partition.hot) / num_train,
         **counts,
         "samples_per_second": seen / seconds,  # of this run (after a resume: since it)
         "final_auc": history["auc"][-1],

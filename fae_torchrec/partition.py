@@ -49,12 +49,6 @@ class HotColdPartition:
         return cls(SampleBlock.concat(parts[HOT]), SampleBlock.concat(parts[COLD]))
 
     @classmethod
-    def unsplit(cls, data: SampleBlock, seed: int) -> HotColdPartition:
-        """The baseline's view of a data set: no hot input, every input cold, in a seeded random order."""
-        order = np.random.default_rng(seed).permutation(len(data))
-        return cls(data.slice(0, 0), data.select(order))
-
-    @classmethod
     def write(
         cls,
         blocks: Iterable[SampleBlock],

@@ -41,7 +41,18 @@ def test_torchrun_with_two_ranks(tmp_path):
 @pytest.mark.slow
 def test_resumed_run_ends_where_the_straight_run_ends(tmp_path):
     python = (sys.executable,)
-    common = ["--num-samples", "30000", "--order", "adaptive", "--eval-every", "4", "--lr", "0.5"]
+    common = [
+        "--num-samples",
+        "30000",
+        "--val-every",
+        "4",
+        "--order",
+        "adaptive",
+        "--eval-every",
+        "4",
+        "--lr",
+        "0.5",
+    ]
     straight = _run(tmp_path / "straight", *common, "--checkpoint-dir", str(tmp_path / "ck"),
                     "--checkpoint-every", "30", launcher=python)  # fmt: skip
     resumed = _run(tmp_path / "resumed", *common, "--checkpoint-dir", str(tmp_path / "ck"), "--resume",
@@ -50,3 +61,13 @@ def test_resumed_run_ends_where_the_straight_run_ends(tmp_path):
     assert resumed["history"]["eval_step"] == straight["history"]["eval_step"]
     assert resumed["history"]["auc"] == straight["history"]["auc"], "the same evaluations, the same results"
     assert resumed["final_log_loss"] == straight["final_log_loss"]
+
+
+@pytest.mark.slow
+def test_too_little_data_for_a_validation_set_is_a_clear_error(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--out", str(tmp_path), "--num-samples", "5000"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert "no validation inputs: fewer than 10 blocks of 4096 inputs" in run.stderr
