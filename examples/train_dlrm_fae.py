@@ -137,9 +137,7 @@ def prepare_data(
         stats = AccessProfiler(tables, args.sample, seed=args.seed).profile(training)
         held_out = list(_blocks(source, True, args.val_every))
         if not held_out:
-            raise ValueError(
-                f"no validation inputs: the data has fewer than {args.val_every} blocks of {BLOCK}"
-            )
+            raise ValueError(f"no validation inputs: fewer than {args.val_every} blocks of {BLOCK} inputs")
         hot_set = (
             HotSet(tuple(tables), tuple(np.empty(0, dtype=np.int64) for _ in tables))
             if args.baseline
@@ -303,4 +301,8 @@ def _write(metrics: dict, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ValueError as error:
+        logger.error("%s", error)
+        raise SystemExit(2) from error
