@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml requirements/*.txt
 	touch $(STAMP)
 
 train: $(STAMP)
-	$(PY) examples/train_dlrm_fae.py --out runs/train
+	$(PY) examples/train_dlrm_fae.py --eval-every 50 --out runs/train
 
 test: $(STAMP)
 	$(VENV)/bin/ruff format --check .

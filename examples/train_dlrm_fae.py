@@ -90,7 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--val-every", type=int, default=10, help=f"hold out every N-th block of {BLOCK} inputs"
     )
-    parser.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0: per epoch)")
+    parser.add_argument(
+        "--eval-every", type=int, default=0, help="steps between evaluations (0: at each epoch's end)"
+    )
     parser.add_argument("--out", default="runs/train", help="metrics.json and curves.png go here")
     parser.add_argument("--checkpoint-dir", help="write a checkpoint here every --checkpoint-every steps")
     parser.add_argument("--checkpoint-every", type=int, default=0)
@@ -219,13 +221,15 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         history, counts = progress["history"], progress["counts"]
         first_epoch, first_step = position["router"]["epoch"], position["router"]["step"]
         logger.info("resumed at epoch %d, step %d", first_epoch, first_step)
-    seen, step_index, start = 0, progress["step"], time.perf_counter()
+    seen, step_index, seconds = 0, progress["step"], 0.0
     for epoch in range(first_epoch, args.epochs):
         steps = router.epoch(epoch, start_step=first_step if epoch == first_epoch else 0)
         bar = tqdm(steps, total=len(router.schedule(epoch)), desc=f"{mode} epoch {epoch}", disable=rank != 0)
         for routed in bar:
             batch = routed.batch.to(device)
+            started = time.perf_counter()
             loss = train_step(dmp, batch, dense, hot=routed.hot)
+            seconds += time.perf_counter() - started
             counts["hot_steps" if routed.hot else "cold_steps"] += 1
             seen += batch.labels.numel() * world
             step_index += 1
@@ -245,14 +249,14 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
             result = evaluate(dmp, (b.to(device) for b in validation_batches))
             _record(history, step_index, result)
             router.report_validation_loss(result["log_loss"])
-    seconds = time.perf_counter() - start
     metrics = {
         "mode": mode,
         "world_size": world,
         "train_inputs": num_train,
         "hot_input_share": len(partition.hot) / num_train,
         **counts,
-        "samples_per_second": seen / seconds,  # of this run (after a resume: since it)
+        # training steps only (not evaluation), of this run (after a resume: since it)
+        "samples_per_second": seen / seconds,
         "final_auc": history["auc"][-1],
         "final_log_loss": history["log_loss"][-1],
         "history": history,
