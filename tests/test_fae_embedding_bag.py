@@ -176,3 +176,23 @@ def test_load_full_state_dict_into_an_unsharded_module():
     _assert_same(split(_batch("mixed")), other(_batch("mixed")))
     with pytest.raises(KeyError, match="no entry 'hot_rows'"):
         load_full_state_dict(other, {k: v for k, v in split.state_dict().items() if k != "hot_rows"})
+
+
+def test_split_features_remaps_like_the_hot_set():
+    tables = _tables()
+    hot_set = _hot_set(tables)
+    split = FAEEmbeddingBagCollection(tables, hot_set)
+    batch = _batch("mixed", seed=7)
+    parts = split.split_features(batch)
+    original = batch.to_dict()
+    for key, table in (("a", "t_a"), ("b", "t_b"), ("c1", "t_c"), ("c2", "t_c"), ("d", "t_d")):
+        is_hot, new_ids = hot_set.remap(table, original[key].values().numpy())
+        for part, mask in (("hot", is_hot), ("cold", ~is_hot)):
+            if part in parts and key in parts[part].keys():
+                got = parts[part].to_dict()[key].values().numpy()
+                assert np.array_equal(got, new_ids[mask]), (key, part)
+            else:
+                assert not mask.any(), f"{key} has {part} ids but no {part} KJT carries it"
+        assert original[key].lengths().sum() == sum(
+            parts[p].to_dict()[key].lengths().sum() for p in parts if key in parts[p].keys()
+        )
