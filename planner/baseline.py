@@ -1,29 +1,125 @@
-"""TorchRec's own plan of the unsplit model: what FAE is compared against."""
+"""TorchRec's own planners for the unsplit model: what FAE is compared against.
+
+- ``default_planner``: TorchRec's ``EmbeddingShardingPlanner`` as users get it (tables that do not fit
+  go to ``fused_uvm`` or ``fused_uvm_caching`` with the default load factor 0.2);
+- ``scaleup_planner``: the strongest TorchRec offload, every table ``fused_uvm_caching`` with
+  ``CacheParams`` holding ``AccessCacheStatistics`` of the whole table (built from the same access
+  statistics FAE uses) and ``EmbeddingOffloadScaleupProposer`` growing the caches into the free HBM;
+- ``hbm_planner``: every table in HBM (``fused`` or data-parallel ``dense``), the speed limit; give it a
+  topology whose HBM holds the model.
+
+``dry_run`` plans the unsplit tables on the meta device and returns the plan with its predictions.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
-from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer
+from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
-from torchrec.distributed.types import ShardingPlan
+from torchrec.distributed.types import CacheAlgorithm, CacheParams, ShardingPlan
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+from fae_torchrec import AccessStats
+from planner.cache_sizing import LOAD_FACTOR_RANGE
+from planner.constraints import CUDA_COLD_SHARDING_TYPES, cold_cache_statistics, ids_per_input
 from planner.report import RankTotals
+
+
+@dataclass(frozen=True)
+class BaselinePlan:
+    """A TorchRec plan of the unsplit tables, its sharding options and per-rank predictions."""
+
+    plan: ShardingPlan
+    options: list[ShardingOption]
+    totals: RankTotals
+
+    @property
+    def kernels(self) -> Counter[str]:
+        """How many tables each compute kernel got."""
+        return Counter(option.compute_kernel for option in self.options)
+
+
+def default_planner(topology: Topology, batch_size: int) -> EmbeddingShardingPlanner:
+    """(a) TorchRec's default planner."""
+    return EmbeddingShardingPlanner(topology=topology, batch_size=batch_size, stats=[], debug=False)
+
+
+def scaleup_planner(topology: Topology, stats: AccessStats, batch_size: int) -> EmbeddingShardingPlanner:
+    """(b) UVM caches sized by ``EmbeddingOffloadScaleupProposer`` from statistics of the whole tables.
+
+    Every cache starts at one global batch's distinct rows (the smallest that does not thrash within
+    a step) and the proposer scales the caches up. On a CPU topology there is no cache to size, and
+    this is TorchRec's default planner with the statistics' pooling factors.
+    """
+    pooling = ids_per_input(stats)
+    caches = cold_cache_statistics(stats, stats.hot_set(0), batch_size * topology.world_size)
+    low, high = LOAD_FACTOR_RANGE
+    constraints = {}
+    for config, ids in zip(stats.tables, pooling, strict=True):
+        pooling_factors = [float(ids)] * len(config.feature_names)
+        if topology.compute_device == "cpu":
+            constraints[config.name] = ParameterConstraints(pooling_factors=pooling_factors)
+            continue
+        cache = caches[config.name]
+        constraints[config.name] = ParameterConstraints(
+            sharding_types=list(CUDA_COLD_SHARDING_TYPES),
+            compute_kernels=[EmbeddingComputeKernel.FUSED_UVM_CACHING.value],
+            pooling_factors=pooling_factors,
+            cache_params=CacheParams(
+                algorithm=CacheAlgorithm.LRU,
+                load_factor=min(max(cache.minimum_load_factor, low), high),
+                stats=cache,
+            ),
+        )
+    proposer = [] if topology.compute_device == "cpu" else [EmbeddingOffloadScaleupProposer()]
+    return EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=batch_size,
+        constraints=constraints,
+        proposer=proposer or None,
+        stats=[],
+        debug=False,
+    )
+
+
+def hbm_planner(
+    topology: Topology, tables: Sequence[EmbeddingBagConfig], batch_size: int
+) -> EmbeddingShardingPlanner:
+    """(c) Every table in device memory (raises ``PlannerError`` where the model does not fit)."""
+    kernels = [EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.value]
+    constraints = {config.name: ParameterConstraints(compute_kernels=kernels) for config in tables}
+    return EmbeddingShardingPlanner(
+        topology=topology, batch_size=batch_size, constraints=constraints, stats=[], debug=False
+    )
+
+
+def dry_run(
+    planner: EmbeddingShardingPlanner,
+    tables: Sequence[EmbeddingBagConfig],
+    optimizer_class: type[torch.optim.Optimizer] | None = None,
+) -> BaselinePlan:
+    """Plan an EBC of ``tables`` on the meta device (optimizer state counted when given)."""
+    module = EmbeddingBagCollection(list(tables), device=torch.device("meta"))
+    if optimizer_class is not None:
+        apply_optimizer_in_backward(optimizer_class, module.parameters(), {"lr": 0.01})
+    plan = planner.plan(module, get_default_sharders())
+    options = planner._best_plan
+    return BaselinePlan(plan, options, RankTotals.of(options, planner._topology.world_size))
 
 
 def torchrec_default_plan(
     tables: Sequence[EmbeddingBagConfig], topology: Topology, batch_size: int
 ) -> tuple[ShardingPlan, RankTotals, Counter[str]]:
-    """TorchRec's default ``EmbeddingShardingPlanner`` on an EBC of ``tables`` (a dry run on meta):
-    the plan, its per-rank predictions, and how many tables each compute kernel got."""
-    module = EmbeddingBagCollection(list(tables), device=torch.device("meta"))
-    planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_size, stats=[], debug=False)
-    plan = planner.plan(module, get_default_sharders())
-    options = planner._best_plan
-    kernels = Counter(option.compute_kernel for option in options)
-    return plan, RankTotals.of(options, topology.world_size), kernels
+    """TorchRec's default plan of ``tables`` (a dry run): the plan, its per-rank predictions, and how
+    many tables each compute kernel got."""
+    result = dry_run(default_planner(topology, batch_size), tables)
+    return result.plan, result.totals, result.kernels

@@ -1,8 +1,11 @@
-"""How much of each cold table its UVM cache holds: FAE's ranking applied to the cold rows.
+"""How much of each cold table device memory holds: FAE's ranking applied to the cold rows.
 
-The cache budget goes first to the most accessed cold rows of all tables together (the rows an ideal
-cache would keep); a table's load factor is the share of its cold rows so paid for. No cache is made
-smaller than the rows one global batch looks up, since a smaller one thrashes within a step.
+The budget goes first to the most accessed cold rows of all tables together (the rows an ideal cache
+would keep); a table's load factor is the share of its cold rows so paid for. What is left moves whole
+cold parts into HBM, cheapest first (load factor 1: no cache, so no miss at all, not even on a row's
+first use), and the rest is spread over the remaining caches. Costs follow TorchRec's storage
+estimates, cache bookkeeping included. No cache is made smaller than the rows one global batch looks
+up, since a smaller one thrashes within a step.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from planner.cache_statistics import AccessCacheStatistics
 
 #: FBGEMM's UVM cache needs a load factor strictly between 0 and 1.
 LOAD_FACTOR_RANGE = (0.001, 0.999)
+#: Device bytes TorchRec's storage estimate adds per cache slot (LRU time stamp and cached index) and
+#: per row of a cached table (its slot lookup), after ``_calculate_cache_aux_state_sizes``.
+CACHE_SLOT_AUX_BYTES = 16
+CACHE_ROW_AUX_BYTES = 4
 
 
 def cold_counts(stats: AccessStats, hot_set: HotSet) -> list[np.ndarray]:
@@ -28,30 +35,45 @@ def cache_load_factors(
     cache_budget_bytes: float,
     caches: dict[str, AccessCacheStatistics],
     optimizer_class: type[torch.optim.Optimizer] | None = None,
+    whole_parts: bool = True,
 ) -> dict[str, float]:
-    """Load factor per table with cold rows, keyed by table name.
+    """Load factor per table with cold rows, keyed by table name; 1.0 puts the whole cold part in HBM.
 
     The budget first takes the most accessed cold rows seen in the sample, over all tables; what is
-    left goes to the tables in proportion to their distinct cold lookups per batch (rows the sample
-    never saw are looked up too). No table gets less than one batch's distinct rows
-    (``minimum_load_factor``), and load factors stay within ``LOAD_FACTOR_RANGE``.
+    left pays for whole cold parts, the cheapest first while they fit, and the rest goes to the other
+    tables in proportion to their distinct cold lookups per batch (rows the sample never saw are looked
+    up too). No cache gets less than one batch's distinct rows (``minimum_load_factor``), and cache load
+    factors stay within ``LOAD_FACTOR_RANGE``. Without ``whole_parts`` every cold table gets a cache.
     """
-    row_bytes = stats.layout.row_bytes(optimizer_class)
+    row_bytes = stats.layout.row_bytes(optimizer_class).astype(np.float64)
+    slot_bytes = row_bytes + CACHE_SLOT_AUX_BYTES
     counts = cold_counts(stats, hot_set)
+    rows = np.array([len(c) for c in counts], dtype=np.float64)
+    budget = cache_budget_bytes - CACHE_ROW_AUX_BYTES * float(rows.sum())
     tables = np.concatenate([np.full(len(c), t) for t, c in enumerate(counts)])
     flat = np.concatenate(counts)
     order = np.argsort(-flat, kind="stable")
     order = order[flat[order] > 0]
-    cost = np.cumsum(row_bytes[tables[order]])
-    fits = np.searchsorted(cost, cache_budget_bytes, side="right")
+    cost = np.cumsum(slot_bytes[tables[order]])
+    fits = np.searchsorted(cost, budget, side="right")
     taken = np.bincount(tables[order[:fits]], minlength=len(counts)).astype(np.float64)
-    spare = cache_budget_bytes - (cost[fits - 1] if fits else 0.0)
+    spare = budget - (cost[fits - 1] if fits else 0.0)
     lookups = np.array([caches[c.name].lookups if c.name in caches else 0.0 for c in stats.tables])
-    if spare > 0 and lookups.sum() > 0:
-        taken += spare * lookups / lookups.sum() / row_bytes
+    extra = rows * row_bytes - taken * slot_bytes - rows * CACHE_ROW_AUX_BYTES
+    cheapest = np.argsort(extra, kind="stable")
+    cheapest = cheapest[rows[cheapest] > 0]
+    whole = cheapest[np.logical_and.accumulate(np.cumsum(extra[cheapest]) <= spare)]
+    in_hbm = np.zeros(len(counts), dtype=bool)
+    in_hbm[whole] = whole_parts
+    spare -= extra[in_hbm].sum()
+    cached_lookups = np.where(in_hbm, 0.0, lookups)
+    if spare > 0 and cached_lookups.sum() > 0:
+        taken += spare * cached_lookups / cached_lookups.sum() / slot_bytes
     low, high = LOAD_FACTOR_RANGE
     return {
-        config.name: float(min(max(caches[config.name].minimum_load_factor, taken[t] / len(c), low), high))
-        for t, (config, c) in enumerate(zip(stats.tables, counts, strict=True))
-        if len(c)
+        config.name: 1.0
+        if in_hbm[t] or (whole_parts and taken[t] >= rows[t])
+        else float(min(max(caches[config.name].minimum_load_factor, taken[t] / rows[t], low), high))
+        for t, config in enumerate(stats.tables)
+        if rows[t]
     }

@@ -1,7 +1,8 @@
 """TorchRec ``ParameterConstraints`` for the two parts of an FAE-split model.
 
 Hot tables may use HBM kernels only (``fused``, or ``dense`` where TorchRec picks data-parallel); cold
-tables use ``fused_uvm_caching`` with ``CacheParams`` (a load factor and ``AccessCacheStatistics``). On a
+tables use ``fused_uvm_caching`` with ``CacheParams`` (a load factor and ``AccessCacheStatistics``), or
+the HBM kernels where their load factor is 1 (the whole cold part fits in device memory). On a
 CPU topology both parts get TorchRec's CPU kernels and sharding types, so plans execute here. The
 sharding type of every part table is left to TorchRec's cost model unless the user constrains it.
 Pooling factors come from the statistics: a table's ids per input, split by the share of its accesses
@@ -89,7 +90,8 @@ def fae_constraints(
 ) -> dict[str, ParameterConstraints]:
     """Constraints keyed by part table name (``t_hot``, ``t_cold``) for every part that has rows.
 
-    ``caches`` gives each cold table's load factor and statistics (used on CUDA). ``user``
+    ``caches`` gives each cold table's load factor and statistics (used on CUDA; a load factor of 1
+    puts the cold part in HBM, as a hot part). ``user``
     constraints are keyed by original table name and apply to both parts; their kernels and sharding
     types are intersected with the part's allowed ones (an empty intersection is an error naming the
     table).
@@ -102,13 +104,15 @@ def fae_constraints(
         base = user.get(config.name, ParameterConstraints())
         per_part = {}
         if len(hot_set.hot_ids[t]):
-            per_part[HOT] = (share[t], base.cache_params)
+            per_part[HOT] = (share[t], base.cache_params, HOT)
         if config.name in caches:
             load_factor, cache_stats = caches[config.name]
             cache = replace(base.cache_params or CacheParams(), load_factor=load_factor, stats=cache_stats)
-            per_part[COLD] = (1.0 - share[t], None if compute_device == "cpu" else cache)
-        for part, (access_share, cache_params) in per_part.items():
-            allowed_types, allowed_kernels = ALLOWED[compute_device, part]
+            in_hbm = load_factor >= 1.0
+            cached = None if compute_device == "cpu" or in_hbm else cache
+            per_part[COLD] = (1.0 - share[t], cached, HOT if in_hbm else COLD)
+        for part, (access_share, cache_params, rule) in per_part.items():
+            allowed_types, allowed_kernels = ALLOWED[compute_device, rule]
             constraints[part_table_name(config.name, part)] = replace(
                 base,
                 sharding_types=_allowed(

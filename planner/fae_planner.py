@@ -89,7 +89,7 @@ class FAEShardingPlanner(ShardingPlanner):
         """
         if self.hot_budget_bytes is not None:
             return self._ranking.hot_set(self.hot_budget_bytes)
-        memory = float(self._device_memory(self.meta_module(self._ranking.hot_set(0))).sum())
+        memory = float(self.device_memory(self.meta_module(self._ranking.hot_set(0))).sum())
         seen_bytes = float(self._ranking.cumulative_bytes[-1]) if len(self._ranking.rows) else 0.0
         top = min(seen_bytes, memory)
         budgets = [0.0]
@@ -144,40 +144,54 @@ class FAEShardingPlanner(ShardingPlanner):
     ) -> tuple[ShardingPlan, FAEPlanReport]:
         world = self.topology.world_size
         caches = cold_cache_statistics(self.stats, hot_set, self.batch_size * world)
-        memory = self._device_memory(module)
+        memory = self.device_memory(module)
         cache_budget = CACHE_SHARE * max(float(memory.sum()) - hot_set.hot_bytes(self.optimizer_class), 0.0)
-        load_factors = cache_load_factors(self.stats, hot_set, cache_budget, caches, self.optimizer_class)
-        for name, constraint in (self.constraints or {}).items():  # a user's load factor wins
-            if name in load_factors and constraint.cache_params and constraint.cache_params.load_factor:
-                load_factors[name] = constraint.cache_params.load_factor
-        constraints = fae_constraints(
-            self.stats,
-            hot_set,
-            self.topology.compute_device,
-            {name: (load_factors[name], cache) for name, cache in caches.items()},
-            self.constraints,
-        )
-        planner = EmbeddingShardingPlanner(
-            topology=self.topology,
-            batch_size=self.batch_size,
-            constraints=constraints,
-            storage_reservation=HeuristicalStorageReservation(percentage=RESERVED_PERCENTAGE),
-            stats=[],
-            debug=False,
-        )
-        try:
-            plan = planner.plan(module, sharders)
-        except PlannerError as error:
+        # whole cold parts in HBM first; they may not pack onto the ranks, then caches only
+        attempts = [self._load_factors(hot_set, cache_budget, caches, whole) for whole in (True, False)]
+        for load_factors in attempts[:1] if attempts[0] == attempts[1] else attempts:
+            constraints = fae_constraints(
+                self.stats,
+                hot_set,
+                self.topology.compute_device,
+                {name: (load_factors[name], cache) for name, cache in caches.items()},
+                self.constraints,
+            )
+            planner = EmbeddingShardingPlanner(
+                topology=self.topology,
+                batch_size=self.batch_size,
+                constraints=constraints,
+                storage_reservation=HeuristicalStorageReservation(percentage=RESERVED_PERCENTAGE),
+                stats=[],
+                debug=False,
+            )
+            try:
+                plan = planner.plan(module, sharders)
+                break
+            except PlannerError as error:
+                failure = error
+        else:
             needed = self._smallest_storage(module, sharders, constraints)
             raise PlannerError(
-                self._too_small_message(needed, float(memory.sum()), error), error.error_type
-            ) from error
+                self._too_small_message(needed, float(memory.sum()), failure), failure.error_type
+            ) from failure
         share = estimate_hot_share(self.stats, hot_set).share if len(self.stats.holdout) else 0.0
         budget = hot_set.hot_bytes(self.optimizer_class)
         report = FAEPlanReport.from_options(planner._best_plan, fae_path, world, budget, share, load_factors)
         return plan, report
 
-    def _device_memory(self, module: nn.Module) -> np.ndarray:
+    def _load_factors(
+        self, hot_set: HotSet, cache_budget: float, caches: dict, whole_parts: bool
+    ) -> dict[str, float]:
+        """Cold tables' load factors (a user's load factor wins)."""
+        load_factors = cache_load_factors(
+            self.stats, hot_set, cache_budget, caches, self.optimizer_class, whole_parts
+        )
+        for name, constraint in (self.constraints or {}).items():
+            if name in load_factors and constraint.cache_params and constraint.cache_params.load_factor:
+                load_factors[name] = constraint.cache_params.load_factor
+        return load_factors
+
+    def device_memory(self, module: nn.Module) -> np.ndarray:
         """Per device, the memory TorchRec's storage reservation leaves for embeddings."""
         reserved = HeuristicalStorageReservation(percentage=RESERVED_PERCENTAGE).reserve(
             self.topology, self.batch_size, module, get_default_sharders()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import ShardingOption
 
 from fae_torchrec import format_bytes
@@ -90,7 +91,9 @@ class FAEPlanReport:
                 rows=int(option.tensor.shape[0]),
                 sharding_type=option.sharding_type,
                 compute_kernel=option.compute_kernel,
-                load_factor=load_factors.get(option.name.removesuffix(f"_{COLD}")) if part == COLD else None,
+                load_factor=load_factors.get(option.name.removesuffix(f"_{COLD}"))
+                if option.compute_kernel == EmbeddingComputeKernel.FUSED_UVM_CACHING.value
+                else None,
             )
         hot_options = [o for o in options if part_paths.get(o.path) != COLD]
         totals = RankTotals.of(options, world_size)
