@@ -20,7 +20,10 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import time
+
+from fae_torchrec.data.synthetic import CHUNK_SIZE
 
 KAGGLE_INPUTS = 45_840_617
 
@@ -83,6 +86,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="runs per pass; the best counts")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if -(-args.num_samples // CHUNK_SIZE) < args.processes:
+        parser.error(f"--num-samples {args.num_samples}: fewer chunks of {CHUNK_SIZE} than --processes")
 
     context = mp.get_context("spawn")
     barrier, results = context.Barrier(args.processes), context.Queue()
@@ -91,11 +96,18 @@ def main() -> None:
     ]
     for worker in workers:
         worker.start()
-    reports = [results.get() for _ in workers]
+    reports = []
+    while len(reports) < len(workers):
+        try:
+            reports.append(results.get(timeout=1.0))
+        except queue.Empty:
+            failed = [w.exitcode for w in workers if w.exitcode]
+            if failed:  # the others wait at a barrier for it: stop them
+                for worker in workers:
+                    worker.terminate()
+                raise SystemExit(f"a worker failed with exit code {failed[0]}") from None
     for worker in workers:
         worker.join()
-        if worker.exitcode:
-            raise SystemExit(f"a worker failed with exit code {worker.exitcode}")
     inputs = sum(r[1] for r in reports)
     hot = sum(r[2] for r in reports)
     wall = {name: max(r[3][name] for r in reports) for name in reports[0][3]}

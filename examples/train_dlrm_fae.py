@@ -1,17 +1,21 @@
-"""Train TorchRec's DLRM with FAE on DistributedModelParallel, or the baseline with ``--baseline``.
+"""Train TorchRec's DLRM with FAE on DistributedModelParallel, or a baseline with ``--baseline``.
 
 FAE: profile a sample of the training data, choose the hot set, split the embedding tables
 (``FAEEmbeddingBagCollection``), plan them with ``FAEShardingPlanner``, and train with the batch router:
-hot steps run the hot part only, cold steps both parts. The baseline trains the unsplit DLRM, planned
-by TorchRec's ``EmbeddingShardingPlanner``, on the same data with its batches in random order, with the
-same hyperparameters.
+hot steps run the hot part only, cold steps both parts. A baseline trains the unsplit DLRM on the same
+data with its batches in random order, with the same hyperparameters, planned by one of TorchRec's
+planners (``planner.baseline``): ``torchrec`` (the default planner, plain ``--baseline``), ``scaleup``
+(UVM caches grown by the scale-up proposer) or ``hbm`` (every table in device memory). On CPU all three
+plan TorchRec's CPU kernels.
 
     python examples/train_dlrm_fae.py                        # built-in synthetic data, one process
     python examples/train_dlrm_fae.py --baseline             # the same model and data, TorchRec alone
+    python examples/train_dlrm_fae.py --baseline scaleup --hbm-cap 8GiB   # on a GPU
     torchrun --nproc_per_node 2 examples/train_dlrm_fae.py   # 2 ranks (gloo on CPU, NCCL on GPU)
     python examples/train_dlrm_fae.py --data criteo-tsv train.txt --scale 1.0
 
-Writes ``metrics.json`` and ``curves.png`` (train loss, validation AUC) to ``--out``.
+Writes ``metrics.json`` (with throughput, hot and cold step times), ``curves.png`` (train loss,
+validation AUC) and the profiled statistics ``stats.npz`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import logging
 import os
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,9 +39,9 @@ import torch
 import torch.distributed as dist
 import torchrec
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.types import ShardingPlan, ShardingPlanner
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -61,11 +66,14 @@ from fae_torchrec.router import BatchRouter
 from fae_torchrec.schedule import ORDERS
 from fae_torchrec.training import train_step
 from planner import FAEShardingPlanner
+from planner.baseline import default_planner, hbm_planner, scaleup_planner
 
 logger = logging.getLogger("train_dlrm_fae")
 
 #: Inputs per block when the data is streamed (the unit of the validation hold-out).
 BLOCK = 4096
+#: The baselines ``--baseline`` names, each planned by its ``planner.baseline`` planner.
+BASELINES = ("torchrec", "scaleup", "hbm")
 EMBEDDING_OPTIMIZERS = {
     "sgd": torch.optim.SGD,
     "adagrad": torch.optim.Adagrad,
@@ -77,7 +85,17 @@ EMBEDDING_OPTIMIZERS = {
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_data_arguments(parser, num_samples=300_000, scale=0.02)
-    parser.add_argument("--baseline", action="store_true", help="TorchRec alone, data in random order")
+    parser.add_argument(
+        "--baseline",
+        nargs="?",
+        const="torchrec",
+        choices=BASELINES,
+        help="TorchRec alone, data in random order, planned by TorchRec's default planner (torchrec, "
+        "the default), with scaled-up UVM caches (scaleup) or all tables in device memory (hbm)",
+    )
+    parser.add_argument(
+        "--hbm-cap", help="device memory per GPU the planners may use (FAE, torchrec, scaleup; CUDA only)"
+    )
     parser.add_argument("--dim", type=int, default=16, help="embedding dimension")
     parser.add_argument("--batch-size", type=int, default=512, help="per-rank batch size")
     parser.add_argument("--epochs", type=int, default=1)
@@ -146,6 +164,7 @@ def prepare_data(
             else stats.hot_set(parse_bytes(args.budget))
         )
         HotColdPartition.write(_blocks(source, False, args.val_every), hot_set, DEFAULT_CAT_NAMES, directory)
+        stats.save(Path(args.out) / "stats.npz")
         shared = [stats, SampleBlock.concat(held_out)]
     dist.broadcast_object_list(shared, src=0)
     stats, validation = shared
@@ -168,18 +187,17 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         raise ValueError(
             "--optimizer adam: FBGEMM has no fused Adam on CPU; use it on GPU, or another optimizer"
         )
+    hbm_cap = parse_bytes(args.hbm_cap) if args.hbm_cap is not None else None
+    if hbm_cap is not None and device.type == "cpu":
+        logger.warning("--hbm-cap %s ignored: there is no device memory to cap on CPU", args.hbm_cap)
+        hbm_cap = None
     tables, stats, validation, partition = prepare_data(args, rank)
-    mode = "baseline" if args.baseline else "fae"
+    mode = args.baseline or "fae"
     budget = parse_bytes(args.budget)
-    topology = Topology(world_size=world, compute_device=device.type)
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     ebc = EmbeddingBagCollection(tables)
-    if args.baseline:
-        sparse = ebc
-        planner = EmbeddingShardingPlanner(topology, batch_size=args.batch_size)
-    else:
-        sparse = FAEEmbeddingBagCollection.from_ebc(ebc, stats.hot_set(budget))
-        planner = FAEShardingPlanner(topology, stats, batch_size=args.batch_size, hot_budget_bytes=budget)
+    sparse = ebc if args.baseline else FAEEmbeddingBagCollection.from_ebc(ebc, stats.hot_set(budget))
+    planner = _planner(mode, world, device, hbm_cap, stats, args.batch_size, budget)
     num_train = len(partition.hot) + len(partition.cold)
     model = DLRMTrain(
         DLRM(
@@ -193,6 +211,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     full = {name: value.detach().clone() for name, value in model.state_dict().items()}
     sharders = get_default_sharders()
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    logger.info("%s: plan kernels %s", mode, dict(_kernels(plan)))
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
     load_full_state_dict(dmp, full)  # the same initial weights on every rank
     dense = torch.optim.Adagrad(
@@ -221,16 +240,27 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         history, counts = progress["history"], progress["counts"]
         first_epoch, first_step = position["router"]["epoch"], position["router"]["step"]
         logger.info("resumed at epoch %d, step %d", first_epoch, first_step)
-    seen, step_index, seconds = 0, progress["step"], 0.0
+    # this run's wall times (after a resume: since it), in seconds: per hot and per cold step, and of
+    # getting each step's batch from the router onto the device
+    seen, step_index, step_seconds, routing_seconds = 0, progress["step"], {"hot": [], "cold": []}, 0.0
     for epoch in range(first_epoch, args.epochs):
         steps = router.epoch(epoch, start_step=first_step if epoch == first_epoch else 0)
-        bar = tqdm(steps, total=len(router.schedule(epoch)), desc=f"{mode} epoch {epoch}", disable=rank != 0)
-        for routed in bar:
-            batch = routed.batch.to(device)
+        bar = tqdm(total=len(router.schedule(epoch)), desc=f"{mode} epoch {epoch}", disable=rank != 0)
+        while True:
             started = time.perf_counter()
+            routed = next(steps, None)
+            if routed is None:
+                break
+            batch = routed.batch.to(device)
+            _synchronize(device)
+            routed_at = time.perf_counter()
             loss = train_step(dmp, batch, dense, hot=routed.hot)
-            seconds += time.perf_counter() - started
-            counts["hot_steps" if routed.hot else "cold_steps"] += 1
+            _synchronize(device)
+            kind = "hot" if routed.hot else "cold"
+            step_seconds[kind].append(time.perf_counter() - routed_at)
+            routing_seconds += routed_at - started
+            bar.update()
+            counts[f"{kind}_steps"] += 1
             seen += batch.labels.numel() * world
             step_index += 1
             history["step"].append(step_index)
@@ -245,18 +275,24 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
                 progress["step"] = step_index
                 position = {"router": router.state_dict(), "progress": progress}
                 save_checkpoint(args.checkpoint_dir, dmp, dense, position, rank)
+        bar.close()
         if not history["eval_step"] or history["eval_step"][-1] != step_index:
             result = evaluate(dmp, (b.to(device) for b in validation_batches))
             _record(history, step_index, result)
             router.report_validation_loss(result["log_loss"])
+    all_steps = step_seconds["hot"] + step_seconds["cold"]
     metrics = {
         "mode": mode,
         "world_size": world,
         "train_inputs": num_train,
         "hot_input_share": len(partition.hot) / num_train,
         **counts,
+        "plan_kernels": dict(_kernels(plan)),
         # training steps only (not evaluation), of this run (after a resume: since it)
-        "samples_per_second": seen / seconds,
+        "samples_per_second": seen / sum(all_steps),
+        "hot_step_ms": _mean_ms(step_seconds["hot"]),
+        "cold_step_ms": _mean_ms(step_seconds["cold"]),
+        "routing_ms": 1000 * routing_seconds / len(all_steps),
         "final_auc": history["auc"][-1],
         "final_log_loss": history["log_loss"][-1],
         "history": history,
@@ -269,6 +305,49 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     if rank == 0:
         _write(metrics, Path(args.out))
     return metrics
+
+
+def _planner(
+    mode: str,
+    world: int,
+    device: torch.device,
+    hbm_cap: int | None,
+    stats: AccessStats,
+    batch_size: int,
+    budget: int,
+) -> ShardingPlanner:
+    """The planner of ``mode``: FAE's, or the baseline's from ``planner.baseline``. On CUDA ``hbm``
+    may use the device's whole memory, the others ``hbm_cap`` (TorchRec's default when None)."""
+    if mode == "hbm" and device.type == "cuda":
+        hbm_cap = torch.cuda.get_device_properties(device).total_memory
+    topology = Topology(world_size=world, compute_device=device.type, hbm_cap=hbm_cap)
+    if mode == "fae":
+        return FAEShardingPlanner(topology, stats, batch_size=batch_size, hot_budget_bytes=budget)
+    if mode == "scaleup":
+        return scaleup_planner(topology, stats, batch_size)
+    if mode == "hbm":
+        return hbm_planner(topology, list(stats.tables), batch_size)
+    return default_planner(topology, batch_size)
+
+
+def _kernels(plan: ShardingPlan) -> Counter[str]:
+    """How many tables (of all sharded modules) each sharding type / compute kernel got."""
+    return Counter(
+        f"{sharding.sharding_type}/{sharding.compute_kernel}"
+        for module_plan in plan.plan.values()
+        for sharding in module_plan.values()
+    )
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that the clock reads real step times."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _mean_ms(seconds: list[float]) -> float | None:
+    """Mean of ``seconds`` in milliseconds; None when there are none."""
+    return 1000 * float(np.mean(seconds)) if seconds else None
 
 
 def _validation_batches(validation: SampleBlock, batch_size: int, world: int, rank: int) -> list:

@@ -196,20 +196,27 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             kind == _SPLIT, position - hot_offsets[table], torch.where(kind == _ALL_HOT, values, 0)
         )
         new_ids = torch.where(is_hot, hot_before, values - hot_before)
-        bag = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+        # ids kept per bag: differences of the running count at the bags' ends
+        ends = torch.cumsum(lengths, 0)
+        features_kept = len(self._layout.features)
         result = {}
         for part in parts:
             if getattr(self, part) is None:
                 continue
             mask = is_hot if part == HOT else ~is_hot
-            kjt = KeyedJaggedTensor(
-                keys=self._layout.features,
+            kept = torch.cat(
+                [mask.new_zeros(1, dtype=lengths.dtype), torch.cumsum(mask, 0, dtype=lengths.dtype)]
+            )
+            part_lengths = kept[ends] - kept[ends - lengths]
+            # a feature outside the part has no id in it, so the values need no reordering
+            keys = self._part_keys[part]
+            result[part] = KeyedJaggedTensor(
+                keys=[self._layout.features[i] for i in keys],
                 values=new_ids[mask],
-                lengths=torch.zeros_like(lengths).index_add_(0, bag, mask.to(lengths.dtype)),
+                lengths=part_lengths.view(features_kept, -1)[keys].reshape(-1),
                 weights=features.weights()[mask] if self._is_weighted else None,
                 stride=features.stride(),
             )
-            result[part] = kjt.permute(self._part_keys[part])
         if COLD not in parts and self.cold is not None and not bool(is_hot.all()):
             raise ValueError("a batch marked hot_only carries cold ids")
         return result
@@ -250,6 +257,8 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
     def _ordered(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """``features`` restricted to this module's features, in table order."""
         keys = features.keys()
+        if keys == self._layout.features:
+            return features
         missing = [f for f in self._layout.features if f not in keys]
         if missing:
             raise ValueError(f"features {missing} are missing from the batch (keys {keys})")

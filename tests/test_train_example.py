@@ -1,4 +1,4 @@
-"""examples/train_dlrm_fae.py end to end: FAE against the baseline, and under torchrun with 2 ranks."""
+"""examples/train_dlrm_fae.py end to end: FAE against the baselines, and under torchrun with 2 ranks."""
 
 import json
 import subprocess
@@ -7,14 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from fae_torchrec import AccessStats
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
 
 
 def _run(tmp_path, *args, launcher=()):
     out = tmp_path / "out"
-    subprocess.run(
-        [*launcher, str(EXAMPLE), "--out", str(out), *args], check=True, capture_output=True, text=True
+    run = subprocess.run(
+        [*launcher, str(EXAMPLE), "--out", str(out), *args], check=False, capture_output=True, text=True
     )
+    assert run.returncode == 0, run.stderr[-4000:]
     return json.loads((out / "metrics.json").read_text())
 
 
@@ -22,11 +25,31 @@ def _run(tmp_path, *args, launcher=()):
 def test_fae_reaches_the_baseline_auc(tmp_path):
     fae = _run(tmp_path / "fae", "--num-samples", "200000", launcher=(sys.executable,))
     baseline = _run(tmp_path / "base", "--num-samples", "200000", "--baseline", launcher=(sys.executable,))
+    assert (fae["mode"], baseline["mode"]) == ("fae", "torchrec")
     assert fae["hot_steps"] > 0 and fae["cold_steps"] > 0 and baseline["hot_steps"] == 0
+    assert fae["hot_step_ms"] > 0 and fae["cold_step_ms"] > 0 and fae["routing_ms"] > 0
+    assert baseline["hot_step_ms"] is None and baseline["cold_step_ms"] > 0
     assert fae["train_inputs"] == baseline["train_inputs"]
     assert baseline["final_auc"] > 0.75, "the model learns"
     assert abs(fae["final_auc"] - baseline["final_auc"]) <= 0.003
     assert (tmp_path / "fae" / "out" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_scaleup_baseline_runs_and_cpu_ignores_the_hbm_cap(tmp_path):
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--out", str(out), "--num-samples", "41000", "--scale", "0.01",
+         "--batch-size", "256", "--baseline", "scaleup", "--hbm-cap", "1GiB"],
+        check=False, capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "--hbm-cap 1GiB ignored" in run.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["mode"] == "scaleup"
+    assert metrics["hot_steps"] == 0 and metrics["cold_steps"] > 0
+    assert metrics["hot_step_ms"] is None and metrics["cold_step_ms"] > 0
+    assert metrics["samples_per_second"] > 0 and sum(metrics["plan_kernels"].values()) == 26
+    assert AccessStats.load(out / "stats.npz").num_inputs > 0
 
 
 @pytest.mark.slow

@@ -1,0 +1,47 @@
+"""Run ``examples/train_dlrm_fae.py`` as its own process(es) and read back its ``metrics.json``.
+
+One process for world size 1, ``torch.distributed.run --standalone`` for more, so that a benchmark
+measures the example exactly as users launch it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
+#: Lines of the example's stderr quoted when it fails.
+ERROR_TAIL_LINES = 40
+
+
+def launcher(world_size: int) -> list[str]:
+    """The command that starts ``world_size`` ranks of a script."""
+    if world_size < 1:
+        raise ValueError(f"world size must be at least 1, got {world_size}")
+    if world_size == 1:
+        return [sys.executable]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(world_size),
+    ]
+
+
+def run_example(args: Sequence[str], out: str | Path, world_size: int = 1) -> dict:
+    """Train with the example's ``args`` on ``world_size`` ranks, writing to ``out``; its metrics.
+
+    Raises ``RuntimeError`` with the tail of the example's stderr when it fails.
+    """
+    out = Path(out)
+    command = [*launcher(world_size), str(EXAMPLE), *args, "--out", str(out)]
+    run = subprocess.run(command, capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        tail = "\n".join(run.stderr.splitlines()[-ERROR_TAIL_LINES:])
+        raise RuntimeError(f"{' '.join(command)} failed with exit status {run.returncode}:\n{tail}")
+    return json.loads((out / "metrics.json").read_text())

@@ -1,0 +1,1 @@
+"""Benchmarks meant for a CUDA machine (they also run, smaller, on CPU)."""

@@ -1,0 +1,67 @@
+"""benchmarks/bench_train.py and benchmarks/gpu/bench_gpu.py run for real, as scripts, at tiny size."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The smallest data the example trains on: 10 blocks of 4096 inputs, one held out for validation.
+TINY = ["--num-samples", "41000", "--scale", "0.01", "--batch-size", "256"]
+
+
+def _script(path: str, *args: str) -> str:
+    """Run a benchmark script from the repository root; its stdout."""
+    run = subprocess.run([sys.executable, path, *args], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return run.stdout
+
+
+def _bench_train(tmp_path: Path, world_size: str) -> None:
+    out = _script("benchmarks/bench_train.py", *TINY, "--world-sizes", world_size, "--remap-steps", "20",
+                  "--out", str(tmp_path))  # fmt: skip
+    rows = dict(re.findall(r"^(fae|torchrec) +([\d,]+) ", out, flags=re.MULTILINE))
+    assert set(rows) == {"fae", "torchrec"}, out
+    assert all(int(value.replace(",", "")) > 0 for value in rows.values())
+    assert f"world size {world_size}" in out
+    ratio = re.search(r"ratio FAE / torchrec samples/s: ([\d.]+)x", out)
+    assert ratio and float(ratio.group(1)) > 0, out
+    machinery = re.search(r"remap ([\d.]+) ms \+ routing ([\d.]+) ms per step = ([\d.]+)% of a", out)
+    assert machinery and all(float(value) > 0 for value in machinery.groups()), out
+    assert ("FAE is slower" in out) == (float(ratio.group(1)) < 1)
+    assert (tmp_path / "bench_train.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / f"ws{world_size}-fae" / "stats.npz").exists()
+
+
+def test_bench_train_one_rank(tmp_path):
+    _bench_train(tmp_path, "1")
+
+
+@pytest.mark.slow
+def test_bench_train_two_ranks(tmp_path):
+    _bench_train(tmp_path, "2")
+
+
+@pytest.mark.slow
+def test_bench_gpu_runs_on_cpu(tmp_path):
+    out = _script("benchmarks/gpu/bench_gpu.py", *TINY, "--out", str(tmp_path))
+    assert "plan like (a), TorchRec's CPU kernels" in out
+    rows = re.findall(
+        r"^(FAE|\(a\) torchrec|\(b\) scaleup|\(c\) hbm) +([\d,]+) +([\d.]+)x", out, re.MULTILINE
+    )
+    assert [mode for mode, _, _ in rows] == ["FAE", "(a) torchrec", "(b) scaleup", "(c) hbm"], out
+    assert all(int(value.replace(",", "")) > 0 for _, value, _ in rows)
+    assert rows[1][2] == "1.00"
+    for baseline in ("(a) torchrec", "(b) scaleup", "(c) hbm"):
+        assert re.search(rf"ratio FAE / {re.escape(baseline)} samples/s: [\d.]+x", out), out
+
+
+def test_bench_gpu_rejects_a_bad_hbm_cap():
+    run = subprocess.run(
+        [sys.executable, "benchmarks/gpu/bench_gpu.py", "--hbm-cap", "lots"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "--hbm-cap: not a byte size: 'lots'" in run.stderr
