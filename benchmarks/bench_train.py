@@ -18,7 +18,7 @@ process keeps busy can take many times as long (the script warns when it sees on
     python benchmarks/bench_train.py --world-sizes 1 --num-samples 200000 --scale 0.05
 
 Prints a table per world size, the ratios FAE / baseline, the machinery share and, where FAE is slower,
-why (from the measured step times); writes ``bench_train.png`` to ``--out``.
+why (from the measured step times); writes ``bench_train.png`` to ``--figures``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--order", default="shuffled", help="FAE's hot/cold step order")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--remap-steps", type=int, default=200, help="steps whose remap is timed")
-    parser.add_argument("--out", default="runs/bench_train", help="the runs and bench_train.png go here")
+    parser.add_argument("--out", default="runs/bench_train", help="the runs go here")
+    parser.add_argument("--figures", default="benchmarks/figures", help="bench_train.png goes here")
     args = parser.parse_args(argv)
     if min(args.world_sizes) < 1:
         parser.error(f"--world-sizes must be at least 1, got {args.world_sizes}")
@@ -219,8 +220,10 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, dict]]:
         )
         if ratio < 1:
             print(explain_slower(world_size, fae, baseline))
-    plot(results, out / "bench_train.png")
-    print(f"\nwrote {out / 'bench_train.png'}; total wall time {time.perf_counter() - started:.0f} s")
+    figure = Path(args.figures) / "bench_train.png"
+    figure.parent.mkdir(parents=True, exist_ok=True)
+    plot(results, figure)
+    print(f"\nwrote {figure}; total wall time {time.perf_counter() - started:.0f} s")
     return results
 
 

@@ -21,7 +21,7 @@ def _script(path: str, *args: str) -> str:
 
 def _bench_train(tmp_path: Path, world_size: str) -> None:
     out = _script("benchmarks/bench_train.py", *TINY, "--world-sizes", world_size, "--remap-steps", "20",
-                  "--out", str(tmp_path))  # fmt: skip
+                  "--out", str(tmp_path), "--figures", str(tmp_path))  # fmt: skip
     rows = dict(re.findall(r"^(fae|torchrec) +([\d,]+) ", out, flags=re.MULTILINE))
     assert set(rows) == {"fae", "torchrec"}, out
     assert all(int(value.replace(",", "")) > 0 for value in rows.values())
