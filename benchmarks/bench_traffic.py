@@ -48,7 +48,7 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 
 from benchmarks.cache_model import belady_traffic, sampled_rows
 from benchmarks.id_stream import IdStream, synthetic_stream
-from benchmarks.plan_traffic import Traffic, cache_groups, replay
+from benchmarks.plan_traffic import cache_groups, replay
 from fae_torchrec import AccessStats, HotSet, format_bytes, hot_share_curve, parse_bytes
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.fae_embedding_bag import COLD
@@ -103,19 +103,17 @@ def measure_point(
     count_from = -(-warm_inputs // global_batch)
 
     def baseline_traffic(plan) -> float:
-        groups = cache_groups(plan)
-        return per_input * _bytes(
-            replay(
-                groups,
-                batches,
-                stream.tables,
-                stream.ids,
-                table_index,
-                stream.sampling,
-                count_from,
-                row_bytes,
-            )
+        moved = replay(
+            cache_groups(plan),
+            batches,
+            stream.tables,
+            stream.ids,
+            table_index,
+            stream.sampling,
+            count_from,
+            row_bytes,
         )
+        return per_input * moved.bytes
 
     cold_inputs = ~stream.hot_inputs(hot_set)
     cold_position = np.cumsum(cold_inputs) - 1
@@ -136,7 +134,7 @@ def measure_point(
     )
     capacity = float(fae.device_memory(meta).sum()) / row_bytes
     traffic = {
-        "FAE": per_input * _bytes(fae_traffic),
+        "FAE": per_input * fae_traffic.bytes,
         "a": baseline_traffic(default.plan),
         "b": baseline_traffic(scaleup.plan),
         "d": per_input * _belady(stream, global_batch, count_from, capacity, args.belady_sampling, row_bytes),
@@ -153,10 +151,6 @@ def measure_point(
         report.hot_step,
         report.cold_step,
     )
-
-
-def _bytes(traffic: Traffic) -> float:
-    return traffic.bytes
 
 
 def _cold_ids(hot_set: HotSet, tables: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -226,6 +220,20 @@ def print_table(points: list[Point]) -> None:
             f"{_ratio(t['FAE'], t['d']):>6} | {s['FAE']:>12.3f} {s['a']:>6.3f} {s['b']:>6.3f} "
             f"{s['c']:>6.3f} | "
             f"{_ratio(s['a'], s['FAE']):>6} {_ratio(s['b'], s['FAE']):>6} {_ratio(s['FAE'], s['c']):>6}"
+        )
+
+
+def print_rows(points: list[Point]) -> None:
+    """Traffic in rows: full rows (``4 x dim`` bytes) moved per input, both directions."""
+    print(
+        f"{'dim':>4} {'GPUs':>4} {'HBM/GPU':>8} | {'rows moved per input: FAE':>25} "
+        f"{'a':>7} {'b':>7} {'d':>7}"
+    )
+    for p in points:
+        rows = [p.traffic[k] / (4 * p.dim) for k in ("FAE", "a", "b", "d")]
+        print(
+            f"{p.dim:>4} {p.world_size:>4} {format_bytes(p.hbm_cap):>8} | {rows[0]:>25.3f} "
+            + " ".join(f"{r:>7.3f}" for r in rows[1:])
         )
 
 
@@ -351,6 +359,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
         f"rows (Belady 1/{args.belady_sampling})"
     )
     print_table(points)
+    print_rows(points)
     print_goals(points)
     plot(points, stream, args.out)
     print(f"figures in {args.out}; {time.perf_counter() - started:.0f} s")

@@ -78,6 +78,7 @@ class Moves:
         self.rows_out += np.bincount(groups, weights=rows_out, minlength=n)
 
     def total(self) -> float:
+        """Everything moved, both directions, all groups."""
         return float(self.rows_in.sum() + self.rows_out.sum())
 
 

@@ -28,11 +28,12 @@ def test_bench_traffic_prints_every_comparison_and_draws_the_curves(tmp_path):
         "--num-samples", "200000", "--scale", "0.05", "--dims", "16", "--world-sizes", "1", "2",
         "--caps", "32MiB", "64MiB", "--sampling", "2", "--belady-sampling", "4", "--out", str(tmp_path),
     )  # fmt: skip
-    rows = [line for line in out.splitlines() if re.match(r"\s+16\s+[12]\s", line)]
-    assert rows, out
-    for row in rows:
-        figures = row.split("|")
-        assert len(figures) == 5 and len(figures[1].split()) == 4 and len(figures[3].split()) == 4
+    lines = [line.split("|") for line in out.splitlines() if re.match(r"\s+16\s+[12]\s", line)]
+    table, in_rows = [x for x in lines if len(x) == 5], [x for x in lines if len(x) == 2]
+    assert table and len(in_rows) == len(table), out
+    for figures in table:
+        assert len(figures[1].split()) == 4 and len(figures[3].split()) == 4
+    assert "rows moved per input: FAE" in out
     assert "goal traffic a/FAE >= 5: met at" in out and "goal step b > FAE: met at" in out
     for picture in ("traffic.png", "step_time.png", "hot_share.png"):
         assert (tmp_path / picture).read_bytes()[:4] == b"\x89PNG"
