@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.distributed import run_launched
+
 ROOT = Path(__file__).resolve().parents[1]
 #: The smallest data the example trains on: 10 blocks of 4096 inputs, one held out for validation.
 TINY = ["--num-samples", "41000", "--scale", "0.01", "--batch-size", "256"]
@@ -14,7 +16,7 @@ TINY = ["--num-samples", "41000", "--scale", "0.01", "--batch-size", "256"]
 
 def _script(path: str, *args: str) -> str:
     """Run a benchmark script from the repository root; its stdout."""
-    run = subprocess.run([sys.executable, path, *args], cwd=ROOT, capture_output=True, text=True, check=False)
+    run = run_launched([sys.executable, path, *args], cwd=ROOT)
     assert run.returncode == 0, run.stderr[-4000:]
     return run.stdout
 

@@ -8,15 +8,14 @@ from pathlib import Path
 import pytest
 
 from fae_torchrec import AccessStats
+from tests.distributed import run_launched
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
 
 
 def _run(tmp_path, *args, launcher=()):
     out = tmp_path / "out"
-    run = subprocess.run(
-        [*launcher, str(EXAMPLE), "--out", str(out), *args], check=False, capture_output=True, text=True
-    )
+    run = run_launched([*launcher, str(EXAMPLE), "--out", str(out), *args])
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads((out / "metrics.json").read_text())
 
