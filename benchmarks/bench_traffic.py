@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from torchrec.distributed.planner.types import PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 
-from benchmarks.cache_model import belady_traffic, sampled_rows
+from benchmarks.cache_model import BatchedKeys, belady_traffic, sampled_rows
 from benchmarks.id_stream import IdStream, synthetic_stream
 from benchmarks.plan_traffic import cache_groups, replay
 from fae_torchrec import AccessStats, HotSet, format_bytes, hot_share_curve, parse_bytes
@@ -170,11 +170,8 @@ def _belady(
     rows = stream.rows()
     keep = sampled_rows(rows, sampling)
     rows, batches = rows[keep], stream.inputs[keep] // global_batch
-    width = int(rows.max(initial=0)) + 1
-    key = np.unique(batches * width + rows)
-    batch_of, row_of = key // width, key % width
-    bounds = np.searchsorted(batch_of, np.arange(int(batch_of.max(initial=-1)) + 2))
-    per_batch = [row_of[bounds[b] : bounds[b + 1]] for b in range(len(bounds) - 1)]
+    distinct = BatchedKeys.of(batches, rows)
+    per_batch = [distinct.keys[distinct.batch(b)] for b in range(len(distinct))]
     moved_in, moved_out = belady_traffic(per_batch, int(capacity / sampling), count_from)
     return float(moved_in + moved_out) * sampling * row_bytes
 

@@ -60,6 +60,31 @@ def cache_sets(slots: float, sampling: int = 1) -> int:
     return max(1, round(np.ceil(slots / WAYS) / sampling))
 
 
+@dataclass(frozen=True)
+class BatchedKeys:
+    """Distinct non-negative keys of each batch, batch by batch in key order: batch ``b`` holds
+    ``keys[bounds[b]:bounds[b + 1]]``; ``first`` is where each key first occurs in the input."""
+
+    keys: np.ndarray
+    first: np.ndarray
+    bounds: np.ndarray
+
+    @classmethod
+    def of(cls, batches: np.ndarray, keys: np.ndarray) -> BatchedKeys:
+        """Group ``keys`` by their ``batches`` index (0, 1, ...), dropping repeats within a batch."""
+        width = int(keys.max(initial=0)) + 1
+        combined, first = np.unique(batches * width + keys, return_index=True)
+        batch = combined // width
+        bounds = np.searchsorted(batch, np.arange(int(batch.max(initial=-1)) + 2))
+        return cls(combined % width, first, bounds)
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def batch(self, b: int) -> slice:
+        return slice(self.bounds[b], self.bounds[b + 1])
+
+
 @dataclass
 class Moves:
     """Rows moved host to device (``rows_in``) and device to host (``rows_out``), per cache group,

@@ -17,7 +17,7 @@ import numpy as np
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.types import ShardingPlan
 
-from benchmarks.cache_model import SetAssociativeLRU, cache_sets
+from benchmarks.cache_model import BatchedKeys, SetAssociativeLRU, cache_sets
 
 #: FBGEMM's cache load factor where TorchRec passes none.
 FBGEMM_DEFAULT_LOAD_FACTOR = 0.2
@@ -122,21 +122,18 @@ def replay(
     batch, linear, shard = (np.concatenate(parts) for parts in zip(*routed, strict=True))
     group = np.array([s.group for s in groups.shards])[shard]
     columns = np.array([s.columns for s in groups.shards])[shard]
-    # distinct (batch, group, linear index), sorted by batch; a linear index has one shard (and width)
-    width = int(linear.max(initial=0)) + 1
-    key, first = np.unique((batch * len(groups.slots) + group) * width + linear, return_index=True)
-    columns = columns[first]
-    linear, rest = key % width, key // width
-    group, batch = rest % len(groups.slots), rest // len(groups.slots)
+    # distinct (group, linear index) per batch; a linear index has one shard (and width)
+    distinct = BatchedKeys.of(batch, linear * len(groups.slots) + group)
+    columns = columns[distinct.first]
+    linear, group = distinct.keys // len(groups.slots), distinct.keys % len(groups.slots)
     num_sets = [cache_sets(s, sampling) if c else 0 for s, c in zip(groups.slots, groups.cached, strict=True)]
     cache = SetAssociativeLRU(num_sets)
-    bounds = np.searchsorted(batch, np.arange(int(batch.max(initial=-1)) + 2))
-    for b in range(len(bounds) - 1):
+    for b in range(len(distinct)):
         if b == count_from:
             cache.reset_moves()
-        span = slice(bounds[b], bounds[b + 1])
+        span = distinct.batch(b)
         cache.access(group[span], linear[span], columns[span])
-    if count_from >= len(bounds) - 1:
+    if count_from >= len(distinct):
         cache.reset_moves()
     moved_bytes = float(cache.moves.total()) * ELEMENT_BYTES * sampling
     return Traffic(moved_bytes / row_bytes, moved_bytes)
