@@ -32,9 +32,12 @@ def test_a_rank_aborted_once_reruns_the_group(tmp_path):
 
 
 def test_a_second_abort_and_an_exception_fail_at_once(tmp_path):
+    aborted, raised = tmp_path / "aborted", tmp_path / "raised"  # a store file serves one group
+    aborted.mkdir()
+    raised.mkdir()
     with pytest.warns(UserWarning), pytest.raises(mp.ProcessExitedException, match="SIGABRT"):
-        run_on_ranks(_always_abort, 2, tmp_path)
+        run_on_ranks(_always_abort, 2, aborted)
     runs = tmp_path / "runs"
     with pytest.raises(mp.ProcessRaisedException, match="a real failure"):
-        run_on_ranks(_raise, 2, tmp_path, str(runs))
+        run_on_ranks(_raise, 2, raised, str(runs))
     assert len(runs.read_text().split()) <= 2, "an exception is not retried"
