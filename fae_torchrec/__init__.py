@@ -18,6 +18,7 @@ from fae_torchrec.hot_share import (
     hot_share_curve,
     measure_hot_share,
 )
+from fae_torchrec.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.partition import HotColdPartition
 from fae_torchrec.profiler import AccessProfiler
 from fae_torchrec.ranking import RowRanking
@@ -32,6 +33,7 @@ __all__ = [
     "AccessProfiler",
     "AccessStats",
     "BatchRouter",
+    "EmbeddingOptimizer",
     "FAEEmbeddingBagCollection",
     "FeatureIds",
     "Holdout",
@@ -57,4 +59,5 @@ __all__ = [
     "row_bytes",
     "save_checkpoint",
     "train_step",
+    "unfused_optimizer",
 ]

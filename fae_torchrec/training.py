@@ -23,7 +23,8 @@ def train_step(
     """Forward, backward and optimizer steps on ``batch``; the loss.
 
     ``model(batch)`` returns ``(loss, ...)`` as TorchRec's ``DLRMTrain`` does. Embedding weights are
-    updated by their fused optimizers during backward; ``dense_optimizer`` updates the rest. A
+    updated by their fused optimizers during backward; ``dense_optimizer`` updates the rest, data-
+    parallel tables included (build it with :func:`fae_torchrec.optimizers.unfused_optimizer`). A
     ``hot`` step runs the hot part of the FAE module only (every rank must agree on ``hot``).
     """
     fae = find_fae_module(model)

@@ -8,12 +8,12 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner.types import Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.models.dlrm import DLRM, DLRMTrain
-from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, load_full_state_dict
 from fae_torchrec.checkpoint import load_checkpoint, save_checkpoint
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
+from fae_torchrec.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.partition import HotColdPartition
 from fae_torchrec.router import BatchRouter
 from fae_torchrec.state import gather_full_state_dict
@@ -37,7 +37,8 @@ def _resume_matches(rank: int, world_size: int, directory: str) -> None:
         torch.manual_seed(seed)
         split = FAEEmbeddingBagCollection(tables, hot_set)
         model = DLRMTrain(DLRM(split, 13, [16, 8], [8, 1]))
-        apply_optimizer_in_backward(torchrec.optim.RowWiseAdagrad, split.parameters(), {"lr": 0.05})
+        embedding = EmbeddingOptimizer(torchrec.optim.RowWiseAdagrad, {"lr": 0.05})
+        embedding.apply(split)
         full = {k: v.detach().clone() for k, v in model.state_dict().items()}
         planner = FAEShardingPlanner(topology, stats, batch_size=32, hot_budget_bytes=32 << 10)
         plan = planner.collective_plan(model, get_default_sharders(), dist.GroupMember.WORLD)
@@ -45,9 +46,7 @@ def _resume_matches(rank: int, world_size: int, directory: str) -> None:
             model, device=torch.device("cpu"), plan=plan, sharders=get_default_sharders()
         )
         load_full_state_dict(dmp, full)
-        dense = torch.optim.Adagrad(
-            [p for n, p in dmp.named_parameters() if "embedding_bag" not in n], lr=0.05
-        )
+        dense = unfused_optimizer(dmp, embedding, lambda params: torch.optim.Adagrad(params, lr=0.05))
         return dmp, dense
 
     def run(dmp, dense, start, stop):

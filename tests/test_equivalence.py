@@ -2,8 +2,10 @@
 
 The FAE model is split by a hot set, planned by FAEShardingPlanner and trained with hot steps that skip
 the cold part; the baseline is the unsplit DLRM planned by TorchRec's EmbeddingShardingPlanner and
-trained on the same batches. Both run under DistributedModelParallel (gloo, CPU), tables table-wise
-with TorchRec's fused optimizers. Parameters are compared in the original table layout.
+trained on the same batches. Both run under DistributedModelParallel (gloo, CPU), with tables forced
+table-wise (fused optimizers only) or with the planners' unconstrained choice, where small tables and
+hot parts become data-parallel and train by the dense form of the embedding optimizer. Parameters are
+compared in the original table layout, and every row that a batch used must have moved.
 """
 
 import copy
@@ -18,11 +20,11 @@ from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
-from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
+from fae_torchrec.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.partition import HotColdPartition
 from fae_torchrec.router import BatchRouter
 from fae_torchrec.state import gather_full_state_dict, load_full_state_dict
@@ -46,65 +48,93 @@ def _dlrm(ebc) -> DLRMTrain:
     )
 
 
-def _shard(model, planner, world_size, optimizer, kwargs):
-    apply_optimizer_in_backward(
-        optimizer, model.model.sparse_arch.embedding_bag_collection.parameters(), dict(kwargs)
-    )
+def _shard(model, planner, embedding: EmbeddingOptimizer):
+    embedding.apply(model.model.sparse_arch.embedding_bag_collection)
     full = copy.deepcopy(model.state_dict())
     sharders = get_default_sharders()
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
     load_full_state_dict(dmp, full)
-    dense = torch.optim.SGD([p for n, p in dmp.named_parameters() if "embedding_bag" not in n], lr=0.1)
-    return dmp, dense
+    optimizer = unfused_optimizer(dmp, embedding, lambda params: torch.optim.SGD(params, lr=0.1))
+    return dmp, optimizer, plan
 
 
-def _same_training(rank: int, world_size: int, optimizer_name: str) -> None:
+def _sharding_types(plan) -> set[str]:
+    return {s.sharding_type for module in plan.plan.values() for s in module.values()}
+
+
+def _used_rows(batches, tables) -> dict[str, torch.Tensor]:
+    """Per table, which rows the batches looked up (on any rank: the gradients are all-reduced)."""
+    used = {t.name: torch.zeros(t.num_embeddings, dtype=torch.bool) for t in tables}
+    for batch in batches:
+        features = batch.sparse_features.to_dict()
+        for table in tables:
+            for feature in table.feature_names:
+                ids = features[feature].values()
+                gathered = [torch.empty(0, dtype=ids.dtype)] * dist.get_world_size()
+                dist.all_gather_object(gathered, ids)
+                used[table.name][torch.cat(gathered)] = True
+    return used
+
+
+def _same_training(rank: int, world_size: int, optimizer_name: str, constrained: bool) -> None:
     optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
+    embedding = EmbeddingOptimizer(optimizer, kwargs)
     data = SyntheticCriteo(STEPS * 48 * world_size, batch_size=1024, scale=0.0005, seed=3)
     tables = data.table_configs(8)
     stats = AccessProfiler(tables, 0.3, seed=0, holdout_size=500).profile(data)
     hot_set = stats.hot_set(48 << 10)
     table_wise = {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in tables}
+    constraints = table_wise if constrained else None
     topology = Topology(world_size=world_size, compute_device="cpu")
 
     torch.manual_seed(0)  # the same initial tables on every rank
     baseline_ebc = EmbeddingBagCollection(tables)
+    initial = {name: value.clone() for name, value in baseline_ebc.state_dict().items()}
     baseline = _dlrm(baseline_ebc)
+    initial_dense = {name: value.clone() for name, value in baseline.state_dict().items()}
     fae = _dlrm(FAEEmbeddingBagCollection.from_ebc(baseline_ebc, hot_set))
     fae.load_state_dict(baseline.state_dict(), strict=False)  # the same dense layers
-    base_dmp, base_dense = _shard(
+    base_dmp, base_optimizer, base_plan = _shard(
         baseline,
-        EmbeddingShardingPlanner(topology, batch_size=32, constraints=table_wise),
-        world_size,
-        optimizer,
-        kwargs,
+        EmbeddingShardingPlanner(topology, batch_size=32, constraints=constraints),
+        embedding,
     )
     fae_planner = FAEShardingPlanner(
-        topology, stats, batch_size=32, constraints=table_wise, hot_budget_bytes=48 << 10
+        topology, stats, batch_size=32, constraints=constraints, hot_budget_bytes=48 << 10
     )
-    fae_dmp, fae_dense = _shard(fae, fae_planner, world_size, optimizer, kwargs)
+    fae_dmp, fae_optimizer, fae_plan = _shard(fae, fae_planner, embedding)
+    for plan in (base_plan, fae_plan):  # unconstrained: TorchRec makes small tables data-parallel
+        types = _sharding_types(plan)
+        assert types == {"table_wise"} if constrained else "data_parallel" in types, types
 
     partition = HotColdPartition.of(data.blocks(), hot_set, DEFAULT_CAT_NAMES)
     router = BatchRouter(partition, 32, world_size=world_size, rank=rank, seed=1)
     routed = list(router.epoch(0))[:STEPS]
     assert len(routed) >= 20 and any(r.hot for r in routed) and not all(r.hot for r in routed)
     for step in routed:
-        train_step(base_dmp, step.batch, base_dense)
-        train_step(fae_dmp, step.batch, fae_dense, hot=step.hot)
+        train_step(base_dmp, step.batch, base_optimizer)
+        train_step(fae_dmp, step.batch, fae_optimizer, hot=step.hot)
 
     expected, actual = gather_full_state_dict(base_dmp), gather_full_state_dict(fae_dmp)
     split = fae_dmp.module.model.sparse_arch.embedding_bag_collection
     tables_after = split.ebc_state_dict(actual, prefix=PREFIX)
+    used = _used_rows((step.batch for step in routed), tables)
     for name, value in tables_after.items():
         torch.testing.assert_close(value, expected[PREFIX + name], rtol=0, atol=tolerance)
+        # every table trains, whatever its sharding: exactly the rows the batches used have moved
+        moved = (expected[PREFIX + name] != initial[name]).any(dim=1)
+        table = name.removeprefix("embedding_bags.").removesuffix(".weight")
+        assert torch.equal(moved, used[table]), f"{table}: rows moved {moved.sum()} != used"
     for name, value in expected.items():
         if "embedding_bag" not in name:
             torch.testing.assert_close(actual[name], value, rtol=0, atol=tolerance)
+            assert not torch.equal(value, initial_dense[name]), name
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_fae_training_ends_with_the_baseline_parameters(tmp_path, world_size, optimizer_name):
-    run_on_ranks(_same_training, world_size, tmp_path, optimizer_name)
+@pytest.mark.parametrize("plan", ["table_wise", "unconstrained"])
+def test_fae_training_ends_with_the_baseline_parameters(tmp_path, world_size, optimizer_name, plan):
+    run_on_ranks(_same_training, world_size, tmp_path, optimizer_name, plan == "table_wise")

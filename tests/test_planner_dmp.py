@@ -10,11 +10,11 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner.types import Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.models.dlrm import DLRM, DLRMTrain
-from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
 from fae_torchrec.data import SampleBlock, SyntheticCriteo
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
+from fae_torchrec.optimizers import EmbeddingOptimizer, unfused_optimizer
 from planner import FAEShardingPlanner
 from tests.distributed import run_on_ranks
 
@@ -41,13 +41,14 @@ def _train_hot_and_cold_steps(rank: int, world_size: int) -> None:
     model = DLRMTrain(
         DLRM(split, dense_in_features=13, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[8, 1])
     )
-    apply_optimizer_in_backward(torchrec.optim.RowWiseAdagrad, split.parameters(), {"lr": 0.05})
+    embedding = EmbeddingOptimizer(torchrec.optim.RowWiseAdagrad, {"lr": 0.05})
+    embedding.apply(split)
     sharders = get_default_sharders()
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     prefix = "model.sparse_arch.embedding_bag_collection"
     assert {f"{prefix}.hot", f"{prefix}.cold"} <= set(plan.plan)
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
-    dense = torch.optim.SGD([p for n, p in dmp.named_parameters() if "embedding_bag" not in n], lr=0.1)
+    dense = unfused_optimizer(dmp, embedding, lambda params: torch.optim.SGD(params, lr=0.1))
     fae = dmp.module.model.sparse_arch.embedding_bag_collection
 
     everything = SampleBlock.concat(list(data.blocks()))
