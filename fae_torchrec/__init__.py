@@ -6,7 +6,7 @@ a router that runs entirely-hot mini-batches on the hot part only.
 """
 
 from fae_torchrec.access_stats import AccessStats, Holdout
-from fae_torchrec.checkpoint import load_checkpoint, save_checkpoint
+from fae_torchrec.checkpoint import CheckpointError, Checkpoints
 from fae_torchrec.evaluation import evaluate
 from fae_torchrec.fae_embedding_bag import FAEEmbeddingBagCollection, part_table_name
 from fae_torchrec.feature_ids import FeatureIds
@@ -33,6 +33,8 @@ __all__ = [
     "AccessProfiler",
     "AccessStats",
     "BatchRouter",
+    "CheckpointError",
+    "Checkpoints",
     "EmbeddingOptimizer",
     "FAEEmbeddingBagCollection",
     "FeatureIds",
@@ -50,14 +52,12 @@ __all__ = [
     "format_bytes",
     "gather_full_state_dict",
     "hot_share_curve",
-    "load_checkpoint",
     "load_full_state_dict",
     "make_schedule",
     "measure_hot_share",
     "parse_bytes",
     "part_table_name",
     "row_bytes",
-    "save_checkpoint",
     "train_step",
     "unfused_optimizer",
 ]

@@ -1,60 +1,272 @@
-"""Checkpoint and resume mid-epoch: model, fused and dense optimizer state, and the router position.
+"""Checkpoint and resume mid-epoch: model, fused and unfused optimizer state, and where to resume.
 
-Each rank writes its own file with the shards it holds (``rank{r}.pt``); resuming needs the same world
-size and plan, which ``collective_plan`` gives again for the same model, statistics and topology.
+``Checkpoints`` keeps one run's checkpoints in a directory: ``step-NNNNNNNNN/rank{r}.pt`` holds the
+shards rank ``r`` has, and ``rank{r}.json`` beside it a manifest: the file's SHA-256 and size, the step,
+the run, the world size, the run's configuration and the plan's layout. A new checkpoint goes into its
+own folder, and a rank deletes its older ones only after every rank has written the new one, so a
+crash in the middle of a save leaves the previous checkpoint whole. Resuming takes the newest step
+that every rank holds, and refuses, naming the file or option, a damaged file, another run, another
+world size, configuration or plan: nothing is loaded silently.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
+import json
+import logging
 import os
+import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.types import ShardingPlan
+
+logger = logging.getLogger(__name__)
+
+#: Manifest format; a manifest of another format is refused.
+FORMAT = 1
 
 
-def save_checkpoint(
-    directory: str | os.PathLike,
-    model: DistributedModelParallel,
-    dense_optimizer: torch.optim.Optimizer,
-    position: dict,
-    rank: int,
-) -> None:
-    """Write this rank's part of the training state; ``position`` says where to resume (such as
-    ``{"epoch": e, "step": s}``, the next step to run, or a router's ``state_dict``)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {
-        "model": _local(model.state_dict()),
-        "fused_optimizer": _local(model.fused_optimizer.state_dict()),
-        "dense_optimizer": dense_optimizer.state_dict(),
-        "position": dict(position),
-    }
-    temporary = directory / f"rank{rank}.pt.tmp"
-    torch.save(state, temporary)
-    temporary.replace(directory / f"rank{rank}.pt")
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from: missing, damaged, or of another run or setup."""
 
 
-def load_checkpoint(
-    directory: str | os.PathLike,
-    model: DistributedModelParallel,
-    dense_optimizer: torch.optim.Optimizer,
-    rank: int,
-) -> dict:
-    """Restore this rank's training state written by :func:`save_checkpoint`; return the position."""
-    path = Path(directory) / f"rank{rank}.pt"
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no checkpoint for rank {rank}")
-    state = torch.load(path, weights_only=False)
-    with torch.no_grad():
-        _restore(model.state_dict(), state["model"], str(path))
-        fused = model.fused_optimizer.state_dict()
-        _restore(fused, state["fused_optimizer"], str(path))
-        model.fused_optimizer.load_state_dict(fused)
-    dense_optimizer.load_state_dict(state["dense_optimizer"])
-    return state["position"]
+def plan_layout(plan: ShardingPlan) -> dict[str, str]:
+    """Per sharded parameter (``module.param``), its sharding type, kernel, ranks and shards: what a
+    checkpoint's shards depend on."""
+    layout = {}
+    for module, module_plan in plan.plan.items():
+        for name, sharding in module_plan.items():
+            spec = sharding.sharding_spec
+            shards = [
+                f"{list(s.shard_offsets)}+{list(s.shard_sizes)}" for s in getattr(spec, "shards", None) or []
+            ]
+            layout[f"{module}.{name}"] = (
+                f"{sharding.sharding_type}/{sharding.compute_kernel} ranks {sharding.ranks} "
+                f"shards {' '.join(shards)}"
+            )
+    return dict(sorted(layout.items()))
+
+
+class Checkpoints:
+    """The checkpoints of one training run in ``directory`` (every method is a collective).
+
+    ``config`` holds what a resume must share with the run that saved (JSON values keyed by a name the
+    user knows, such as ``--batch-size``); ``plan`` is the model's ``ShardingPlan``.
+    """
+
+    def __init__(
+        self, directory: str | os.PathLike, config: Mapping[str, Any], plan: ShardingPlan | None = None
+    ) -> None:
+        self.directory = Path(directory)
+        self.config = json.loads(json.dumps(dict(config)))  # as it reads back from a manifest
+        self.layout = plan_layout(plan) if plan is not None else {}
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        run = [uuid.uuid4().hex]
+        dist.broadcast_object_list(run, src=0)
+        self.run_id: str = run[0]
+
+    def save(
+        self,
+        step: int,
+        model: DistributedModelParallel,
+        unfused_optimizer: torch.optim.Optimizer,
+        position: Mapping[str, Any],
+    ) -> Path:
+        """Write this rank's shards at ``step``; once every rank has, drop the older checkpoints.
+        ``position`` says where to resume (a router's ``state_dict``, counters); returns the folder."""
+        foreign = sorted({m.get("run") for m in map(self._manifest, self._steps())} - {self.run_id})
+        errors: list = [None] * self.world_size
+        dist.all_gather_object(errors, bool(foreign))
+        if any(errors):
+            raise CheckpointError(
+                f"{self.directory} holds checkpoints of another run: resume from them, or checkpoint into "
+                "an empty directory"
+            )
+        folder = self._folder(step)
+        folder.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        torch.save(
+            {
+                "model": _local(model.state_dict()),
+                "fused_optimizer": _local(model.fused_optimizer.state_dict()),
+                "unfused_optimizer": unfused_optimizer.state_dict(),
+                "position": dict(position),
+            },
+            buffer,
+        )
+        data = buffer.getvalue()
+        manifest = {
+            "format": FORMAT,
+            "step": step,
+            "run": self.run_id,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "bytes": len(data),
+            "config": self.config,
+            "plan": self.layout,
+        }
+        _write_atomically(folder / f"rank{self.rank}.pt", data)
+        _write_atomically(folder / f"rank{self.rank}.json", json.dumps(manifest, indent=1).encode())
+        dist.barrier()  # every rank holds the new checkpoint: the older ones may go
+        for older in self._steps():
+            if older < step:
+                self._remove(older)
+        return folder
+
+    def load(self, model: DistributedModelParallel, unfused_optimizer: torch.optim.Optimizer) -> dict:
+        """Restore the newest checkpoint every rank holds; return its position.
+
+        Raises ``CheckpointError`` naming the file, rank or option when there is none, a file is
+        damaged, or the checkpoint is of another run, world size, configuration or plan.
+        """
+        mine = {step: self._manifest(step) for step in self._steps()}
+        everyone: list = [None] * self.world_size
+        dist.all_gather_object(everyone, mine)
+        step = self._common_step(everyone)
+        manifests = [held[step] for held in everyone]
+        self._check(manifests, step)
+        error, state = None, None
+        try:
+            state = self._read(step, manifests[self.rank])
+        except CheckpointError as failure:
+            error = str(failure)
+        errors: list = [None] * self.world_size
+        dist.all_gather_object(errors, error)
+        failed = [e for e in errors if e]
+        if failed:
+            raise CheckpointError(failed[0])
+        with torch.no_grad():
+            where = str(self._folder(step) / f"rank{self.rank}.pt")
+            _restore(model.state_dict(), state["model"], where)
+            fused = model.fused_optimizer.state_dict()
+            _restore(fused, state["fused_optimizer"], where)
+            model.fused_optimizer.load_state_dict(fused)
+        unfused_optimizer.load_state_dict(state["unfused_optimizer"])
+        self.run_id = manifests[0]["run"]  # later saves continue that run
+        return state["position"]
+
+    def _folder(self, step: int) -> Path:
+        return self.directory / f"step-{step:09d}"
+
+    def _steps(self) -> list[int]:
+        """Steps this rank has a manifest for, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        steps = []
+        for folder in self.directory.glob("step-*"):
+            suffix = folder.name.removeprefix("step-")
+            if suffix.isdigit() and (folder / f"rank{self.rank}.json").is_file():
+                steps.append(int(suffix))
+        return sorted(steps)
+
+    def _manifest(self, step: int) -> dict:
+        path = self._folder(step) / f"rank{self.rank}.json"
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            return {"damaged": f"{path}: damaged manifest ({error})"}
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            return {"damaged": f"{path}: not a manifest of format {FORMAT}"}
+        return manifest
+
+    def _common_step(self, everyone: list[dict]) -> int:
+        """The newest step every rank holds (falling back, with a warning, past a save that not every
+        rank finished)."""
+        if not any(everyone):
+            raise CheckpointError(f"{self.directory}: no checkpoint to resume from")
+        newest = max(max(held) for held in everyone if held)
+        writer = next(held[newest] for held in everyone if newest in held)
+        if "damaged" not in writer and writer["world_size"] != self.world_size:
+            raise CheckpointError(
+                f"{self._folder(newest)}: written by {writer['world_size']} rank(s), this run has "
+                f"{self.world_size}; resume with {writer['world_size']} rank(s) (the shards follow the plan "
+                "of that world size)"
+            )
+        common = set.intersection(*(set(held) for held in everyone))
+        if not common:
+            held = "; ".join(f"rank {r}: {sorted(h) or 'none'}" for r, h in enumerate(everyone))
+            raise CheckpointError(f"{self.directory}: no step is checkpointed on every rank ({held})")
+        step = max(common)
+        if step < newest:
+            logger.warning(
+                "%s: step %d was not saved by every rank (a save was interrupted); resuming from step %d",
+                self.directory, newest, step,
+            )  # fmt: skip
+        return step
+
+    def _check(self, manifests: list[dict], step: int) -> None:
+        """Refuse manifests that are damaged, of another run, world size, configuration or plan."""
+        folder = self._folder(step)
+        for rank, manifest in enumerate(manifests):
+            if "damaged" in manifest:
+                raise CheckpointError(manifest["damaged"])
+            if manifest["rank"] != rank or manifest["world_size"] != self.world_size:
+                raise CheckpointError(
+                    f"{folder}/rank{rank}.json: written by rank {manifest['rank']} of "
+                    f"{manifest['world_size']}, this is rank {rank} of {self.world_size}"
+                )
+        runs = {m["run"] for m in manifests}
+        if len(runs) > 1:
+            raise CheckpointError(f"{folder}: the ranks' files come from {len(runs)} different runs")
+        saved = manifests[0]["config"]
+        for key in sorted(set(saved) | set(self.config)):
+            if saved.get(key) != self.config.get(key):
+                raise CheckpointError(
+                    f"{key}: the checkpoint in {folder} was written with {saved.get(key)!r}, this run "
+                    f"has {self.config.get(key)!r}; resume with the same value or use another checkpoint "
+                    "directory"
+                )
+        saved_layout = manifests[0]["plan"]
+        for name in sorted(set(saved_layout) | set(self.layout)):
+            if saved_layout.get(name) != self.layout.get(name):
+                raise CheckpointError(
+                    f"{folder}: {name} was sharded as {saved_layout.get(name)!r}, this run's plan has "
+                    f"{self.layout.get(name)!r}"
+                )
+
+    def _read(self, step: int, manifest: dict) -> dict:
+        """This rank's state at ``step``, checked against its manifest's size and checksum."""
+        path = self._folder(step) / f"rank{self.rank}.pt"
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            raise CheckpointError(f"{path}: cannot be read ({error})") from error
+        if len(data) != manifest["bytes"]:
+            raise CheckpointError(
+                f"{path}: damaged (truncated or overwritten): {len(data)} bytes, {manifest['bytes']} saved"
+            )
+        if hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+            raise CheckpointError(f"{path}: damaged: its SHA-256 differs from the one saved with it")
+        try:
+            return torch.load(io.BytesIO(data), weights_only=False)
+        except Exception as error:  # whatever torch raises, the file is unusable
+            raise CheckpointError(f"{path}: damaged, it does not load ({error})") from error
+
+    def _remove(self, step: int) -> None:
+        """Delete this rank's files of ``step`` (and the folder once no rank has files in it)."""
+        folder = self._folder(step)
+        for suffix in ("json", "pt"):  # the manifest first: a file without one is never resumed
+            (folder / f"rank{self.rank}.{suffix}").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # other ranks' files are still there, or it is gone
+            folder.rmdir()
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    temporary.replace(path)
 
 
 def _local(value: Any) -> Any:
@@ -75,7 +287,7 @@ def _restore(current: Any, saved: Any, where: str, name: str = "") -> None:
     if isinstance(current, ShardedTensor):
         shards = current.local_shards()
         if len(shards) != len(saved):
-            raise ValueError(f"{where}: {name} has {len(saved)} saved shards, the model {len(shards)}")
+            raise CheckpointError(f"{where}: {name} has {len(saved)} saved shards, the model {len(shards)}")
         for shard, tensor in zip(shards, saved, strict=True):
             shard.tensor.copy_(tensor)
     elif isinstance(current, torch.Tensor):
@@ -83,7 +295,7 @@ def _restore(current: Any, saved: Any, where: str, name: str = "") -> None:
     elif isinstance(current, dict):
         missing = sorted(set(current) - set(saved), key=str)
         if missing:
-            raise ValueError(f"{where}: no saved state for {name}{missing[0]}")
+            raise CheckpointError(f"{where}: no saved state for {name}{missing[0]}")
         for key, item in current.items():
             _restore(item, saved[key], where, f"{name}{key}.")
     elif isinstance(current, list | tuple):

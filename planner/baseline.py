@@ -31,6 +31,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from fae_torchrec import AccessStats
 from planner.cache_sizing import LOAD_FACTOR_RANGE
 from planner.constraints import CUDA_COLD_SHARDING_TYPES, cold_cache_statistics, ids_per_input
+from planner.enumerator import OrderedEnumerator
 from planner.report import RankTotals
 
 
@@ -85,6 +86,7 @@ def scaleup_planner(topology: Topology, stats: AccessStats, batch_size: int) -> 
         topology=topology,
         batch_size=batch_size,
         constraints=constraints,
+        enumerator=OrderedEnumerator(topology, batch_size, constraints),
         proposer=proposer or None,
         stats=[],
         debug=False,
@@ -98,7 +100,12 @@ def hbm_planner(
     kernels = [EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.value]
     constraints = {config.name: ParameterConstraints(compute_kernels=kernels) for config in tables}
     return EmbeddingShardingPlanner(
-        topology=topology, batch_size=batch_size, constraints=constraints, stats=[], debug=False
+        topology=topology,
+        batch_size=batch_size,
+        constraints=constraints,
+        enumerator=OrderedEnumerator(topology, batch_size, constraints),
+        stats=[],
+        debug=False,
     )
 
 

@@ -1,4 +1,8 @@
-"""Resume mid-epoch: N steps straight equal k steps, checkpoint, a fresh model, resume, N - k steps."""
+"""Checkpoints: resume equals training straight through; every kind of bad checkpoint is refused or,
+for a save that not every rank finished, falls back to the last complete one."""
+
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +14,7 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.models.dlrm import DLRM, DLRMTrain
 
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, load_full_state_dict
-from fae_torchrec.checkpoint import load_checkpoint, save_checkpoint
+from fae_torchrec.checkpoint import CheckpointError, Checkpoints
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
 from fae_torchrec.optimizers import EmbeddingOptimizer, unfused_optimizer
@@ -22,55 +26,64 @@ from planner import FAEShardingPlanner
 from tests.distributed import run_on_ranks
 
 STEPS, SAVE_AT = 16, 7
+CONFIG = {"--batch-size": 32, "--optimizer": "rowwise_adagrad"}
 
 
-def _resume_matches(rank: int, world_size: int, directory: str) -> None:
-    data = SyntheticCriteo(STEPS * 32 * world_size + 500, batch_size=4096, scale=0.0005, seed=6)
-    tables = data.table_configs(8)
-    stats = AccessProfiler(tables, 0.3, seed=0, holdout_size=500).profile(data)
-    hot_set = stats.hot_set(32 << 10)
-    topology = Topology(world_size=world_size, compute_device="cpu")
-    partition = HotColdPartition.of(data.blocks(), hot_set, DEFAULT_CAT_NAMES)
-    router = BatchRouter(partition, 32, world_size, rank, seed=2)
+class _Run:
+    """An FAE DLRM on DMP, its router and its checkpoints, built alike on every rank."""
 
-    def fresh(seed: int):
+    def __init__(self, rank: int, world_size: int) -> None:
+        data = SyntheticCriteo(STEPS * 32 * world_size + 500, batch_size=4096, scale=0.0005, seed=6)
+        self.tables = data.table_configs(8)
+        self.stats = AccessProfiler(self.tables, 0.3, seed=0, holdout_size=500).profile(data)
+        self.hot_set = self.stats.hot_set(32 << 10)
+        self.topology = Topology(world_size=world_size, compute_device="cpu")
+        partition = HotColdPartition.of(data.blocks(), self.hot_set, DEFAULT_CAT_NAMES)
+        self.router = BatchRouter(partition, 32, world_size, rank, seed=2)
+
+    def fresh(self, seed: int):
         torch.manual_seed(seed)
-        split = FAEEmbeddingBagCollection(tables, hot_set)
+        split = FAEEmbeddingBagCollection(self.tables, self.hot_set)
         model = DLRMTrain(DLRM(split, 13, [16, 8], [8, 1]))
         embedding = EmbeddingOptimizer(torchrec.optim.RowWiseAdagrad, {"lr": 0.05})
         embedding.apply(split)
         full = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        planner = FAEShardingPlanner(topology, stats, batch_size=32, hot_budget_bytes=32 << 10)
-        plan = planner.collective_plan(model, get_default_sharders(), dist.GroupMember.WORLD)
+        planner = FAEShardingPlanner(self.topology, self.stats, batch_size=32, hot_budget_bytes=32 << 10)
+        self.plan = planner.collective_plan(model, get_default_sharders(), dist.GroupMember.WORLD)
         dmp = DistributedModelParallel(
-            model, device=torch.device("cpu"), plan=plan, sharders=get_default_sharders()
+            model, device=torch.device("cpu"), plan=self.plan, sharders=get_default_sharders()
         )
         load_full_state_dict(dmp, full)
         dense = unfused_optimizer(dmp, embedding, lambda params: torch.optim.Adagrad(params, lr=0.05))
         return dmp, dense
 
-    def run(dmp, dense, start, stop):
-        for routed in router.epoch(0, start_step=start):
+    def train(self, dmp, dense, start: int, stop: int) -> None:
+        for routed in self.router.epoch(0, start_step=start):
             if routed.step >= stop:
                 break
             train_step(dmp, routed.batch, dense, hot=routed.hot)
 
-    straight, straight_dense = fresh(0)
-    run(straight, straight_dense, 0, STEPS)
-    expected = gather_full_state_dict(straight)
 
-    first, first_dense = fresh(0)
-    run(first, first_dense, 0, SAVE_AT)
-    save_checkpoint(directory, first, first_dense, {"epoch": 0, "step": SAVE_AT}, rank)
-    dist.barrier()
-    resumed, resumed_dense = fresh(123)  # other initial weights: everything must come from the checkpoint
-    position = load_checkpoint(directory, resumed, resumed_dense, rank)
-    assert position == {"epoch": 0, "step": SAVE_AT}
-    run(resumed, resumed_dense, position["step"], STEPS)
-    actual = gather_full_state_dict(resumed)
+def _assert_same_state(actual: dict, expected: dict) -> None:
     assert actual.keys() == expected.keys()
     for name, value in expected.items():
         torch.testing.assert_close(actual[name], value, rtol=0, atol=1e-6)
+
+
+def _resume_matches(rank: int, world_size: int, directory: str) -> None:
+    run = _Run(rank, world_size)
+    straight, straight_dense = run.fresh(0)
+    run.train(straight, straight_dense, 0, STEPS)
+    expected = gather_full_state_dict(straight)
+
+    first, first_dense = run.fresh(0)
+    run.train(first, first_dense, 0, SAVE_AT)
+    Checkpoints(directory, CONFIG, run.plan).save(SAVE_AT, first, first_dense, {"step": SAVE_AT})
+    resumed, resumed_dense = run.fresh(123)  # other initial weights: everything must come from the checkpoint
+    position = Checkpoints(directory, CONFIG, run.plan).load(resumed, resumed_dense)
+    assert position == {"step": SAVE_AT}
+    run.train(resumed, resumed_dense, position["step"], STEPS)
+    _assert_same_state(gather_full_state_dict(resumed), expected)
 
 
 @pytest.mark.slow
@@ -79,6 +92,120 @@ def test_resume_equals_training_straight_through(tmp_path, world_size):
     run_on_ranks(_resume_matches, world_size, tmp_path, str(tmp_path / "checkpoint"))
 
 
+def _on_rank_zero(rank: int, action) -> None:
+    """Change the files on rank 0 only, then let every rank go on."""
+    if rank == 0:
+        action()
+    dist.barrier()
+
+
+def _refused(checkpoints: Checkpoints, model, dense, match: str) -> None:
+    with pytest.raises(CheckpointError, match=match):
+        checkpoints.load(model, dense)
+
+
+def _damage_and_fallback(rank: int, world_size: int, directory: str) -> None:
+    run = _Run(rank, world_size)
+    model, dense = run.fresh(0)
+    root = Path(directory)
+    checkpoints = Checkpoints(root, CONFIG, run.plan)
+    run.train(model, dense, 0, 3)
+    checkpoints.save(3, model, dense, {"step": 3})
+    run.train(model, dense, 3, 5)
+    at_five = gather_full_state_dict(model)
+    checkpoints.save(5, model, dense, {"step": 5})
+    dist.barrier()  # every rank has removed its older files
+    assert sorted(p.name for p in root.iterdir()) == ["step-000000005"]  # the older one went
+    _on_rank_zero(rank, lambda: shutil.copytree(root / "step-000000005", root.parent / "backup"))
+
+    # a crash between two ranks' saves: rank 1 never wrote step 8, so step 5 is kept everywhere
+    run.train(model, dense, 5, 8)
+    checkpoints.save(8, model, dense, {"step": 8})
+    dist.barrier()
+    _on_rank_zero(rank, lambda: shutil.copytree(root.parent / "backup", root / "step-000000005"))
+    (root / "step-000000008" / "rank1.json").unlink(missing_ok=True)
+    (root / "step-000000008" / "rank1.pt").unlink(missing_ok=True)
+    dist.barrier()
+    resumed, resumed_dense = run.fresh(1)
+    if world_size > 1:
+        assert Checkpoints(root, CONFIG, run.plan).load(resumed, resumed_dense) == {"step": 5}
+        _assert_same_state(gather_full_state_dict(resumed), at_five)
+    else:
+        assert Checkpoints(root, CONFIG, run.plan).load(resumed, resumed_dense) == {"step": 8}
+    _on_rank_zero(rank, lambda: shutil.rmtree(root / "step-000000008"))
+
+    # another configuration or plan is refused, naming the option or the parameter
+    _refused(
+        Checkpoints(root, {**CONFIG, "--batch-size": 64}, run.plan), resumed, resumed_dense, "--batch-size"
+    )
+    _refused(Checkpoints(root, {"--batch-size": 32}, run.plan), resumed, resumed_dense, "--optimizer")
+    _refused(Checkpoints(root, CONFIG, None), resumed, resumed_dense, "was sharded as")
+
+    # damaged files: 4 KiB overwritten in the middle, truncated, zero bytes, a damaged manifest
+    saved = root / "step-000000005" / "rank0.pt"
+    good = saved.read_bytes()
+
+    def overwrite_middle():
+        with open(saved, "r+b") as file:
+            file.seek(len(good) // 2)
+            file.write(b"\x5a" * 4096)
+
+    for damage, match in (
+        (overwrite_middle, "rank0.pt: damaged: its SHA-256 differs"),
+        (lambda: saved.write_bytes(good[: len(good) // 3]), "rank0.pt: damaged .truncated"),
+        (lambda: saved.write_bytes(b""), "rank0.pt: damaged .truncated"),
+        (lambda: saved.with_suffix(".json").write_text('{"format": 1, "st'), "rank0.json: damaged manifest"),
+    ):
+        manifest = saved.with_suffix(".json").read_text()
+        _on_rank_zero(rank, damage)
+        _refused(Checkpoints(root, CONFIG, run.plan), resumed, resumed_dense, match)
+        _on_rank_zero(
+            rank, lambda m=manifest: (saved.write_bytes(good), saved.with_suffix(".json").write_text(m))
+        )
+
+    # a new run does not write over another run's checkpoints; resuming the run continues it
+    with pytest.raises(CheckpointError, match="holds checkpoints of another run"):
+        Checkpoints(root, CONFIG, run.plan).save(9, resumed, resumed_dense, {"step": 9})
+    continued = Checkpoints(root, CONFIG, run.plan)
+    continued.load(resumed, resumed_dense)
+    continued.save(9, resumed, resumed_dense, {"step": 9})
+    dist.barrier()
+    assert sorted(p.name for p in root.iterdir()) == ["step-000000009"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_damaged_foreign_and_half_written_checkpoints(tmp_path, world_size):
+    run_on_ranks(_damage_and_fallback, world_size, tmp_path, str(tmp_path / "checkpoint"))
+
+
+def _save(rank: int, world_size: int, directory: str) -> None:
+    run = _Run(rank, world_size)
+    model, dense = run.fresh(0)
+    Checkpoints(directory, CONFIG, run.plan).save(0, model, dense, {"step": 0})
+
+
+def _load_refused(rank: int, world_size: int, directory: str, match: str) -> None:
+    run = _Run(rank, world_size)
+    model, dense = run.fresh(0)
+    _refused(Checkpoints(directory, CONFIG, run.plan), model, dense, match)
+
+
+@pytest.mark.slow
+def test_another_world_size_is_refused(tmp_path):
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    for group in "abcd":
+        (tmp_path / group).mkdir()
+    run_on_ranks(_save, 1, tmp_path / "a", one)
+    run_on_ranks(_save, 2, tmp_path / "b", two)
+    run_on_ranks(_load_refused, 2, tmp_path / "c", one, "written by 1 rank.s., this run has 2")
+    run_on_ranks(_load_refused, 1, tmp_path / "d", two, "written by 2 rank.s., this run has 1")
+
+
+def _nothing_to_resume(rank: int, world_size: int, directory: str) -> None:
+    with pytest.raises(CheckpointError, match="no checkpoint to resume from"):
+        Checkpoints(directory, CONFIG).load(None, None)
+
+
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no checkpoint for rank 0"):
-        load_checkpoint(tmp_path, None, None, 0)
+    run_on_ranks(_nothing_to_resume, 1, tmp_path, str(tmp_path / "empty"))
