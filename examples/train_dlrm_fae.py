@@ -39,13 +39,12 @@ import torch
 import torch.distributed as dist
 import torchrec
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.planner.types import PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ShardingPlan, ShardingPlanner
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
-from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from tqdm import tqdm
 
 from fae_torchrec import (
@@ -56,11 +55,20 @@ from fae_torchrec import (
     load_full_state_dict,
     parse_bytes,
 )
-from fae_torchrec.checkpoint import load_checkpoint, save_checkpoint
+from fae_torchrec.arguments import (
+    byte_size,
+    fraction,
+    int_at_least,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from fae_torchrec.checkpoint import Checkpoints
 from fae_torchrec.data import SampleBlock, rebatch
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES, CriteoSource
 from fae_torchrec.data.sources import add_data_arguments, open_source
 from fae_torchrec.evaluation import evaluate
+from fae_torchrec.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.partition import HotColdPartition
 from fae_torchrec.router import BatchRouter
 from fae_torchrec.schedule import ORDERS
@@ -70,7 +78,7 @@ from planner.baseline import default_planner, hbm_planner, scaleup_planner
 
 logger = logging.getLogger("train_dlrm_fae")
 
-#: Inputs per block when the data is streamed (the unit of the validation hold-out).
+#: Inputs per block when the data is streamed.
 BLOCK = 4096
 #: The baselines ``--baseline`` names, each planned by its ``planner.baseline`` planner.
 BASELINES = ("torchrec", "scaleup", "hbm")
@@ -94,28 +102,57 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the default), with scaled-up UVM caches (scaleup) or all tables in device memory (hbm)",
     )
     parser.add_argument(
-        "--hbm-cap", help="device memory per GPU the planners may use (FAE, torchrec, scaleup; CUDA only)"
+        "--hbm-cap",
+        type=byte_size,
+        help="device memory per GPU the planners may use (FAE, torchrec, scaleup; CUDA only)",
     )
-    parser.add_argument("--dim", type=int, default=16, help="embedding dimension")
-    parser.add_argument("--batch-size", type=int, default=512, help="per-rank batch size")
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--sample", type=float, default=0.05, help="profiled fraction of inputs")
-    parser.add_argument("--budget", default="256KiB", help="hot-row budget (FAE)")
+    parser.add_argument("--dim", type=positive_int, default=16, help="embedding dimension")
+    parser.add_argument("--batch-size", type=positive_int, default=512, help="per-rank batch size")
+    parser.add_argument("--epochs", type=positive_int, default=1)
+    parser.add_argument("--sample", type=fraction, default=0.05, help="profiled fraction of inputs")
+    parser.add_argument("--budget", type=byte_size, default="256KiB", help="hot-row budget (FAE)")
     parser.add_argument("--order", choices=ORDERS, default="shuffled", help="hot/cold step order")
     parser.add_argument("--optimizer", choices=sorted(EMBEDDING_OPTIMIZERS), default="rowwise_adagrad")
-    parser.add_argument("--lr", type=float, default=0.05, help="embedding learning rate")
-    parser.add_argument("--dense-lr", type=float, default=0.05, help="dense (Adagrad) learning rate")
+    parser.add_argument("--lr", type=positive_float, default=0.05, help="embedding learning rate")
+    parser.add_argument("--dense-lr", type=positive_float, default=0.05, help="dense (Adagrad) learning rate")
     parser.add_argument(
-        "--val-every", type=int, default=10, help=f"hold out every N-th block of {BLOCK} inputs"
+        "--val-every",
+        type=int_at_least(2, " (1 would hold out every input, leaving none to train on)"),
+        default=10,
+        help="hold out every N-th input (N >= 2) for validation",
     )
     parser.add_argument(
-        "--eval-every", type=int, default=0, help="steps between evaluations (0: at each epoch's end)"
+        "--eval-every",
+        type=non_negative_int,
+        default=0,
+        help="steps between evaluations (0: at each epoch's end)",
     )
     parser.add_argument("--out", default="runs/train", help="metrics.json and curves.png go here")
     parser.add_argument("--checkpoint-dir", help="write a checkpoint here every --checkpoint-every steps")
-    parser.add_argument("--checkpoint-every", type=int, default=0)
+    parser.add_argument("--checkpoint-every", type=non_negative_int, default=0)
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    problem = _invalid_combination(args)
+    if problem:
+        parser.error(problem)
+    return args
+
+
+def _invalid_combination(args: argparse.Namespace) -> str | None:
+    """What is wrong with options that are fine one by one (directories that are files, ``--resume``
+    without a checkpoint), or None."""
+    if args.resume and not args.checkpoint_dir:
+        return "--resume needs --checkpoint-dir"
+    for option, directory in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir)):
+        if directory is None:
+            continue
+        path = Path(directory).absolute()
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir():
+            return f"{option} {directory}: {existing} is a file, not a directory"
+    if args.checkpoint_dir and not args.checkpoint_every and not args.resume:
+        return "--checkpoint-dir needs --checkpoint-every N (steps between checkpoints)"
+    return None
 
 
 def init_distributed() -> tuple[int, int, torch.device]:
@@ -135,11 +172,16 @@ def init_distributed() -> tuple[int, int, torch.device]:
 
 
 def _blocks(source: CriteoSource, validation: bool, every: int) -> Iterator[SampleBlock]:
-    """The training (or validation) blocks of ``source``: every ``every``-th block of ``BLOCK``
-    inputs is held out for validation."""
-    for index, block in enumerate(rebatch(source.raw_blocks(), BLOCK)):
-        if (index % every == every - 1) == validation:
-            yield block
+    """The training (or validation) inputs of ``source`` in blocks of at most ``BLOCK``: input ``i``
+    (counted from 0) is held out for validation when ``i % every == every - 1``, so any data of at
+    least ``every`` inputs has both."""
+    start = 0
+    for block in rebatch(source.raw_blocks(), BLOCK):
+        held_out = (start + np.arange(len(block))) % every == every - 1
+        start += len(block)
+        chosen = block.select(held_out if validation else ~held_out)
+        if len(chosen):
+            yield chosen
 
 
 def prepare_data(
@@ -147,28 +189,50 @@ def prepare_data(
 ) -> tuple[list[EmbeddingBagConfig], AccessStats, SampleBlock, HotColdPartition]:
     """Rank 0 streams the data: it profiles the training blocks and writes their hot/cold partition
     to ``--out`` (FAE's offline step; the baseline's partition is all cold). Every rank then gets the
-    statistics and the validation set, and memory-maps the partition, reading only its own batches."""
-    source, _ = open_source(args, batch_size=BLOCK)
+    statistics and the validation set, and memory-maps the partition, reading only its own batches.
+    Unlabelled data is refused; a problem found on rank 0 is raised on every rank."""
+    source, _ = open_source(args, batch_size=BLOCK, require_labels=True)
     tables = source.table_configs(args.dim)
     directory = Path(args.out) / f"partition-{'baseline' if args.baseline else 'fae'}"
-    shared: list = [None, None]
+    shared: list = [None, None, None]
     if rank == 0:
-        training = (block.to_batch(DEFAULT_CAT_NAMES) for block in _blocks(source, False, args.val_every))
-        stats = AccessProfiler(tables, args.sample, seed=args.seed).profile(training)
-        held_out = list(_blocks(source, True, args.val_every))
-        if not held_out:
-            raise ValueError(f"no validation inputs: fewer than {args.val_every} blocks of {BLOCK} inputs")
-        hot_set = (
-            HotSet(tuple(tables), tuple(np.empty(0, dtype=np.int64) for _ in tables))
-            if args.baseline
-            else stats.hot_set(parse_bytes(args.budget))
-        )
-        HotColdPartition.write(_blocks(source, False, args.val_every), hot_set, DEFAULT_CAT_NAMES, directory)
-        stats.save(Path(args.out) / "stats.npz")
-        shared = [stats, SampleBlock.concat(held_out)]
+        try:
+            shared = [*_profile_and_partition(args, source, tables, directory), None]
+        except ValueError as error:
+            shared = [None, None, str(error)]
     dist.broadcast_object_list(shared, src=0)
-    stats, validation = shared
+    stats, validation, problem = shared
+    if problem is not None:
+        raise ValueError(problem)
     return tables, stats, validation, HotColdPartition.open(directory)
+
+
+def _profile_and_partition(
+    args: argparse.Namespace, source: CriteoSource, tables: list[EmbeddingBagConfig], directory: Path
+) -> tuple[AccessStats, SampleBlock]:
+    """Rank 0's part of :func:`prepare_data`: the statistics and the validation set; the partition
+    is written to ``directory``."""
+    data = " ".join(args.data)
+    profiler = AccessProfiler(tables, args.sample, seed=args.seed)
+    for block in tqdm(_blocks(source, False, args.val_every), desc="profiling", unit="block", leave=False):
+        profiler.update(block.to_batch(DEFAULT_CAT_NAMES))
+    if profiler.num_inputs == 0:
+        raise ValueError(f"no training input: --data {data} has no inputs")
+    held_out = list(_blocks(source, True, args.val_every))
+    if not held_out:
+        raise ValueError(
+            f"no validation input: --data {data} has {profiler.num_inputs} inputs, fewer than "
+            f"--val-every {args.val_every} (one input in every {args.val_every} is held out for validation)"
+        )
+    stats = profiler.stats()
+    hot_set = (
+        HotSet(tuple(tables), tuple(np.empty(0, dtype=np.int64) for _ in tables))
+        if args.baseline
+        else stats.hot_set(parse_bytes(args.budget))
+    )
+    HotColdPartition.write(_blocks(source, False, args.val_every), hot_set, DEFAULT_CAT_NAMES, directory)
+    stats.save(Path(args.out) / "stats.npz")
+    return stats, SampleBlock.concat(held_out)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -207,15 +271,17 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
             over_arch_layer_sizes=[64, 32, 1],
         )
     )
-    apply_optimizer_in_backward(EMBEDDING_OPTIMIZERS[args.optimizer], sparse.parameters(), {"lr": args.lr})
+    embedding_optimizer = EmbeddingOptimizer(EMBEDDING_OPTIMIZERS[args.optimizer], {"lr": args.lr})
+    embedding_optimizer.apply(sparse)
     full = {name: value.detach().clone() for name, value in model.state_dict().items()}
     sharders = get_default_sharders()
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     logger.info("%s: plan kernels %s", mode, dict(_kernels(plan)))
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
     load_full_state_dict(dmp, full)  # the same initial weights on every rank
-    dense = torch.optim.Adagrad(
-        [p for name, p in dmp.named_parameters() if "embedding_bag" not in name], lr=args.dense_lr
+    # data-parallel tables by the embedding optimizer's dense form, the dense layers by Adagrad
+    dense = unfused_optimizer(
+        dmp, embedding_optimizer, lambda params: torch.optim.Adagrad(params, lr=args.dense_lr)
     )
     router = BatchRouter(partition, args.batch_size, world, rank, order=args.order, seed=args.seed)
     validation_batches = _validation_batches(validation, args.batch_size, world, rank)
@@ -231,10 +297,11 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     }
     history, counts = progress["history"], progress["counts"]
     first_epoch, first_step = 0, 0
+    checkpoints = (
+        Checkpoints(args.checkpoint_dir, _resume_config(args), plan) if args.checkpoint_dir else None
+    )
     if args.resume:
-        if not args.checkpoint_dir:
-            raise ValueError("--resume needs --checkpoint-dir")
-        position = load_checkpoint(args.checkpoint_dir, dmp, dense, rank)
+        position = checkpoints.load(dmp, dense)
         router.load_state_dict(position["router"])
         progress = position["progress"]
         history, counts = progress["history"], progress["counts"]
@@ -274,7 +341,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
             if args.checkpoint_dir and args.checkpoint_every and step_index % args.checkpoint_every == 0:
                 progress["step"] = step_index
                 position = {"router": router.state_dict(), "progress": progress}
-                save_checkpoint(args.checkpoint_dir, dmp, dense, position, rank)
+                checkpoints.save(step_index, dmp, dense, position)
         bar.close()
         if not history["eval_step"] or history["eval_step"][-1] != step_index:
             result = evaluate(dmp, (b.to(device) for b in validation_batches))
@@ -305,6 +372,13 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     if rank == 0:
         _write(metrics, Path(args.out))
     return metrics
+
+
+def _resume_config(args: argparse.Namespace) -> dict:
+    """The options a resumed run must share with the run that saved, keyed as written on the command
+    line (every option but these: how long to train, how often to evaluate and save, where to write)."""
+    free = {"epochs", "eval_every", "out", "checkpoint_dir", "checkpoint_every", "resume"}
+    return {f"--{key.replace('_', '-')}": value for key, value in vars(args).items() if key not in free}
 
 
 def _planner(
@@ -386,6 +460,6 @@ def _write(metrics: dict, out: Path) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except ValueError as error:
+    except (ValueError, OSError, PlannerError) as error:
         logger.error("%s", error)
         raise SystemExit(2) from error

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -117,33 +119,115 @@ class AccessStats:
         """Read a ``.npz`` written by :meth:`save`.
 
         With ``tables``, raise ``ValueError`` unless the file describes exactly those tables (names,
-        rows, dims and features, in order); the stats are then tied to these config objects.
+        rows, dims and features, in order); the stats are then tied to these config objects. A file
+        that is not such a statistics file or is damaged (truncated, garbage, negative counts, no
+        sampled input, inconsistent shapes or holdout) is a ``ValueError`` naming it.
         """
-        with np.load(path) as data:
-            described = [
-                (name, rows, dim, tuple(features))
-                for name, rows, dim, features in json.loads(str(data["tables"]))
+        data = _read_npz(path)
+        described = _described_tables(path, data)
+        if tables is None:
+            tables = [
+                EmbeddingBagConfig(name=name, num_embeddings=rows, embedding_dim=dim, feature_names=list(f))
+                for name, rows, dim, f in described
             ]
-            if tables is None:
-                tables = [
-                    EmbeddingBagConfig(
-                        name=name, num_embeddings=rows, embedding_dim=dim, feature_names=list(f)
-                    )
-                    for name, rows, dim, f in described
-                ]
-            else:
-                _check_same_tables(path, described, TableLayout.of(tables).describe())
-            return cls(
-                tables=tuple(tables),
-                counts=tuple(data[f"counts_{i}"] for i in range(len(described))),
-                num_inputs=int(data["num_inputs"]),
-                num_sampled=int(data["num_sampled"]),
-                holdout=Holdout(
-                    rows=data["holdout_rows"],
-                    owners=data["holdout_owners"],
-                    num_inputs=int(data["holdout_inputs"]),
-                ),
+        else:
+            _check_same_tables(path, described, TableLayout.of(tables).describe())
+        num_inputs, num_sampled, held = (
+            _count(path, data, key) for key in ("num_inputs", "num_sampled", "holdout_inputs")
+        )
+        if not 0 < num_sampled <= num_inputs:
+            raise ValueError(f"{path}: damaged: {num_sampled} sampled of {num_inputs} inputs")
+        if held > num_inputs - num_sampled:
+            raise ValueError(
+                f"{path}: damaged: a holdout of {held} inputs, but {num_inputs - num_sampled} unsampled"
             )
+        counts = []
+        for i, (name, rows, _, _) in enumerate(described):
+            array = _integers(path, data, f"counts_{i}")
+            if array.shape != (rows,):
+                raise ValueError(
+                    f"{path}: damaged: table {name} has {rows} rows but counts of shape {array.shape}"
+                )
+            if len(array) and array.min() < 0:
+                raise ValueError(
+                    f"{path}: damaged: table {name} has negative counts (row {int(np.argmin(array))})"
+                )
+            counts.append(array)
+        rows, owners = _integers(path, data, "holdout_rows"), _integers(path, data, "holdout_owners")
+        total_rows = sum(r for _, r, _, _ in described)
+        if rows.shape != owners.shape:
+            raise ValueError(f"{path}: damaged: {len(rows)} holdout rows but {len(owners)} owners")
+        if len(rows) and not (
+            0 <= rows.min() and rows.max() < total_rows and 0 <= owners.min() and owners.max() < held
+        ):
+            raise ValueError(
+                f"{path}: damaged: holdout rows outside [0, {total_rows}) or owners outside [0, {held})"
+            )
+        return cls(
+            tables=tuple(tables),
+            counts=tuple(counts),
+            num_inputs=num_inputs,
+            num_sampled=num_sampled,
+            holdout=Holdout(rows=rows, owners=owners, num_inputs=held),
+        )
+
+
+def _read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every array of the npz file at ``path``; ``ValueError`` naming it when it cannot be read as one
+    (``FileNotFoundError`` when it does not exist)."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: is a directory, not a statistics file written by `fae-torchrec profile`")
+    try:
+        with open(path, "rb") as file:
+            if file.read(4) != b"PK\x03\x04":
+                raise ValueError("not an npz (zip) file")
+            file.seek(0)
+            with np.load(file, allow_pickle=False) as npz:
+                return {key: npz[key] for key in npz.files}
+    except FileNotFoundError:
+        raise
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error) as error:
+        raise ValueError(
+            f"{path}: not a statistics file written by `fae-torchrec profile`, or damaged: {error}"
+        ) from error
+
+
+def _array(path: str | os.PathLike, data: dict[str, np.ndarray], key: str) -> np.ndarray:
+    if key not in data:
+        raise ValueError(f"{path}: not a statistics file written by `fae-torchrec profile`: no {key!r}")
+    return data[key]
+
+
+def _integers(path: str | os.PathLike, data: dict[str, np.ndarray], key: str) -> np.ndarray:
+    """The 1-D integer array ``key``."""
+    array = _array(path, data, key)
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{path}: damaged: {key} is {array.dtype} of shape {array.shape}, not 1-D integers")
+    return array
+
+
+def _count(path: str | os.PathLike, data: dict[str, np.ndarray], key: str) -> int:
+    """The non-negative integer scalar ``key``."""
+    array = _array(path, data, key)
+    if array.shape != () or not np.issubdtype(array.dtype, np.integer) or array < 0:
+        raise ValueError(f"{path}: damaged: {key} is {array!r}, not a non-negative integer")
+    return int(array)
+
+
+def _described_tables(path: str | os.PathLike, data: dict[str, np.ndarray]) -> list[tuple]:
+    """The tables the file describes, as ``(name, rows, dim, features)``."""
+    text = str(_array(path, data, "tables"))
+    try:
+        described = [
+            (str(name), int(rows), int(dim), tuple(str(f) for f in features))
+            for name, rows, dim, features in json.loads(text)
+        ]
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{path}: damaged: unreadable table descriptions ({error})") from error
+    bad = [t for t in described if t[1] < 1 or t[2] < 1]
+    if bad:
+        raise ValueError(f"{path}: damaged: table {bad[0][0]} has {bad[0][1]} rows of dim {bad[0][2]}")
+    return described
 
 
 def _check_same_tables(path: str | os.PathLike, in_file: list, in_model: list) -> None:

@@ -16,7 +16,7 @@ from torchrec.distributed.planner.types import PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 
 from fae_torchrec.access_stats import AccessStats
-from fae_torchrec.data import criteo_table_configs, scaled_table_sizes
+from fae_torchrec.arguments import byte_size, fraction, non_negative_int, positive_int
 from fae_torchrec.data.sources import add_data_arguments, open_source
 from fae_torchrec.hot_set import HotSet
 from fae_torchrec.hot_share import estimate_hot_share, hot_share_curve
@@ -44,24 +44,28 @@ def _parser() -> argparse.ArgumentParser:
         help="count row accesses on a sample, choose the hot set, estimate the hot-input share",
     )
     add_data_arguments(profile, num_samples=2_000_000, scale=1.0)
-    profile.add_argument("--dim", type=int, default=16, help="embedding dimension")
-    profile.add_argument("--sample", type=float, default=0.05, help="fraction of inputs counted")
-    profile.add_argument("--sample-seed", type=int, default=0)
-    profile.add_argument("--holdout", type=int, default=100_000, help="inputs kept for estimates")
-    profile.add_argument("--budget", default="256MiB", help="hot-row budget, e.g. 256MiB")
+    profile.add_argument("--dim", type=positive_int, default=16, help="embedding dimension")
+    profile.add_argument("--sample", type=fraction, default=0.05, help="fraction of inputs counted")
+    profile.add_argument("--sample-seed", type=non_negative_int, default=0)
+    profile.add_argument(
+        "--holdout", type=non_negative_int, default=100_000, help="inputs kept for estimates"
+    )
+    profile.add_argument("--budget", type=byte_size, default="256MiB", help="hot-row budget, e.g. 256MiB")
     profile.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
-    profile.add_argument("--batch-size", type=int, default=8192)
+    profile.add_argument("--batch-size", type=positive_int, default=8192)
     profile.add_argument("--out", default="stats.npz", help="statistics file; PNGs go beside it")
     plan = commands.add_parser(
         "plan", help="dry-run FAE plan for a CUDA topology beside TorchRec's default plan"
     )
     plan.add_argument("--stats", required=True, help="statistics file written by `profile`")
-    plan.add_argument("--world-size", type=int, default=8)
-    plan.add_argument("--hbm-cap", default="16GiB", help="HBM per GPU")
-    plan.add_argument("--batch-size", type=int, default=2048, help="per-rank batch size")
-    plan.add_argument("--dim", type=int, help="embedding dimension (default: the stats file's)")
-    plan.add_argument("--budget", help="fix the hot-row budget instead of letting the knob choose")
-    plan.add_argument("--candidates", type=int, default=6, help="budgets the knob tries")
+    plan.add_argument("--world-size", type=positive_int, default=8)
+    plan.add_argument("--hbm-cap", type=byte_size, default="16GiB", help="HBM per GPU")
+    plan.add_argument("--batch-size", type=positive_int, default=2048, help="per-rank batch size")
+    plan.add_argument("--dim", type=positive_int, help="embedding dimension (default: the stats file's)")
+    plan.add_argument(
+        "--budget", type=byte_size, help="fix the hot-row budget instead of letting the knob choose"
+    )
+    plan.add_argument("--candidates", type=positive_int, default=6, help="budgets the knob tries")
     plan.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
     return parser
 
@@ -92,8 +96,9 @@ def _table_report(stats: AccessStats, hot_set: HotSet, optimizer: type | None) -
 def profile(args: argparse.Namespace) -> None:
     budget = parse_bytes(args.budget)
     optimizer = OPTIMIZERS[args.optimizer]
+    _check_out_file(args.out)
     data, total = open_source(args, args.batch_size)
-    tables = criteo_table_configs(scaled_table_sizes(args.scale), args.dim)
+    tables = data.table_configs(args.dim)
     profiler = AccessProfiler(tables, args.sample, args.sample_seed, args.holdout)
     stats = profiler.profile(data, total=total)
     out_dir = os.path.dirname(os.path.abspath(args.out))
@@ -121,6 +126,20 @@ def profile(args: argparse.Namespace) -> None:
     print(f"wrote {', '.join(written)}")
 
 
+def _check_out_file(out: str) -> None:
+    """Raise ``ValueError`` naming ``--out`` unless a file can be written there (checked before the
+    data is read)."""
+    if os.path.isdir(out):
+        raise ValueError(
+            f"--out {out}: is a directory; give a file path, e.g. {os.path.join(out, 'stats.npz')}"
+        )
+    parent = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"--out {out}: {parent} is a file, not a directory")
+
+
 def plan(args: argparse.Namespace) -> None:
     from planner import FAEShardingPlanner, torchrec_default_plan
 
@@ -129,14 +148,17 @@ def plan(args: argparse.Namespace) -> None:
         stats = stats.with_embedding_dim(args.dim)
     topology = Topology(world_size=args.world_size, compute_device="cuda", hbm_cap=parse_bytes(args.hbm_cap))
     start = time.perf_counter()
-    planner = FAEShardingPlanner(
-        topology,
-        stats,
-        batch_size=args.batch_size,
-        hot_budget_bytes=None if args.budget is None else parse_bytes(args.budget),
-        optimizer_class=OPTIMIZERS[args.optimizer],
-        num_candidates=args.candidates,
-    )
+    try:
+        planner = FAEShardingPlanner(
+            topology,
+            stats,
+            batch_size=args.batch_size,
+            hot_budget_bytes=None if args.budget is None else parse_bytes(args.budget),
+            optimizer_class=OPTIMIZERS[args.optimizer],
+            num_candidates=args.candidates,
+        )
+    except ValueError as error:
+        raise ValueError(f"--stats {args.stats}: {error}") from error
     planner.plan(planner.meta_module(planner.choose_hot_set()), get_default_sharders())
     seconds = time.perf_counter() - start
     _, default, kernels = torchrec_default_plan(stats.tables, topology, args.batch_size)
@@ -159,8 +181,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     try:
         {"profile": profile, "plan": plan}[args.command](args)
-    except (ValueError, FileNotFoundError, PlannerError) as error:
+    except (ValueError, OSError, PlannerError) as error:
         logger.error("%s", error)
+        sys.exit(2)
+    except MemoryError as error:
+        logger.error("out of memory: %s (tables too large for this machine? see --tables, --scale)", error)
         sys.exit(2)
 
 

@@ -16,6 +16,8 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+#: Largest byte size accepted: what an int64 holds.
+MAX_BYTES = 2**63 - 1
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
@@ -30,6 +32,8 @@ def parse_bytes(text: str | int | float) -> int:
         value, unit = float(match.group(1)), match.group(2).lower()
     if value < 0:
         raise ValueError(f"a byte size cannot be negative: {text!r}")
+    if not value * _UNITS[unit] < MAX_BYTES:  # also inf and nan
+        raise ValueError(f"byte size too large: {text!r} (at most {MAX_BYTES:,} bytes, 8 EiB)")
     return round(value * _UNITS[unit])
 
 

@@ -24,7 +24,6 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.planner import EmbeddingShardingPlanner
-from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
@@ -34,6 +33,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from fae_torchrec import AccessStats, FAEEmbeddingBagCollection, HotSet, estimate_hot_share, format_bytes
 from planner.cache_sizing import cache_load_factors
 from planner.constraints import cold_cache_statistics, fae_constraints
+from planner.enumerator import OrderedEnumerator
 from planner.report import FAEPlanReport
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,13 @@ class FAEShardingPlanner(ShardingPlanner):
     ) -> None:
         if hot_budget_bytes is not None and hot_budget_bytes < 0:
             raise ValueError(f"hot budget must be non-negative, got {hot_budget_bytes} bytes")
+        if not len(stats.holdout):
+            raise ValueError(
+                "the statistics have no holdout inputs (profiled with the sample fraction 1, --sample 1, or "
+                "no holdout, --holdout 0): the planner estimates the hot-input share and the cold parts' "
+                "traffic on inputs left out of the sample, since in-sample counts make every seen row hot; "
+                "profile with a sample fraction below 1 and a holdout"
+            )
         unknown = sorted(set(constraints or {}) - set(stats.layout.names))
         if unknown:
             raise ValueError(f"constraints for unknown tables {unknown} (tables: {stats.layout.names})")
@@ -160,6 +167,7 @@ class FAEShardingPlanner(ShardingPlanner):
                 topology=self.topology,
                 batch_size=self.batch_size,
                 constraints=constraints,
+                enumerator=OrderedEnumerator(self.topology, self.batch_size, constraints),
                 storage_reservation=HeuristicalStorageReservation(percentage=RESERVED_PERCENTAGE),
                 stats=[],
                 debug=False,
@@ -174,7 +182,7 @@ class FAEShardingPlanner(ShardingPlanner):
             raise PlannerError(
                 self._too_small_message(needed, float(memory.sum()), failure), failure.error_type
             ) from failure
-        share = estimate_hot_share(self.stats, hot_set).share if len(self.stats.holdout) else 0.0
+        share = estimate_hot_share(self.stats, hot_set).share
         budget = hot_set.hot_bytes(self.optimizer_class)
         report = FAEPlanReport.from_options(planner._best_plan, fae_path, world, budget, share, load_factors)
         return plan, report
@@ -192,17 +200,29 @@ class FAEShardingPlanner(ShardingPlanner):
         return load_factors
 
     def device_memory(self, module: nn.Module) -> np.ndarray:
-        """Per device, the memory TorchRec's storage reservation leaves for embeddings."""
-        reserved = HeuristicalStorageReservation(percentage=RESERVED_PERCENTAGE).reserve(
-            self.topology, self.batch_size, module, get_default_sharders()
-        )
+        """Per device, the memory TorchRec's storage reservation leaves for embeddings.
+
+        Raises ``PlannerError`` (``topology too small: ...``) when the reservation takes it all.
+        """
         kind = "hbm" if self.topology.compute_device == "cuda" else "ddr"
+        try:
+            reserved = HeuristicalStorageReservation(percentage=RESERVED_PERCENTAGE).reserve(
+                self.topology, self.batch_size, module, get_default_sharders()
+            )
+        except PlannerError as error:
+            cap = getattr(self.topology.devices[0].storage, kind)
+            raise PlannerError(
+                f"topology too small: TorchRec's reservations ({RESERVED_PERCENTAGE:.0%} of device memory, "
+                f"the dense modules and the inputs of a batch of {self.batch_size} per rank) take more "
+                f"than the {format_bytes(cap)} per device; nothing is left for embedding rows",
+                error.error_type,
+            ) from error
         return np.array([getattr(d.storage, kind) for d in reserved.devices], dtype=np.float64)
 
     def _smallest_storage(self, module: nn.Module, sharders: list, constraints: dict) -> float:
         """Device memory the plan needs at least: per table, its option using the least of it
         (TorchRec's own storage estimates), summed."""
-        enumerator = EmbeddingEnumerator(self.topology, self.batch_size, constraints)
+        enumerator = OrderedEnumerator(self.topology, self.batch_size, constraints)
         kind = "hbm" if self.topology.compute_device == "cuda" else "ddr"
         smallest: dict[str, float] = {}
         for option in enumerator.enumerate(module, sharders):

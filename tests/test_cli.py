@@ -37,18 +37,18 @@ def test_profile_real_criteo_tsv(tmp_path, capsys):
     [
         (["--budget=-1MiB"], "not a byte size: '-1MiB'"),
         (["--budget", "lots"], "not a byte size: 'lots'"),
-        (["--sample", "0"], "sample_fraction must be in"),
+        (["--sample", "0"], "argument --sample: must be in (0, 1], got 0"),
         (["--data", "criteo-tsv", "/nonexistent.txt"], "no such file: /nonexistent.txt"),
         (["--data", "criteo-tsv"], "criteo-tsv: needs a path"),
         (["--data", "synthetic", "x"], "synthetic: takes no path"),
         (["--data", "parquet", "x"], "unknown kind 'parquet'"),
     ],
 )
-def test_bad_arguments_are_reported(tmp_path, caplog, args, message):
+def test_bad_arguments_are_reported(tmp_path, caplog, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
         main(["profile", "--num-samples", "10", "--out", str(tmp_path / "s.npz"), *args])
     assert exit_info.value.code == 2
-    assert message in caplog.text
+    assert message in caplog.text + capsys.readouterr().err
 
 
 def test_empty_tsv_is_an_error(tmp_path, caplog):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fae_torchrec import AccessStats
+from tests.conftest import realdata
 from tests.distributed import run_launched
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
@@ -83,13 +84,52 @@ def test_resumed_run_ends_where_the_straight_run_ends(tmp_path):
     assert resumed["history"]["eval_step"] == straight["history"]["eval_step"]
     assert resumed["history"]["auc"] == straight["history"]["auc"], "the same evaluations, the same results"
     assert resumed["final_log_loss"] == straight["final_log_loss"]
-
-
-@pytest.mark.slow
-def test_too_little_data_for_a_validation_set_is_a_clear_error(tmp_path):
-    run = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--out", str(tmp_path), "--num-samples", "5000"],
+    other = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--out", str(tmp_path / "other"), *common, "--batch-size", "256",
+         "--checkpoint-dir", str(tmp_path / "ck"), "--resume"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
-    assert run.returncode != 0
-    assert "no validation inputs: fewer than 10 blocks of 4096 inputs" in run.stderr
+    assert other.returncode == 2, other.stderr[-2000:]
+    assert "--batch-size: the checkpoint in" in other.stderr and "written with 512" in other.stderr
+
+
+def test_statistics_without_holdout_are_refused_by_the_planner(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--out", str(tmp_path), "--num-samples", "3000", "--scale", "0.001",
+         "--sample", "1"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "the statistics have no holdout inputs" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_too_little_data_for_a_validation_set_is_a_clear_error(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--out", str(tmp_path), "--num-samples", "9", "--scale", "0.001"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "no validation input: --data synthetic has 9 inputs, fewer than --val-every 10" in run.stderr
+
+
+def test_a_real_1000_line_kaggle_head_trains(tmp_path):
+    head = tmp_path / "train_head1000.txt"
+    lines = realdata("criteo_kaggle_head10k/train_head10000.txt").read_bytes().split(b"\n")
+    head.write_bytes(b"\n".join(lines[:1000]) + b"\n")
+    metrics = _run(tmp_path, "--data", "criteo-tsv", str(head), "--batch-size", "32", "--scale", "0.01",
+                   launcher=(sys.executable,))  # fmt: skip
+    assert metrics["train_inputs"] == 900, "one input in every 10 (--val-every) is held out"
+    assert metrics["hot_steps"] + metrics["cold_steps"] == 900 // 32  # the remainder joins a step
+    assert 0.0 <= metrics["final_auc"] <= 1.0 and 0.0 < metrics["final_log_loss"] < 1.0
+
+
+def test_unlabelled_data_is_refused_naming_the_file(tmp_path):
+    test = realdata("criteo_kaggle_head10k/test_head10000.txt")
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--out", str(tmp_path), "--data", "criteo-tsv", str(test),
+         "--scale", "0.001"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert f"{test}: unlabelled data (39 fields per line" in run.stderr
+    assert not (tmp_path / "metrics.json").exists()

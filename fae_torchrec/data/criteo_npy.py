@@ -32,7 +32,11 @@ def npy_paths(prefix: str | os.PathLike) -> tuple[str, str, str]:
 
 
 class CriteoNpyReader(CriteoSource):
-    """Streams ``Batch``es from one or more ``tsv_to_npys`` outputs, given by their prefixes."""
+    """Streams ``Batch``es from one or more ``tsv_to_npys`` outputs, given by their prefixes.
+
+    With ``require_labels`` (training and evaluation), a label other than 0 or 1 is an error naming
+    the file and row (``tsv_to_npys`` of an unlabelled file writes -1).
+    """
 
     def __init__(
         self,
@@ -40,10 +44,12 @@ class CriteoNpyReader(CriteoSource):
         batch_size: int = 2048,
         table_sizes: Sequence[int] = KAGGLE_TABLE_SIZES,
         chunk_rows: int = 1 << 16,
+        require_labels: bool = False,
     ) -> None:
         super().__init__(batch_size, table_sizes)
         self.prefixes = as_paths(prefixes)
         self.chunk_rows = chunk_rows
+        self.require_labels = require_labels
         self._arrays = [_open(prefix) for prefix in self.prefixes]
 
     @property
@@ -58,7 +64,28 @@ class CriteoNpyReader(CriteoSource):
                 if (raw < 0).any():
                     row = start + int(np.argwhere(raw < 0)[0][0])
                     raise ValueError(f"{npy_paths(prefix)[1]}: row {row} has a negative value")
+                if self.require_labels:
+                    _check_labels(labels[rows], start, npy_paths(prefix)[2])
                 yield single_hot_block(dense[rows], raw, labels[rows], self.table_sizes)
+
+
+def _check_labels(labels: np.ndarray, start: int, path: str) -> None:
+    """Raise ``ValueError`` naming ``path`` and the row unless every label is 0 or 1."""
+    bad = np.flatnonzero((labels != 0) & (labels != 1))
+    if len(bad):
+        row = start + int(bad[0]) // labels.shape[1]
+        raise ValueError(
+            f"{path}: row {row} has label {labels.reshape(-1)[bad[0]]}: training and evaluation need "
+            "labels 0 or 1 (unlabelled data can only be profiled and planned)"
+        )
+
+
+def _load(path: str) -> np.ndarray:
+    """The memory-mapped array in ``path``; ``ValueError`` naming it when it is not an npy file."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, EOFError) as error:
+        raise ValueError(f"{path}: not an npy array file: {error}") from error
 
 
 def _open(prefix: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -66,7 +93,7 @@ def _open(prefix: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray
     for path in paths:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: missing (expected {', '.join(paths)})")
-    dense, sparse, labels = (np.load(path, mmap_mode="r") for path in paths)
+    dense, sparse, labels = (_load(path) for path in paths)
     expected = ((INT_FEATURE_COUNT,), (CAT_FEATURE_COUNT,), (1,))
     for path, array, columns in zip(paths, (dense, sparse, labels), expected, strict=True):
         if array.ndim != 2 or array.shape[1:] != columns or len(array) != len(labels):

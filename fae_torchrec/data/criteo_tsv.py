@@ -55,6 +55,7 @@ class CriteoTsvReader(CriteoSource):
         batch_size: inputs per ``Batch`` (the last one may be smaller).
         table_sizes: rows per categorical feature; ids are hashed modulo these.
         chunk_bytes: bytes parsed at a time; parsing takes about 25 times this in memory.
+        require_labels: refuse unlabelled files (39 fields), as training and evaluation must.
     """
 
     def __init__(
@@ -63,18 +64,22 @@ class CriteoTsvReader(CriteoSource):
         batch_size: int = 2048,
         table_sizes: Sequence[int] = KAGGLE_TABLE_SIZES,
         chunk_bytes: int = 1 << 24,
+        require_labels: bool = False,
     ) -> None:
         super().__init__(batch_size, table_sizes)
         self.paths = as_paths(paths)
         self.chunk_bytes = chunk_bytes
+        self.require_labels = require_labels
 
     def raw_blocks(self) -> Iterator[SampleBlock]:
         """Blocks as parsed, one per chunk of each file."""
         for path in self.paths:
-            yield from _read_file(path, self.table_sizes, self.chunk_bytes)
+            yield from _read_file(path, self.table_sizes, self.chunk_bytes, self.require_labels)
 
 
-def _read_file(path: str, table_sizes: Sequence[int], chunk_bytes: int) -> Iterator[SampleBlock]:
+def _read_file(
+    path: str, table_sizes: Sequence[int], chunk_bytes: int, require_labels: bool = False
+) -> Iterator[SampleBlock]:
     first_line = 1
     num_fields = None
     with open(path, "rb") as f:
@@ -98,6 +103,12 @@ def _read_file(path: str, table_sizes: Sequence[int], chunk_bytes: int) -> Itera
                     raise ValueError(
                         f"{path}:1: expected {_LABELLED_FIELDS} (labelled) or {_UNLABELLED_FIELDS} "
                         f"tab-separated fields, found {num_fields}"
+                    )
+                if require_labels and num_fields == _UNLABELLED_FIELDS:
+                    raise ValueError(
+                        f"{path}: unlabelled data ({_UNLABELLED_FIELDS} fields per line, as in Kaggle's "
+                        f"test.txt): training and evaluation need labelled lines ({_LABELLED_FIELDS} "
+                        "fields, label 0 or 1); unlabelled files can only be profiled and planned"
                     )
             block, lines = _parse(buf, num_fields, path, first_line, table_sizes)
             first_line += lines

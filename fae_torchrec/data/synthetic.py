@@ -24,6 +24,7 @@ from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.criteo import (
     CAT_FEATURE_COUNT,
     INT_FEATURE_COUNT,
+    KAGGLE_TABLE_SIZES,
     CriteoSource,
     scaled_table_sizes,
 )
@@ -76,7 +77,7 @@ class SyntheticCriteo(CriteoSource):
     Args:
         num_samples: inputs in the data set.
         batch_size: inputs per ``Batch`` (the last one may be smaller).
-        scale: table sizes are Criteo Kaggle's times ``scale`` (1.0 = full size).
+        scale: table sizes are ``table_sizes`` times ``scale`` (1.0 = full size).
         seed: the data set; the same seed gives the same samples whatever the batch size.
         exponent: power-law exponent per table (one value for all, or 26 values).
         ids_per_feature: ids each input carries per feature (1 = single-hot, as in Criteo; a sequence
@@ -85,6 +86,7 @@ class SyntheticCriteo(CriteoSource):
             features, 1 = all ids of an input equally popular).
         sparse_signal: weight of each feature's row effect in the planted logit.
         ctr: share of positive labels the planted model is calibrated to (Criteo Kaggle: 25.6%).
+        table_sizes: rows per categorical feature before ``scale`` (default: Criteo Kaggle's).
     """
 
     def __init__(
@@ -99,10 +101,11 @@ class SyntheticCriteo(CriteoSource):
         correlation: float = DEFAULT_CORRELATION,
         sparse_signal: float = 0.6,
         ctr: float = 0.25,
+        table_sizes: Sequence[int] = KAGGLE_TABLE_SIZES,
     ) -> None:
         if num_samples < 0:
             raise ValueError(f"num_samples must be non-negative, got {num_samples}")
-        super().__init__(batch_size, scaled_table_sizes(scale))
+        super().__init__(batch_size, scaled_table_sizes(scale, table_sizes))
         self.num_samples = num_samples
         self.seed = seed
         exponents = _per_feature("exponent", exponent, np.float64)

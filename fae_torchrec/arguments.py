@@ -1,0 +1,83 @@
+"""Argparse ``type=`` validators: a bad value exits with status 2 and a message naming the option."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from fae_torchrec.units import parse_bytes
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer of at least 1."""
+    value = _integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer of at least 0."""
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
+    return value
+
+
+def int_at_least(minimum: int, why: str = ""):
+    """A validator for integers of at least ``minimum``; ``why`` explains the bound in the message."""
+
+    def check(text: str) -> int:
+        value = _integer(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}{why}, got {value}")
+        return value
+
+    return check
+
+
+def finite_float(text: str) -> float:
+    """Any finite number (no inf or nan)."""
+    return _finite(text)
+
+
+def positive_float(text: str) -> float:
+    """A finite number above 0."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1]."""
+    value = _finite(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def byte_size(text: str) -> str:
+    """A byte size :func:`parse_bytes` accepts (``0``, ``512KiB``, ``1.5GB``), kept as written."""
+    try:
+        parse_bytes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text

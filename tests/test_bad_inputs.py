@@ -1,0 +1,224 @@
+"""Bad input to ``fae-torchrec`` and ``examples/train_dlrm_fae.py``: exit status 2 and a message naming
+the option or file; damaged statistics files are refused by ``AccessStats.load``."""
+
+import importlib.util
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torchrec.distributed.planner.types import Topology
+
+from fae_torchrec import AccessStats, parse_bytes
+from fae_torchrec.cli import main
+from planner import FAEShardingPlanner
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("train_dlrm_fae", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def stats_file(tmp_path_factory):
+    """A small statistics file with a holdout (20,000 synthetic inputs, tables at 0.001 x Kaggle)."""
+    out = tmp_path_factory.mktemp("stats") / "stats.npz"
+    main(["profile", "--num-samples", "20000", "--scale", "0.001", "--holdout", "2000", "--out", str(out)])
+    return out
+
+
+def _exits_2(argv, capsys, caplog) -> str:
+    """Run the CLI on ``argv``; assert exit status 2 and return what it reported."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    return caplog.text + capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--budget", "1e400"], "argument --budget: byte size too large: '1e400'"),
+        (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got 0"),
+        (["--num-samples", "0"], "argument --num-samples: must be a positive integer, got 0"),
+        (["--num-samples", "ten"], "argument --num-samples: not an integer: 'ten'"),
+        (["--dim", "-4"], "argument --dim: must be a positive integer, got -4"),
+        (["--sample", "1.5"], "argument --sample: must be in (0, 1], got 1.5"),
+        (["--sample", "nan"], "argument --sample: not a finite number: 'nan'"),
+        (["--holdout", "-1"], "argument --holdout: must be a non-negative integer, got -1"),
+        (["--scale", "0"], "argument --scale: must be a positive number, got 0"),
+        (["--scale", "inf"], "argument --scale: not a finite number: 'inf'"),
+        (["--scale", "1e300"], "--scale: scale 1e+300 makes a table of"),
+        (["--ids-per-feature", "0"], "argument --ids-per-feature: must be a positive integer, got 0"),
+        (["--seed", "-1"], "argument --seed: must be a non-negative integer, got -1"),
+        (["--sample-seed", "-1"], "argument --sample-seed: must be a non-negative integer, got -1"),
+        (["--tables", "/nonexistent/sizes.txt"], "--tables: /nonexistent/sizes.txt: cannot read table sizes"),
+        (["--data", "criteo-tsv", "/"], "--data criteo-tsv: a directory, not a file: /"),
+        (
+            ["--data", "criteo-npy", "/nonexistent/day_0"],
+            "--data criteo-npy: /nonexistent/day_0_dense.npy: missing",
+        ),
+    ],
+)
+def test_bad_profile_options_name_the_option(tmp_path, capsys, caplog, args, message):
+    out = tmp_path / "s.npz"
+    assert message in _exits_2(["profile", "--num-samples", "10", "--out", str(out), *args], capsys, caplog)
+    assert not out.exists()
+
+
+def test_profile_out_that_is_a_directory_or_under_a_file(tmp_path, capsys, caplog):
+    reported = _exits_2(["profile", "--num-samples", "10", "--out", str(tmp_path)], capsys, caplog)
+    assert f"--out {tmp_path}: is a directory" in reported
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    reported = _exits_2(["profile", "--num-samples", "10", "--out", str(afile / "s.npz")], capsys, caplog)
+    assert f"{afile} is a file, not a directory" in reported
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--world-size", "0"], "argument --world-size: must be a positive integer, got 0"),
+        (["--world-size", "-2"], "argument --world-size: must be a positive integer, got -2"),
+        (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got 0"),
+        (["--dim", "0"], "argument --dim: must be a positive integer, got 0"),
+        (["--candidates", "0"], "argument --candidates: must be a positive integer, got 0"),
+        (["--budget", "1e400"], "argument --budget: byte size too large: '1e400'"),
+        (["--hbm-cap", "1e400"], "argument --hbm-cap: byte size too large: '1e400'"),
+        (["--hbm-cap", "lots"], "argument --hbm-cap: not a byte size: 'lots'"),
+        (["--hbm-cap", "1KiB"], "topology too small: TorchRec's reservations (15% of device memory"),
+    ],
+)
+def test_bad_plan_options_name_the_option(stats_file, capsys, caplog, args, message):
+    assert message in _exits_2(
+        ["plan", "--stats", str(stats_file), "--world-size", "2", *args], capsys, caplog
+    )
+
+
+def test_plan_refuses_statistics_without_holdout(tmp_path, capsys, caplog):
+    out = tmp_path / "all.npz"
+    main(["profile", "--num-samples", "5000", "--scale", "0.001", "--sample", "1", "--out", str(out)])
+    assert len(AccessStats.load(out).holdout) == 0
+    reported = _exits_2(["plan", "--stats", str(out), "--world-size", "2"], capsys, caplog)
+    assert f"--stats {out}: the statistics have no holdout inputs" in reported
+    assert "profile with a sample fraction below 1 and a holdout" in reported
+    with pytest.raises(ValueError, match="no holdout inputs"):  # any user of the planner
+        FAEShardingPlanner(Topology(world_size=1, compute_device="cpu"), AccessStats.load(out))
+
+
+def _damaged(stats_file: Path, tmp_path: Path, kind: str) -> Path:
+    """A copy of ``stats_file`` damaged as ``kind`` says."""
+    path = tmp_path / f"{kind}.npz"
+    raw = stats_file.read_bytes()
+    arrays = dict(np.load(stats_file))
+    if kind == "truncated":
+        path.write_bytes(raw[: len(raw) // 2])
+        return path
+    if kind == "garbage":
+        path.write_bytes(bytes(range(256)) * 8)
+        return path
+    if kind == "corrupt-member":  # a valid zip directory, a member's compressed bytes overwritten
+        with zipfile.ZipFile(stats_file) as archive:
+            info = archive.getinfo("counts_2.npy")
+        start = info.header_offset + 30 + len(info.filename) + 8
+        path.write_bytes(raw[:start] + b"\xff" * 16 + raw[start + 16 :])
+        return path
+    if kind == "negative-counts":
+        arrays["counts_3"] = arrays["counts_3"].copy()
+        arrays["counts_3"][0] = -1
+    elif kind == "no-sample":
+        arrays["num_sampled"] = np.int64(0)
+    elif kind == "counts-shape":
+        arrays["counts_2"] = arrays["counts_2"][:-1]
+    elif kind == "holdout-shape":
+        arrays["holdout_owners"] = arrays["holdout_owners"][:-1]
+    elif kind == "holdout-row":
+        arrays["holdout_rows"] = arrays["holdout_rows"].copy()
+        arrays["holdout_rows"][0] = 10**12
+    elif kind == "missing-member":
+        del arrays["counts_25"]
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("truncated", "not a statistics file written by `fae-torchrec profile`, or damaged"),
+        ("garbage", "not an npz (zip) file"),
+        ("corrupt-member", "not a statistics file written by `fae-torchrec profile`, or damaged"),
+        ("negative-counts", "damaged: table t_cat_3 has negative counts (row 0)"),
+        ("no-sample", "damaged: 0 sampled of 20000 inputs"),
+        ("counts-shape", "damaged: table t_cat_2 has 10131 rows but counts of shape (10130,)"),
+        ("holdout-shape", "holdout rows but"),
+        ("holdout-row", "damaged: holdout rows outside"),
+        ("missing-member", "no 'counts_25'"),
+    ],
+)
+def test_damaged_statistics_are_refused_naming_the_file(stats_file, tmp_path, capsys, caplog, kind, message):
+    path = _damaged(stats_file, tmp_path, kind)
+    with pytest.raises(ValueError, match="^" + str(path)) as error:
+        AccessStats.load(path)
+    assert message in str(error.value)
+    assert message in _exits_2(["plan", "--stats", str(path)], capsys, caplog)
+
+
+def test_stats_that_are_a_directory_or_another_kind_of_file(tmp_path, capsys, caplog):
+    assert f"{tmp_path}: is a directory" in _exits_2(["plan", "--stats", str(tmp_path)], capsys, caplog)
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.zeros(3))
+    assert f"{npy}: not a statistics file" in _exits_2(["plan", "--stats", str(npy)], capsys, caplog)
+
+
+def test_byte_sizes_beyond_int64_are_refused():
+    assert parse_bytes("8TiB") == 8 << 40
+    for text in ("1e400", "1e19", "9000000TiB"):
+        with pytest.raises(ValueError, match="byte size too large"):
+            parse_bytes(text)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--budget", "1e400"], "argument --budget: byte size too large: '1e400'"),
+        (["--hbm-cap", "1e400"], "argument --hbm-cap: byte size too large: '1e400'"),
+        (["--val-every", "0"], "argument --val-every: must be at least 2"),
+        (["--val-every", "1"], "1 would hold out every input, leaving none to train on"),
+        (["--epochs", "0"], "argument --epochs: must be a positive integer, got 0"),
+        (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got 0"),
+        (["--dim", "0"], "argument --dim: must be a positive integer, got 0"),
+        (["--num-samples", "-5"], "argument --num-samples: must be a positive integer, got -5"),
+        (["--sample", "0"], "argument --sample: must be in (0, 1], got 0"),
+        (["--lr", "inf"], "argument --lr: not a finite number: 'inf'"),
+        (["--lr", "0"], "argument --lr: must be a positive number, got 0"),
+        (["--dense-lr", "-0.1"], "argument --dense-lr: must be a positive number, got -0.1"),
+        (["--eval-every", "-1"], "argument --eval-every: must be a non-negative integer, got -1"),
+        (["--checkpoint-every", "-1"], "argument --checkpoint-every: must be a non-negative integer"),
+        (["--scale", "nan"], "argument --scale: not a finite number: 'nan'"),
+        (["--ids-per-feature", "0"], "argument --ids-per-feature: must be a positive integer, got 0"),
+        (["--resume"], "--resume needs --checkpoint-dir"),
+        (["--checkpoint-dir", "ck"], "--checkpoint-dir needs --checkpoint-every"),
+    ],
+)
+def test_bad_example_options_name_the_option(capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        _example().parse_args(args)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_example_out_or_checkpoint_dir_that_is_a_file(tmp_path, capsys):
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    example = _example()
+    for option in ("--out", "--checkpoint-dir"):
+        for value in (afile, afile / "below"):
+            with pytest.raises(SystemExit) as exit_info:
+                example.parse_args([option, str(value)])
+            assert exit_info.value.code == 2
+            assert f"{option} {value}: {afile} is a file, not a directory" in capsys.readouterr().err
+    assert example.parse_args(["--out", str(tmp_path / "new" / "dir")]).out == str(tmp_path / "new" / "dir")
