@@ -66,7 +66,7 @@ from fae_torchrec.arguments import (
 from fae_torchrec.checkpoint import Checkpoints
 from fae_torchrec.data import SampleBlock, rebatch
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES, CriteoSource
-from fae_torchrec.data.sources import add_data_arguments, open_source
+from fae_torchrec.data.sources import add_data_arguments, default_tables, open_source
 from fae_torchrec.evaluation import evaluate
 from fae_torchrec.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.partition import HotColdPartition
@@ -198,7 +198,7 @@ def prepare_data(
     if rank == 0:
         try:
             shared = [*_profile_and_partition(args, source, tables, directory), None]
-        except ValueError as error:
+        except (ValueError, OSError) as error:
             shared = [None, None, str(error)]
     dist.broadcast_object_list(shared, src=0)
     stats, validation, problem = shared
@@ -275,7 +275,10 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     embedding_optimizer.apply(sparse)
     full = {name: value.detach().clone() for name, value in model.state_dict().items()}
     sharders = get_default_sharders()
-    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    try:
+        plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    except PlannerError as error:
+        raise PlannerError(f"--hbm-cap {args.hbm_cap or 'default'}: {error}", error.error_type) from error
     logger.info("%s: plan kernels %s", mode, dict(_kernels(plan)))
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
     load_full_state_dict(dmp, full)  # the same initial weights on every rank
@@ -300,6 +303,12 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     checkpoints = (
         Checkpoints(args.checkpoint_dir, _resume_config(args), plan) if args.checkpoint_dir else None
     )
+    earlier = checkpoints.held_steps() if checkpoints and not args.resume else []
+    if earlier:
+        raise ValueError(
+            f"--checkpoint-dir {args.checkpoint_dir} holds checkpoints of an earlier run (steps {earlier}): "
+            "pass --resume to continue it, or choose an empty directory"
+        )
     if args.resume:
         position = checkpoints.load(dmp, dense)
         router.load_state_dict(position["router"])
@@ -378,7 +387,8 @@ def _resume_config(args: argparse.Namespace) -> dict:
     """The options a resumed run must share with the run that saved, keyed as written on the command
     line (every option but these: how long to train, how often to evaluate and save, where to write)."""
     free = {"epochs", "eval_every", "out", "checkpoint_dir", "checkpoint_every", "resume"}
-    return {f"--{key.replace('_', '-')}": value for key, value in vars(args).items() if key not in free}
+    chosen = {**vars(args), "tables": args.tables or default_tables(args.data)}  # the default, named
+    return {f"--{key.replace('_', '-')}": value for key, value in chosen.items() if key not in free}
 
 
 def _planner(

@@ -53,11 +53,6 @@ def int_at_least(minimum: int, why: str = ""):
     return check
 
 
-def finite_float(text: str) -> float:
-    """Any finite number (no inf or nan)."""
-    return _finite(text)
-
-
 def positive_float(text: str) -> float:
     """A finite number above 0."""
     value = _finite(text)

@@ -32,6 +32,10 @@ logger = logging.getLogger(__name__)
 
 #: Manifest format; a manifest of another format is refused.
 FORMAT = 1
+#: What a manifest holds.
+MANIFEST_KEYS = frozenset(
+    {"format", "step", "run", "rank", "world_size", "sha256", "bytes", "config", "plan"}
+)
 
 
 class CheckpointError(ValueError):
@@ -82,16 +86,42 @@ class Checkpoints:
     ) -> Path:
         """Write this rank's shards at ``step``; once every rank has, drop the older checkpoints.
         ``position`` says where to resume (a router's ``state_dict``, counters); returns the folder."""
-        foreign = sorted({m.get("run") for m in map(self._manifest, self._steps())} - {self.run_id})
-        errors: list = [None] * self.world_size
-        dist.all_gather_object(errors, bool(foreign))
-        if any(errors):
-            raise CheckpointError(
-                f"{self.directory} holds checkpoints of another run: resume from them, or checkpoint into "
-                "an empty directory"
-            )
+        runs = {m["run"] for m in map(self._manifest, self._steps()) if "damaged" not in m}
+        _raise_on_every_rank(
+            f"{self.directory} holds checkpoints of another run: resume from them, or checkpoint into an "
+            "empty directory"
+            if runs - {self.run_id}
+            else None
+        )
+        error = None
+        try:
+            self._write(step, model, unfused_optimizer, position)
+        except OSError as failure:
+            error = f"{self._folder(step)}: rank {self.rank} could not write its checkpoint ({failure})"
+        _raise_on_every_rank(error)  # every rank holds the new checkpoint: the older ones may go
+        for older in self._steps():
+            if older < step:
+                self._remove(older)
+        return self._folder(step)
+
+    def held_steps(self) -> list[int]:
+        """The steps any rank holds a checkpoint of (such as an earlier run's), oldest first."""
+        everyone: list = [None] * self.world_size
+        dist.all_gather_object(everyone, self._steps())
+        return sorted(set().union(*everyone))
+
+    def _write(
+        self,
+        step: int,
+        model: DistributedModelParallel,
+        unfused_optimizer: torch.optim.Optimizer,
+        position: Mapping[str, Any],
+    ) -> None:
+        """This rank's files of ``step``: the state, then the manifest that vouches for it."""
         folder = self._folder(step)
         folder.mkdir(parents=True, exist_ok=True)
+        # a manifest left by an interrupted earlier save must never describe the new file
+        (folder / f"rank{self.rank}.json").unlink(missing_ok=True)
         buffer = io.BytesIO()
         torch.save(
             {
@@ -116,11 +146,6 @@ class Checkpoints:
         }
         _write_atomically(folder / f"rank{self.rank}.pt", data)
         _write_atomically(folder / f"rank{self.rank}.json", json.dumps(manifest, indent=1).encode())
-        dist.barrier()  # every rank holds the new checkpoint: the older ones may go
-        for older in self._steps():
-            if older < step:
-                self._remove(older)
-        return folder
 
     def load(self, model: DistributedModelParallel, unfused_optimizer: torch.optim.Optimizer) -> dict:
         """Restore the newest checkpoint every rank holds; return its position.
@@ -139,11 +164,7 @@ class Checkpoints:
             state = self._read(step, manifests[self.rank])
         except CheckpointError as failure:
             error = str(failure)
-        errors: list = [None] * self.world_size
-        dist.all_gather_object(errors, error)
-        failed = [e for e in errors if e]
-        if failed:
-            raise CheckpointError(failed[0])
+        _raise_on_every_rank(error)
         with torch.no_grad():
             where = str(self._folder(step) / f"rank{self.rank}.pt")
             _restore(model.state_dict(), state["model"], where)
@@ -152,6 +173,9 @@ class Checkpoints:
             model.fused_optimizer.load_state_dict(fused)
         unfused_optimizer.load_state_dict(state["unfused_optimizer"])
         self.run_id = manifests[0]["run"]  # later saves continue that run
+        for newer in self._steps():  # what an interrupted save left: the run will write it again
+            if newer > step:
+                self._remove(newer)
         return state["position"]
 
     def _folder(self, step: int) -> Path:
@@ -176,6 +200,11 @@ class Checkpoints:
             return {"damaged": f"{path}: damaged manifest ({error})"}
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             return {"damaged": f"{path}: not a manifest of format {FORMAT}"}
+        missing = sorted(MANIFEST_KEYS - set(manifest))
+        if missing:
+            return {"damaged": f"{path}: damaged manifest (no {missing[0]!r})"}
+        if manifest["step"] != step:
+            return {"damaged": f"{path}: damaged manifest (step {manifest['step']!r} in another folder)"}
         return manifest
 
     def _common_step(self, everyone: list[dict]) -> int:
@@ -254,10 +283,23 @@ class Checkpoints:
     def _remove(self, step: int) -> None:
         """Delete this rank's files of ``step`` (and the folder once no rank has files in it)."""
         folder = self._folder(step)
-        for suffix in ("json", "pt"):  # the manifest first: a file without one is never resumed
-            (folder / f"rank{self.rank}.{suffix}").unlink(missing_ok=True)
+        try:
+            for suffix in ("json", "pt"):  # the manifest first: a file without one is never resumed
+                (folder / f"rank{self.rank}.{suffix}").unlink(missing_ok=True)
+        except OSError as error:  # a leftover never stops training; a later save tries again
+            logger.warning("%s: could not remove rank %d's files (%s)", folder, self.rank, error)
         with contextlib.suppress(OSError):  # other ranks' files are still there, or it is gone
             folder.rmdir()
+
+
+def _raise_on_every_rank(error: str | None) -> None:
+    """A collective: raise ``CheckpointError`` on every rank when any rank has an ``error``, so that no
+    rank goes on to a collective the others never reach."""
+    errors: list = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    failed = [e for e in errors if e]
+    if failed:
+        raise CheckpointError(failed[0])
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

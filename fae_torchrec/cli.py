@@ -159,7 +159,12 @@ def plan(args: argparse.Namespace) -> None:
         )
     except ValueError as error:
         raise ValueError(f"--stats {args.stats}: {error}") from error
-    planner.plan(planner.meta_module(planner.choose_hot_set()), get_default_sharders())
+    try:
+        planner.plan(planner.meta_module(planner.choose_hot_set()), get_default_sharders())
+    except PlannerError as error:
+        raise PlannerError(
+            f"--world-size {args.world_size} --hbm-cap {args.hbm_cap}: {error}", error.error_type
+        ) from error
     seconds = time.perf_counter() - start
     _, default, kernels = torchrec_default_plan(stats.tables, topology, args.batch_size)
     fae = planner.report

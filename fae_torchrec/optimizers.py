@@ -11,6 +11,7 @@ small table, or FAE's hot part) trains as the same rows would in a fused table.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,10 +21,15 @@ import torchrec
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 from torch import nn
 from torchrec.distributed.types import ShardedModule
-from torchrec.modules.embedding_modules import EmbeddingBagCollectionInterface
+from torchrec.modules.embedding_modules import (
+    EmbeddingBagCollectionInterface,
+    EmbeddingCollectionInterface,
+)
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+logger = logging.getLogger(__name__)
 
 #: TorchRec's placeholders for fused optimizers, and the optimizers that run the same rule on a dense
 #: gradient (``torchrec.optim.RowWiseAdagrad`` and ``torch.optim`` classes run as they are).
@@ -32,6 +38,8 @@ DENSE_COUNTERPARTS: dict[type[torch.optim.Optimizer], type[torch.optim.Optimizer
     torchrec.optim.Adagrad: torch.optim.Adagrad,
     torchrec.optim.Adam: torch.optim.Adam,
 }
+#: Dense optimizers that move a row whose gradient is zero (SGD, Adagrad and RowWiseAdagrad do not).
+MOVES_UNUSED_ROWS = (torch.optim.Adam,)
 #: FBGEMM's ``eps`` when none is given (``torch.optim`` defaults to another one).
 FBGEMM_EPS: float = inspect.signature(SplitTableBatchedEmbeddingBagsCodegen).parameters["eps"].default
 
@@ -52,6 +60,14 @@ class EmbeddingOptimizer:
         accepted = inspect.signature(self.dense_class).parameters
         completed = {"eps": FBGEMM_EPS} if "eps" in accepted else {}
         object.__setattr__(self, "kwargs", {**completed, **self.kwargs})
+        if self.dense_class in MOVES_UNUSED_ROWS or self.kwargs.get("weight_decay"):
+            logger.warning(
+                "%s%s: the dense form moves rows no batch used (momentum or weight decay), FBGEMM's "
+                "fused form only the rows a batch used; a data-parallel table then trains otherwise "
+                "than a fused one, and FAE's model differs from the baseline's",
+                self.optimizer_class.__name__,
+                " with weight_decay" if self.kwargs.get("weight_decay") else "",
+            )
 
     @property
     def dense_class(self) -> type[torch.optim.Optimizer]:
@@ -84,7 +100,7 @@ def unfused_optimizer(
     embedding_ids = {
         id(param)
         for module in model.modules()
-        if isinstance(module, ShardedModule | EmbeddingBagCollectionInterface)
+        if isinstance(module, ShardedModule | EmbeddingBagCollectionInterface | EmbeddingCollectionInterface)
         for param in module.parameters()
     }
     unfused = dict(in_backward_optimizer_filter(model.named_parameters()))

@@ -50,8 +50,14 @@ class BaselinePlan:
 
 
 def default_planner(topology: Topology, batch_size: int) -> EmbeddingShardingPlanner:
-    """(a) TorchRec's default planner."""
-    return EmbeddingShardingPlanner(topology=topology, batch_size=batch_size, stats=[], debug=False)
+    """(a) TorchRec's default planner (with the enumerator's choices in a fixed order)."""
+    return EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=batch_size,
+        enumerator=OrderedEnumerator(topology, batch_size),
+        stats=[],
+        debug=False,
+    )
 
 
 def scaleup_planner(topology: Topology, stats: AccessStats, batch_size: int) -> EmbeddingShardingPlanner:

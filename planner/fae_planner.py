@@ -140,11 +140,21 @@ class FAEShardingPlanner(ShardingPlanner):
         sharders: list[ModuleSharder[nn.Module]] | None = None,
         pg: dist.ProcessGroup | None = None,
     ) -> ShardingPlan:
-        """Plan on rank 0 and broadcast the plan to every rank of ``pg``."""
+        """Plan on rank 0 and broadcast the plan to every rank of ``pg``; when rank 0 cannot plan,
+        every rank raises its error (none waits for a plan that never comes)."""
         pg = pg if pg is not None else dist.GroupMember.WORLD
-        return invoke_on_rank_and_broadcast_result(
-            pg, 0, self.plan, module, sharders or get_default_sharders()
+        outcome = invoke_on_rank_and_broadcast_result(
+            pg, 0, self._plan_or_error, module, sharders or get_default_sharders()
         )
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def _plan_or_error(self, module: nn.Module, sharders: list) -> ShardingPlan | Exception:
+        try:
+            return self.plan(module, sharders)
+        except (PlannerError, ValueError) as error:
+            return error
 
     def _plan(
         self, module: nn.Module, hot_set: HotSet, sharders: list, fae_path: str = ""

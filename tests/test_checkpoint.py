@@ -130,9 +130,19 @@ def _damage_and_fallback(rank: int, world_size: int, directory: str) -> None:
     if world_size > 1:
         assert Checkpoints(root, CONFIG, run.plan).load(resumed, resumed_dense) == {"step": 5}
         _assert_same_state(gather_full_state_dict(resumed), at_five)
+        # what the interrupted save left is gone: written again later, it cannot mix with the old one
+        assert not (root / "step-000000008" / "rank0.json").exists()
     else:
         assert Checkpoints(root, CONFIG, run.plan).load(resumed, resumed_dense) == {"step": 8}
-    _on_rank_zero(rank, lambda: shutil.rmtree(root / "step-000000008"))
+    _on_rank_zero(rank, lambda: shutil.rmtree(root / "step-000000008", ignore_errors=True))
+
+    # a rank that cannot write makes every rank raise (none waits in a collective)
+    blocked = root.parent / "blocked"
+    _on_rank_zero(
+        rank, lambda: (blocked / "step-000000011" / f"rank{world_size - 1}.pt.tmp").mkdir(parents=True)
+    )
+    with pytest.raises(CheckpointError, match=f"rank {world_size - 1} could not write its checkpoint"):
+        Checkpoints(blocked, CONFIG, run.plan).save(11, resumed, resumed_dense, {"step": 11})
 
     # another configuration or plan is refused, naming the option or the parameter
     _refused(
@@ -143,7 +153,7 @@ def _damage_and_fallback(rank: int, world_size: int, directory: str) -> None:
 
     # damaged files: 4 KiB overwritten in the middle, truncated, zero bytes, a damaged manifest
     saved = root / "step-000000005" / "rank0.pt"
-    good = saved.read_bytes()
+    good, manifest = saved.read_bytes(), saved.with_suffix(".json").read_text()
 
     def overwrite_middle():
         with open(saved, "r+b") as file:
@@ -155,12 +165,15 @@ def _damage_and_fallback(rank: int, world_size: int, directory: str) -> None:
         (lambda: saved.write_bytes(good[: len(good) // 3]), "rank0.pt: damaged .truncated"),
         (lambda: saved.write_bytes(b""), "rank0.pt: damaged .truncated"),
         (lambda: saved.with_suffix(".json").write_text('{"format": 1, "st'), "rank0.json: damaged manifest"),
+        (
+            lambda: saved.with_suffix(".json").write_text(manifest.replace('"step": 5', '"step": 4')),
+            "rank0.json: damaged manifest .step 4 in another folder",
+        ),
     ):
-        manifest = saved.with_suffix(".json").read_text()
         _on_rank_zero(rank, damage)
         _refused(Checkpoints(root, CONFIG, run.plan), resumed, resumed_dense, match)
         _on_rank_zero(
-            rank, lambda m=manifest: (saved.write_bytes(good), saved.with_suffix(".json").write_text(m))
+            rank, lambda: (saved.write_bytes(good), saved.with_suffix(".json").write_text(manifest))
         )
 
     # a new run does not write over another run's checkpoints; resuming the run continues it

@@ -107,6 +107,8 @@ def _same_training(rank: int, world_size: int, optimizer_name: str, constrained:
     for plan in (base_plan, fae_plan):  # unconstrained: TorchRec makes small tables data-parallel
         types = _sharding_types(plan)
         assert types == {"table_wise"} if constrained else "data_parallel" in types, types
+    hot_types = {s.sharding_type for s in fae_plan.plan[PREFIX + "hot"].values()}
+    assert constrained or "data_parallel" in hot_types, "an FAE hot part is data-parallel"
 
     partition = HotColdPartition.of(data.blocks(), hot_set, DEFAULT_CAT_NAMES)
     router = BatchRouter(partition, 32, world_size=world_size, rank=rank, seed=1)

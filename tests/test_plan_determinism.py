@@ -22,7 +22,7 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
 from fae_torchrec.checkpoint import plan_layout
 from fae_torchrec.data import SyntheticCriteo
-from planner import FAEShardingPlanner, hbm_planner, scaleup_planner, dry_run
+from planner import FAEShardingPlanner, default_planner, dry_run, hbm_planner, scaleup_planner
 
 data = SyntheticCriteo(20000, batch_size=4096, scale=0.0005, seed=3)
 tables = data.table_configs(8)
@@ -37,6 +37,7 @@ for device, world in (("cpu", 1), ("cpu", 2), ("cuda", 2)):
     plans[f"scaleup {device} x{world}"] = plan_layout(scaleup.plan)
 topology = Topology(world_size=2, compute_device="cuda", hbm_cap=64 << 20)
 plans["hbm cuda x2"] = plan_layout(dry_run(hbm_planner(topology, tables, 32), tables).plan)
+plans["default cuda x2"] = plan_layout(dry_run(default_planner(topology, 32), tables).plan)
 print(json.dumps(plans, sort_keys=True))
 """
 

@@ -7,7 +7,7 @@ import torch.distributed as dist
 import torchrec
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.planner.types import PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.models.dlrm import DLRM, DLRMTrain
 
@@ -85,3 +85,17 @@ def _train_hot_and_cold_steps(rank: int, world_size: int) -> None:
 @pytest.mark.slow
 def test_collective_plan_trains_hot_and_cold_steps_under_dmp(tmp_path):
     run_on_ranks(_train_hot_and_cold_steps, 2, tmp_path)
+
+
+def _every_rank_gets_the_planner_error(rank: int, world_size: int) -> None:
+    data = SyntheticCriteo(4096, batch_size=1024, scale=0.0005, seed=2)
+    stats = AccessProfiler(data.table_configs(8), 0.25, seed=0, holdout_size=500).profile(data)
+    topology = Topology(world_size=world_size, compute_device="cpu", ddr_cap=1024)
+    planner = FAEShardingPlanner(topology, stats, batch_size=64, hot_budget_bytes=1024)
+    module = planner.meta_module(planner.choose_hot_set())
+    with pytest.raises(PlannerError, match="topology too small"):  # not only rank 0, which plans
+        planner.collective_plan(module, get_default_sharders(), dist.GroupMember.WORLD)
+
+
+def test_a_planner_error_reaches_every_rank(tmp_path):
+    run_on_ranks(_every_rank_gets_the_planner_error, 2, tmp_path)

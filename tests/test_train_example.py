@@ -91,6 +91,13 @@ def test_resumed_run_ends_where_the_straight_run_ends(tmp_path):
     )  # fmt: skip
     assert other.returncode == 2, other.stderr[-2000:]
     assert "--batch-size: the checkpoint in" in other.stderr and "written with 512" in other.stderr
+    fresh = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--out", str(tmp_path / "fresh"), *common,
+         "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "30"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert fresh.returncode == 2, fresh.stderr[-2000:]
+    assert "holds checkpoints of an earlier run (steps [" in fresh.stderr and "pass --resume" in fresh.stderr
 
 
 def test_statistics_without_holdout_are_refused_by_the_planner(tmp_path):
