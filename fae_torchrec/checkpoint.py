@@ -247,20 +247,19 @@ class Checkpoints:
         if len(runs) > 1:
             raise CheckpointError(f"{folder}: the ranks' files come from {len(runs)} different runs")
         saved = manifests[0]["config"]
-        for key in sorted(set(saved) | set(self.config)):
-            if saved.get(key) != self.config.get(key):
-                raise CheckpointError(
-                    f"{key}: the checkpoint in {folder} was written with {saved.get(key)!r}, this run "
-                    f"has {self.config.get(key)!r}; resume with the same value or use another checkpoint "
-                    "directory"
-                )
-        saved_layout = manifests[0]["plan"]
-        for name in sorted(set(saved_layout) | set(self.layout)):
-            if saved_layout.get(name) != self.layout.get(name):
-                raise CheckpointError(
-                    f"{folder}: {name} was sharded as {saved_layout.get(name)!r}, this run's plan has "
-                    f"{self.layout.get(name)!r}"
-                )
+        key = _first_difference(saved, self.config)
+        if key is not None:
+            raise CheckpointError(
+                f"{key}: the checkpoint in {folder} was written with {saved.get(key)!r}, this run has "
+                f"{self.config.get(key)!r}; resume with the same value or use another checkpoint directory"
+            )
+        saved = manifests[0]["plan"]
+        name = _first_difference(saved, self.layout)
+        if name is not None:
+            raise CheckpointError(
+                f"{folder}: {name} was sharded as {saved.get(name)!r}, this run's plan has "
+                f"{self.layout.get(name)!r}"
+            )
 
     def _read(self, step: int, manifest: dict) -> dict:
         """This rank's state at ``step``, checked against its manifest's size and checksum."""
@@ -290,6 +289,11 @@ class Checkpoints:
             logger.warning("%s: could not remove rank %d's files (%s)", folder, self.rank, error)
         with contextlib.suppress(OSError):  # other ranks' files are still there, or it is gone
             folder.rmdir()
+
+
+def _first_difference(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+    """The first key (in sorted order) whose value differs between the two, or None."""
+    return next((k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)), None)
 
 
 def _raise_on_every_rank(error: str | None) -> None:
