@@ -10,7 +10,7 @@ import pytest
 from tests.distributed import run_launched
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The smallest data the example trains on: 10 blocks of 4096 inputs, one held out for validation.
+#: Small data for the example (one input in 10 is held out for validation).
 TINY = ["--num-samples", "41000", "--scale", "0.01", "--batch-size", "256"]
 
 
@@ -67,3 +67,18 @@ def test_bench_gpu_rejects_a_bad_hbm_cap():
     )  # fmt: skip
     assert run.returncode == 2
     assert "--hbm-cap: not a byte size: 'lots'" in run.stderr
+
+
+def test_bench_accuracy_pairs_fae_with_the_baseline_by_seed(tmp_path):
+    out = _script("benchmarks/bench_accuracy.py", "--seeds", "2", "--num-samples", "4000",
+                  "--out", str(tmp_path), "--figures", str(tmp_path))  # fmt: skip
+    rows = re.findall(r"^ +(\d) +(0\.\d{4}) +(0\.\d{4}) +([+-]0\.\d{4})", out, flags=re.MULTILINE)
+    assert [row[0] for row in rows] == ["0", "1"], out
+    for _, fae, baseline, difference in rows:
+        assert abs(float(fae) - float(baseline) - float(difference)) < 2e-4
+    assert re.search(
+        r"^auc: mean difference [+-]\d\.\d{4} \(SE \d\.\d{4}\), FAE worse at \d of 2 seeds", out, re.M
+    )
+    assert re.search(r"^log_loss: mean difference", out, flags=re.MULTILINE), out
+    assert (tmp_path / "bench_accuracy.png").read_bytes()[:4] == b"\x89PNG"
+    assert not list(tmp_path.glob("*/partition-*")), "the partitions are removed after each run"
