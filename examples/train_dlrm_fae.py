@@ -56,6 +56,7 @@ from fae_torchrec import (
     parse_bytes,
 )
 from fae_torchrec.arguments import (
+    blocking_file,
     byte_size,
     fraction,
     int_at_least,
@@ -146,10 +147,9 @@ def _invalid_combination(args: argparse.Namespace) -> str | None:
     for option, directory in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir)):
         if directory is None:
             continue
-        path = Path(directory).absolute()
-        existing = next(p for p in (path, *path.parents) if p.exists())
-        if not existing.is_dir():
-            return f"{option} {directory}: {existing} is a file, not a directory"
+        blocker = blocking_file(directory)
+        if blocker is not None:
+            return f"{option} {directory}: {blocker} is a file, not a directory"
     if args.checkpoint_dir and not args.checkpoint_every and not args.resume:
         return "--checkpoint-dir needs --checkpoint-every N (steps between checkpoints)"
     return None

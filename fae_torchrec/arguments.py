@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 from fae_torchrec.units import parse_bytes
 
@@ -76,3 +77,11 @@ def byte_size(text: str) -> str:
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text
+
+
+def blocking_file(path: str | Path) -> Path | None:
+    """What keeps ``path`` from being (or becoming) a directory: the nearest existing of it and its
+    parents when that is a file, or None."""
+    path = Path(path).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    return None if existing.is_dir() else existing

@@ -16,7 +16,7 @@ from torchrec.distributed.planner.types import PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 
 from fae_torchrec.access_stats import AccessStats
-from fae_torchrec.arguments import byte_size, fraction, non_negative_int, positive_int
+from fae_torchrec.arguments import blocking_file, byte_size, fraction, non_negative_int, positive_int
 from fae_torchrec.data.sources import add_data_arguments, open_source
 from fae_torchrec.hot_set import HotSet
 from fae_torchrec.hot_share import estimate_hot_share, hot_share_curve
@@ -133,11 +133,9 @@ def _check_out_file(out: str) -> None:
         raise ValueError(
             f"--out {out}: is a directory; give a file path, e.g. {os.path.join(out, 'stats.npz')}"
         )
-    parent = os.path.dirname(os.path.abspath(out))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise ValueError(f"--out {out}: {parent} is a file, not a directory")
+    blocker = blocking_file(os.path.dirname(os.path.abspath(out)))
+    if blocker is not None:
+        raise ValueError(f"--out {out}: {blocker} is a file, not a directory")
 
 
 def plan(args: argparse.Namespace) -> None:
