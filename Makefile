@@ -7,7 +7,7 @@ VARIANT ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 STAMP := $(VENV)/.installed-$(VARIANT)
 PYTEST_ARGS ?=
 
-.PHONY: train test lint format clean
+.PHONY: train test lint clean
 
 $(STAMP): pyproject.toml requirements/*.txt
 	rm -rf $(VENV)

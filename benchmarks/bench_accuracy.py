@@ -27,9 +27,9 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.example_runs import run_example
+from benchmarks.common.example_runs import run_example
 from fae_torchrec.arguments import positive_int
-from fae_torchrec.schedule import ORDERS
+from fae_torchrec.train.schedule import ORDERS
 
 #: The paired figures, as ``metrics.json`` names them, and whether higher is better.
 FIGURES = {"final_auc": True, "final_log_loss": False}

@@ -46,12 +46,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from torchrec.distributed.planner.types import PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 
-from benchmarks.cache_model import BatchedKeys, belady_traffic, sampled_rows
-from benchmarks.id_stream import IdStream, synthetic_stream
-from benchmarks.plan_traffic import cache_groups, replay
+from benchmarks.common.cache_model import BatchedKeys, belady_traffic, sampled_rows
+from benchmarks.common.id_stream import IdStream, synthetic_stream
+from benchmarks.common.plan_traffic import cache_groups, replay
 from fae_torchrec import AccessStats, HotSet, format_bytes, hot_share_curve, parse_bytes
 from fae_torchrec.data import SyntheticCriteo
-from fae_torchrec.fae_embedding_bag import COLD
+from fae_torchrec.stats.hot_set import COLD
 from planner import FAEShardingPlanner
 from planner.baseline import default_planner, dry_run, hbm_planner, scaleup_planner
 

@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.example_runs import run_example
+from benchmarks.common.example_runs import run_example
 from fae_torchrec import AccessStats, BatchRouter, FAEEmbeddingBagCollection, HotColdPartition, parse_bytes
 from fae_torchrec.data import criteo_table_configs, scaled_table_sizes
 

@@ -64,16 +64,16 @@ from fae_torchrec.arguments import (
     positive_float,
     positive_int,
 )
-from fae_torchrec.checkpoint import Checkpoints
 from fae_torchrec.data import SampleBlock, rebatch
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES, CriteoSource
 from fae_torchrec.data.sources import add_data_arguments, default_tables, open_source
-from fae_torchrec.evaluation import evaluate
-from fae_torchrec.optimizers import EmbeddingOptimizer, unfused_optimizer
-from fae_torchrec.partition import HotColdPartition
-from fae_torchrec.router import BatchRouter
-from fae_torchrec.schedule import ORDERS
-from fae_torchrec.training import train_step
+from fae_torchrec.train.checkpoint import Checkpoints
+from fae_torchrec.train.evaluation import evaluate
+from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
+from fae_torchrec.train.partition import HotColdPartition
+from fae_torchrec.train.router import BatchRouter
+from fae_torchrec.train.schedule import ORDERS
+from fae_torchrec.train.step import train_step
 from planner import FAEShardingPlanner
 from planner.baseline import default_planner, hbm_planner, scaleup_planner
 

@@ -1,32 +1,49 @@
-"""FAE (Frequently Accessed Embeddings) for TorchRec.
+"""FAE (Frequently Accessed Embeddings) for TorchRec, in three stages.
 
-Profile which embedding rows are hot, build the hot set for a GPU memory budget, estimate how many
-training inputs are then entirely hot, split embedding tables into hot and cold parts, and train with
-a router that runs entirely-hot mini-batches on the hot part only.
+1. ``fae_torchrec.stats``: profile a sample of the inputs and choose the hot rows (``AccessProfiler``,
+   ``AccessStats``, ``HotSet``, hot-input share estimates).
+2. ``fae_torchrec.modules``: split embedding tables into hot and cold parts
+   (``FAEEmbeddingBagCollection``), which the top-level ``planner`` package places for
+   ``DistributedModelParallel``.
+3. ``fae_torchrec.train``: partition the data into entirely-hot and other inputs and train with a
+   router that runs hot mini-batches on the hot part only.
+
+``fae_torchrec.data`` holds the data sources; every public name is re-exported here.
 """
 
-from fae_torchrec.access_stats import AccessStats, Holdout
-from fae_torchrec.checkpoint import CheckpointError, Checkpoints
-from fae_torchrec.evaluation import evaluate
-from fae_torchrec.fae_embedding_bag import FAEEmbeddingBagCollection, part_table_name
-from fae_torchrec.feature_ids import FeatureIds
-from fae_torchrec.hot_set import HotSet
-from fae_torchrec.hot_share import (
+from fae_torchrec.modules import (
+    FAEEmbeddingBagCollection,
+    gather_full_state_dict,
+    load_full_state_dict,
+    part_table_name,
+)
+from fae_torchrec.stats import (
+    AccessProfiler,
+    AccessStats,
+    FeatureIds,
+    Holdout,
+    HotSet,
+    RowRanking,
     ShareCurve,
     ShareEstimate,
     estimate_hot_share,
     hot_share_curve,
     measure_hot_share,
 )
-from fae_torchrec.optimizers import EmbeddingOptimizer, unfused_optimizer
-from fae_torchrec.partition import HotColdPartition
-from fae_torchrec.profiler import AccessProfiler
-from fae_torchrec.ranking import RowRanking
-from fae_torchrec.router import BatchRouter, RoutedBatch
-from fae_torchrec.schedule import Step, make_schedule
-from fae_torchrec.state import gather_full_state_dict, load_full_state_dict
 from fae_torchrec.tables import TableLayout, row_bytes
-from fae_torchrec.training import train_step
+from fae_torchrec.train import (
+    BatchRouter,
+    CheckpointError,
+    Checkpoints,
+    EmbeddingOptimizer,
+    HotColdPartition,
+    RoutedBatch,
+    Step,
+    evaluate,
+    make_schedule,
+    train_step,
+    unfused_optimizer,
+)
 from fae_torchrec.units import format_bytes, parse_bytes
 
 __all__ = [

@@ -15,13 +15,13 @@ import torchrec
 from torchrec.distributed.planner.types import PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 
-from fae_torchrec.access_stats import AccessStats
 from fae_torchrec.arguments import blocking_file, byte_size, fraction, non_negative_int, positive_int
 from fae_torchrec.data.sources import add_data_arguments, open_source
-from fae_torchrec.hot_set import HotSet
-from fae_torchrec.hot_share import estimate_hot_share, hot_share_curve
-from fae_torchrec.plots import plot_access_cdf, plot_hot_share
-from fae_torchrec.profiler import AccessProfiler
+from fae_torchrec.stats.access_stats import AccessStats
+from fae_torchrec.stats.hot_set import HotSet
+from fae_torchrec.stats.hot_share import estimate_hot_share, hot_share_curve
+from fae_torchrec.stats.plots import plot_access_cdf, plot_hot_share
+from fae_torchrec.stats.profiler import AccessProfiler
 from fae_torchrec.units import format_bytes, parse_bytes
 
 logger = logging.getLogger("fae_torchrec")

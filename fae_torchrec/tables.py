@@ -67,6 +67,16 @@ class TableLayout:
         return np.array([c.num_embeddings for c in self.configs], dtype=np.int64)
 
     @cached_property
+    def row_offsets(self) -> np.ndarray:
+        """Global row of each table's row 0 (and the total as the last entry): global row ``offset +
+        id`` numbers the rows of all tables in one array."""
+        return np.concatenate([[0], np.cumsum(self.num_rows)])
+
+    def table_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Table index of each global row."""
+        return np.searchsorted(self.row_offsets, rows, side="right") - 1
+
+    @cached_property
     def _table_index(self) -> dict[str, int]:
         return {f: i for i, c in enumerate(self.configs) for f in c.feature_names}
 

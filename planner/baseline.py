@@ -28,7 +28,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from fae_torchrec import AccessStats
+from fae_torchrec.stats import AccessStats
 from planner.cache_sizing import LOAD_FACTOR_RANGE
 from planner.constraints import CUDA_COLD_SHARDING_TYPES, cold_cache_statistics, ids_per_input
 from planner.enumerator import OrderedEnumerator

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fae_torchrec import AccessStats, HotSet
+from fae_torchrec.stats import AccessStats, HotSet
 from planner.cache_statistics import AccessCacheStatistics
 
 #: FBGEMM's UVM cache needs a load factor strictly between 0 and 1.

@@ -18,9 +18,10 @@ from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import CacheParams, ShardingType
 
-from fae_torchrec import AccessStats, HotSet, part_table_name
-from fae_torchrec.fae_embedding_bag import COLD, HOT
-from fae_torchrec.hot_share import holdout_rows_hot
+from fae_torchrec.modules import part_table_name
+from fae_torchrec.stats import AccessStats, HotSet
+from fae_torchrec.stats.hot_set import COLD, HOT
+from fae_torchrec.stats.hot_share import holdout_rows_hot
 from planner.cache_sizing import cold_counts
 from planner.cache_statistics import AccessCacheStatistics
 
@@ -62,7 +63,7 @@ def hot_access_share(stats: AccessStats, hot_set: HotSet) -> np.ndarray:
     """
     total = np.maximum(stats.table_accesses(), 1)
     in_sample = np.array([c[ids].sum() for c, ids in zip(stats.counts, hot_set.hot_ids, strict=True)]) / total
-    tables = stats.table_of_rows(stats.holdout.rows)
+    tables = stats.layout.table_of_rows(stats.holdout.rows)
     hot = holdout_rows_hot(stats, hot_set)
     seen = np.bincount(tables, minlength=len(stats.tables))
     held_out = np.bincount(tables, weights=hot, minlength=len(stats.tables)) / np.maximum(seen, 1)

@@ -30,7 +30,9 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from fae_torchrec import AccessStats, FAEEmbeddingBagCollection, HotSet, estimate_hot_share, format_bytes
+from fae_torchrec.modules import FAEEmbeddingBagCollection
+from fae_torchrec.stats import AccessStats, HotSet, estimate_hot_share
+from fae_torchrec.units import format_bytes
 from planner.cache_sizing import cache_load_factors
 from planner.constraints import cold_cache_statistics, fae_constraints
 from planner.enumerator import OrderedEnumerator

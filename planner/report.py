@@ -8,8 +8,8 @@ import numpy as np
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import ShardingOption
 
-from fae_torchrec import format_bytes
-from fae_torchrec.fae_embedding_bag import COLD, HOT
+from fae_torchrec.stats.hot_set import COLD, HOT
+from fae_torchrec.units import format_bytes
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""benchmarks/bench_train.py and benchmarks/gpu/bench_gpu.py run for real, as scripts, at tiny size."""
+"""benchmarks/bench_train.py and benchmarks/bench_gpu.py run for real, as scripts, at tiny size."""
 
 import re
 import subprocess
@@ -48,7 +48,7 @@ def test_bench_train_two_ranks(tmp_path):
 
 @pytest.mark.slow
 def test_bench_gpu_runs_on_cpu(tmp_path):
-    out = _script("benchmarks/gpu/bench_gpu.py", *TINY, "--out", str(tmp_path))
+    out = _script("benchmarks/bench_gpu.py", *TINY, "--out", str(tmp_path))
     assert "plan like (a), TorchRec's CPU kernels" in out
     rows = re.findall(
         r"^(FAE|\(a\) torchrec|\(b\) scaleup|\(c\) hbm) +([\d,]+) +([\d.]+)x", out, re.MULTILINE
@@ -62,7 +62,7 @@ def test_bench_gpu_runs_on_cpu(tmp_path):
 
 def test_bench_gpu_rejects_a_bad_hbm_cap():
     run = subprocess.run(
-        [sys.executable, "benchmarks/gpu/bench_gpu.py", "--hbm-cap", "lots"],
+        [sys.executable, "benchmarks/bench_gpu.py", "--hbm-cap", "lots"],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert run.returncode == 2

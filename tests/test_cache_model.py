@@ -8,7 +8,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.types import CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from benchmarks.cache_model import (
+from benchmarks.common.cache_model import (
     WAYS,
     SetAssociativeLRU,
     belady_traffic,
@@ -16,7 +16,7 @@ from benchmarks.cache_model import (
     murmur_finalizer,
     sampled_rows,
 )
-from benchmarks.plan_traffic import cache_groups, replay
+from benchmarks.common.plan_traffic import cache_groups, replay
 from planner.baseline import default_planner, dry_run
 
 

@@ -24,11 +24,11 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
-from fae_torchrec.optimizers import EmbeddingOptimizer, unfused_optimizer
-from fae_torchrec.partition import HotColdPartition
-from fae_torchrec.router import BatchRouter
-from fae_torchrec.state import gather_full_state_dict, load_full_state_dict
-from fae_torchrec.training import train_step
+from fae_torchrec.modules.state import gather_full_state_dict, load_full_state_dict
+from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
+from fae_torchrec.train.partition import HotColdPartition
+from fae_torchrec.train.router import BatchRouter
+from fae_torchrec.train.step import train_step
 from planner import FAEShardingPlanner
 from tests.distributed import run_on_ranks
 

@@ -20,7 +20,7 @@ import torch
 from torchrec.distributed.planner.types import Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
-from fae_torchrec.checkpoint import plan_layout
+from fae_torchrec.train.checkpoint import plan_layout
 from fae_torchrec.data import SyntheticCriteo
 from planner import FAEShardingPlanner, default_planner, dry_run, hbm_planner, scaleup_planner
 

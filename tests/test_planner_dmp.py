@@ -14,7 +14,7 @@ from torchrec.models.dlrm import DLRM, DLRMTrain
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
 from fae_torchrec.data import SampleBlock, SyntheticCriteo
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
-from fae_torchrec.optimizers import EmbeddingOptimizer, unfused_optimizer
+from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
 from planner import FAEShardingPlanner
 from tests.distributed import run_on_ranks
 

@@ -8,9 +8,10 @@ import pytest
 from fae_torchrec import AccessProfiler
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
-from fae_torchrec.partition import COLD, HOT, HotColdPartition
-from fae_torchrec.router import BatchRouter
-from fae_torchrec.schedule import make_schedule
+from fae_torchrec.stats.hot_set import COLD, HOT
+from fae_torchrec.train.partition import HotColdPartition
+from fae_torchrec.train.router import BatchRouter
+from fae_torchrec.train.schedule import make_schedule
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from fae_torchrec.data.criteo import (
     scaled_table_sizes,
 )
 
-#: Power-law exponent of every table's popularity; gives Criteo-like skew (see the README).
+#: Power-law exponent of every table's popularity; gives Criteo-like skew (see docs/data.md).
 DEFAULT_EXPONENT = 1.05
 #: Chance that an id takes its input's shared popularity quantile (see the module docstring).
 DEFAULT_CORRELATION = 0.85

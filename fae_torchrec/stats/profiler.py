@@ -9,8 +9,8 @@ import numpy as np
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from tqdm import tqdm
 
-from fae_torchrec.access_stats import AccessStats, Holdout
-from fae_torchrec.feature_ids import BatchLike, FeatureIds
+from fae_torchrec.stats.access_stats import AccessStats, Holdout
+from fae_torchrec.stats.feature_ids import BatchLike, FeatureIds
 from fae_torchrec.tables import TableLayout
 
 logger = logging.getLogger(__name__)

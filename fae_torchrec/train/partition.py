@@ -18,10 +18,8 @@ import numpy as np
 from tqdm import tqdm
 
 from fae_torchrec.data.block import SampleBlock
-from fae_torchrec.hot_set import HotSet
+from fae_torchrec.stats.hot_set import COLD, HOT, PARTS, HotSet
 
-HOT, COLD = "hot", "cold"
-PARTS = (HOT, COLD)
 _FIELDS = ("dense", "ids", "labels")
 _HEADER_BYTES = 128
 

@@ -17,7 +17,7 @@ import numpy as np
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.types import ShardingPlan
 
-from benchmarks.cache_model import BatchedKeys, SetAssociativeLRU, cache_sets
+from benchmarks.common.cache_model import BatchedKeys, SetAssociativeLRU, cache_sets
 
 #: FBGEMM's cache load factor where TorchRec passes none.
 FBGEMM_DEFAULT_LOAD_FACTOR = 0.2

@@ -4,49 +4,49 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from fae_torchrec.hot_set import HotSet
-
-if TYPE_CHECKING:
-    from fae_torchrec.access_stats import AccessStats
+from fae_torchrec.stats.holdout import Holdout
+from fae_torchrec.stats.hot_set import HotSet
+from fae_torchrec.tables import TableLayout
 
 
 @dataclass(frozen=True)
 class RowRanking:
     """The rows seen in the sample, most accessed first; ties go to the earlier table, then lower id.
 
-    Rows are global (``table offset + id``). A row never seen in the sample is not ranked, so it is
+    Built from a profile's per-table ``counts`` (``AccessStats.ranking``). Rows are global (``table
+    offset + id``). A row never seen in the sample is not ranked, so it is
     hot only when the budget holds every row of every table.
     """
 
-    stats: AccessStats
+    counts: tuple[np.ndarray, ...]
+    layout: TableLayout
+    holdout: Holdout
     optimizer_class: type[torch.optim.Optimizer] | None = None
 
     @cached_property
     def rows(self) -> np.ndarray:
-        counts = np.concatenate(self.stats.counts)
+        counts = np.concatenate(self.counts)
         seen = np.flatnonzero(counts)
         return seen[np.argsort(-counts[seen], kind="stable")]
 
     @cached_property
     def tables(self) -> np.ndarray:
         """Table index of each ranked row."""
-        return self.stats.table_of_rows(self.rows)
+        return self.layout.table_of_rows(self.rows)
 
     @cached_property
     def cumulative_bytes(self) -> np.ndarray:
         """Bytes of the first ``k + 1`` ranked rows, for every ``k``."""
-        return np.cumsum(self.stats.layout.row_bytes(self.optimizer_class)[self.tables])
+        return np.cumsum(self.layout.row_bytes(self.optimizer_class)[self.tables])
 
     @property
     def total_bytes(self) -> int:
         """Bytes of every row of every table."""
-        layout = self.stats.layout
-        return int(layout.num_rows @ layout.row_bytes(self.optimizer_class))
+        return int(self.layout.num_rows @ self.layout.row_bytes(self.optimizer_class))
 
     def num_hot_rows(self, budget_bytes: int | np.ndarray) -> int | np.ndarray:
         """How many ranked rows fit ``budget_bytes`` (taken in rank order while they fit)."""
@@ -56,9 +56,8 @@ class RowRanking:
 
     def hot_set(self, budget_bytes: int) -> HotSet:
         """FAE's hot set for a budget: every row when all tables fit, else the top ranked rows."""
-        tables = self.stats.tables
         if budget_bytes >= self.total_bytes:
-            return HotSet.everything(tables)
+            return HotSet.everything(self.layout.configs)
         k = int(self.num_hot_rows(budget_bytes))
         return self._hot_set_of(np.sort(self.rows[:k]))
 
@@ -66,16 +65,13 @@ class RowRanking:
         """Per table, the rows holding at least ``threshold`` of that table's sampled accesses."""
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"share threshold must be in (0, 1], got {threshold}")
-        hot = [
-            np.flatnonzero((counts > 0) & (counts >= threshold * counts.sum()))
-            for counts in self.stats.counts
-        ]
-        return HotSet(self.stats.tables, tuple(hot))
+        hot = [np.flatnonzero((counts > 0) & (counts >= threshold * counts.sum())) for counts in self.counts]
+        return HotSet(self.layout.configs, tuple(hot))
 
     def worst_ranks(self) -> np.ndarray:
         """Per holdout input, the largest rank among its rows (-1 for none; ``len(rows)`` when a row
         is unranked): with the top ``k`` ranked rows hot, the input is hot exactly when this is < k."""
-        holdout = self.stats.holdout
+        holdout = self.holdout
         order = np.argsort(self.rows)
         sorted_rows = self.rows[order]
         position = np.minimum(np.searchsorted(sorted_rows, holdout.rows), len(sorted_rows) - 1)
@@ -86,11 +82,9 @@ class RowRanking:
         return worst
 
     def _hot_set_of(self, rows: np.ndarray) -> HotSet:
-        bounds = np.searchsorted(rows, self.stats.row_offsets)
+        offsets = self.layout.row_offsets
+        bounds = np.searchsorted(rows, offsets)
         return HotSet(
-            self.stats.tables,
-            tuple(
-                rows[bounds[t] : bounds[t + 1]] - self.stats.row_offsets[t]
-                for t in range(len(self.stats.tables))
-            ),
+            self.layout.configs,
+            tuple(rows[bounds[t] : bounds[t + 1]] - offsets[t] for t in range(len(self.layout.configs))),
         )

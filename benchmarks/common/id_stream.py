@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from benchmarks.cache_model import sampled_rows
+from benchmarks.common.cache_model import sampled_rows
 from fae_torchrec import AccessProfiler, AccessStats, HotSet
 from fae_torchrec.data import SampleBlock, SyntheticCriteo
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
@@ -40,7 +40,7 @@ class IdStream:
 
     def rows(self) -> np.ndarray:
         """Global row key (table offset + id) of each kept lookup."""
-        return self.stats.row_offsets[self.tables] + self.ids
+        return self.stats.layout.row_offsets[self.tables] + self.ids
 
     def hot_inputs(self, hot_set: HotSet) -> np.ndarray:
         """Mask of the inputs that ``hot_set`` (a prefix of the ranking) makes entirely hot."""
@@ -71,7 +71,7 @@ def synthetic_stream(
     parts: dict[str, list[np.ndarray]] = {"inputs": [], "tables": [], "ids": [], "ranks": [], "worst": []}
     first = 0
     for block in tqdm(data.raw_blocks(), total=data.num_chunks, desc="id stream", leave=False):
-        _keep(block, first, columns, stats.row_offsets, rank_of_row, sampling, parts)
+        _keep(block, first, columns, stats.layout.row_offsets, rank_of_row, sampling, parts)
         first += len(block)
     inputs, tables, ids, ranks, worst = (np.concatenate(parts[k]) for k in parts)
     return IdStream(stats, sampling, first, inputs, tables, ids, ranks, worst)

@@ -12,8 +12,8 @@ example's wall-clock samples/s (training steps only):
 On a CUDA machine, build the virtual environment with the CUDA fbgemm (the Makefile picks it when
 ``nvidia-smi`` sees a GPU; ``make VARIANT=cuda .venv/.installed-cuda`` forces it), then::
 
-    .venv/bin/python benchmarks/gpu/bench_gpu.py --hbm-cap 8GiB
-    .venv/bin/python benchmarks/gpu/bench_gpu.py --hbm-cap 8GiB --world-size 2   # 2 GPUs, torchrun
+    .venv/bin/python benchmarks/bench_gpu.py --hbm-cap 8GiB
+    .venv/bin/python benchmarks/bench_gpu.py --hbm-cap 8GiB --world-size 2   # 2 GPUs, torchrun
 
 Without CUDA it runs smaller (defaults shrink) so that CI keeps it working; there TorchRec plans its CPU
 kernels for (a), (b) and (c) alike and ``--hbm-cap`` means nothing, which the output says.
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.example_runs import run_example
+from benchmarks.common.example_runs import run_example
 from fae_torchrec import parse_bytes
 
 #: The runs, in order: FAE, then the example's ``--baseline`` choices (a), (b), (c).

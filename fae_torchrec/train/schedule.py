@@ -27,7 +27,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from fae_torchrec.partition import COLD, HOT
+from fae_torchrec.stats.hot_set import COLD, HOT
 
 ORDERS = ("phases", "shuffled", "adaptive")
 #: Runs of hot steps the adaptive order starts with.

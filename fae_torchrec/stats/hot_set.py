@@ -10,8 +10,13 @@ import numpy as np
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from fae_torchrec.feature_ids import BatchLike, FeatureIds
+from fae_torchrec.stats.feature_ids import BatchLike, FeatureIds
 from fae_torchrec.tables import TableLayout
+
+#: The two parts every row, table and input falls into: names of the split module's EBCs, of the
+#: partition's files and of the planner's parts.
+HOT, COLD = "hot", "cold"
+PARTS = (HOT, COLD)
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from fae_torchrec.access_stats import AccessStats
-from fae_torchrec.feature_ids import BatchLike
-from fae_torchrec.hot_set import HotSet
-from fae_torchrec.ranking import RowRanking
+from fae_torchrec.stats.access_stats import AccessStats
+from fae_torchrec.stats.feature_ids import BatchLike
+from fae_torchrec.stats.holdout import Holdout
+from fae_torchrec.stats.hot_set import HotSet
+from fae_torchrec.stats.ranking import RowRanking
 
 _Z95 = 1.959963984540054
 
@@ -51,13 +52,13 @@ def wilson_interval(hits: np.ndarray | int, n: int) -> tuple[np.ndarray, np.ndar
     return p, np.maximum(center - half, 0.0), np.minimum(center + half, 1.0)
 
 
-def _holdout_size(stats: AccessStats) -> int:
-    if len(stats.holdout) == 0:
+def _holdout_size(holdout: Holdout) -> int:
+    if len(holdout) == 0:
         raise ValueError(
             "the statistics have no holdout inputs to estimate from "
             "(sample fraction 1.0, holdout_size=0, or every input was sampled)"
         )
-    return len(stats.holdout)
+    return len(holdout)
 
 
 def holdout_rows_hot(stats: AccessStats, hot_set: HotSet) -> np.ndarray:
@@ -67,7 +68,7 @@ def holdout_rows_hot(stats: AccessStats, hot_set: HotSet) -> np.ndarray:
 
 def estimate_hot_share(stats: AccessStats, hot_set: HotSet) -> ShareEstimate:
     """Share of inputs outside the sample that ``hot_set`` makes entirely hot, from the holdout."""
-    n = _holdout_size(stats)
+    n = _holdout_size(stats.holdout)
     cold_inputs = np.unique(stats.holdout.owners[~holdout_rows_hot(stats, hot_set)])
     share, low, high = wilson_interval(n - len(cold_inputs), n)
     return ShareEstimate(float(share), float(low), float(high), n)
@@ -75,7 +76,7 @@ def estimate_hot_share(stats: AccessStats, hot_set: HotSet) -> ShareEstimate:
 
 def hot_share_curve(ranking: RowRanking, budgets: np.ndarray) -> ShareCurve:
     """Estimated hot-input share of FAE's hot set at each budget (one pass over the holdout)."""
-    n = _holdout_size(ranking.stats)
+    n = _holdout_size(ranking.holdout)
     budgets = np.asarray(budgets)
     worst = np.sort(ranking.worst_ranks())
     num_hot = np.asarray(ranking.num_hot_rows(budgets))

@@ -9,8 +9,8 @@ from torchrec.datasets.utils import Batch
 
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
-from fae_torchrec.partition import HotColdPartition
-from fae_torchrec.schedule import Step, initial_run, interleave, make_schedule
+from fae_torchrec.train.partition import HotColdPartition
+from fae_torchrec.train.schedule import Step, initial_run, interleave, make_schedule
 
 
 @dataclass(frozen=True)

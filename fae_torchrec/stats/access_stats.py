@@ -13,25 +13,10 @@ import numpy as np
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from fae_torchrec.hot_set import HotSet
-from fae_torchrec.ranking import RowRanking
+from fae_torchrec.stats.holdout import Holdout
+from fae_torchrec.stats.hot_set import HotSet
+from fae_torchrec.stats.ranking import RowRanking
 from fae_torchrec.tables import TableLayout
-
-
-@dataclass(frozen=True)
-class Holdout:
-    """Inputs left out of the sample: their global rows, and for each row the input it belongs to.
-
-    A global row is ``table offset + id``, tables in order, so one array serves all tables. Inputs
-    are numbered ``0..num_inputs-1``; one that carries no id has no row but still counts.
-    """
-
-    rows: np.ndarray
-    owners: np.ndarray
-    num_inputs: int
-
-    def __len__(self) -> int:
-        return self.num_inputs
 
 
 @dataclass(frozen=True)
@@ -62,14 +47,9 @@ class AccessStats:
     def sample_fraction(self) -> float:
         return self.num_sampled / self.num_inputs
 
-    @cached_property
-    def row_offsets(self) -> np.ndarray:
-        """Global row of each table's row 0 (and the total as the last entry)."""
-        return np.concatenate([[0], np.cumsum(self.layout.num_rows)])
-
     def ranking(self, optimizer_class: type[torch.optim.Optimizer] | None = None) -> RowRanking:
         """All sampled rows ranked together, with row costs for ``optimizer_class``."""
-        return RowRanking(self, optimizer_class)
+        return RowRanking(self.counts, self.layout, self.holdout, optimizer_class)
 
     def hot_set(
         self, budget_bytes: int, optimizer_class: type[torch.optim.Optimizer] | None = None
@@ -94,10 +74,6 @@ class AccessStats:
     def table_accesses(self) -> np.ndarray:
         """Sampled accesses per table."""
         return np.array([c.sum() for c in self.counts], dtype=np.int64)
-
-    def table_of_rows(self, rows: np.ndarray) -> np.ndarray:
-        """Table index of each global row."""
-        return np.searchsorted(self.row_offsets, rows, side="right") - 1
 
     def save(self, path: str | os.PathLike) -> None:
         """Write everything to one compressed npz file at exactly ``path`` (tables as JSON, counts,

@@ -10,8 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fae_torchrec.access_stats import AccessStats
-from fae_torchrec.hot_share import ShareCurve
+from fae_torchrec.stats.access_stats import AccessStats
+from fae_torchrec.stats.hot_share import ShareCurve
 
 
 def plot_access_cdf(stats: AccessStats, path: str | os.PathLike) -> None:

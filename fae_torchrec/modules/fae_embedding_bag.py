@@ -20,10 +20,9 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingBagCollectionInterface
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from fae_torchrec.hot_set import HotSet
+from fae_torchrec.stats.hot_set import COLD, HOT, HotSet
 from fae_torchrec.tables import TableLayout
 
-HOT, COLD = "hot", "cold"
 _SPLIT, _ALL_HOT, _ALL_COLD = 0, 1, 2
 
 

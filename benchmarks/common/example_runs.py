@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_dlrm_fae.py"
 #: Lines of the example's stderr quoted when it fails.
 ERROR_TAIL_LINES = 40
 

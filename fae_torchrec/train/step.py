@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torchrec.datasets.utils import Batch
 
-from fae_torchrec.fae_embedding_bag import FAEEmbeddingBagCollection
+from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection
 
 
 def find_fae_module(model: nn.Module) -> FAEEmbeddingBagCollection | None:
@@ -24,7 +24,7 @@ def train_step(
 
     ``model(batch)`` returns ``(loss, ...)`` as TorchRec's ``DLRMTrain`` does. Embedding weights are
     updated by their fused optimizers during backward; ``dense_optimizer`` updates the rest, data-
-    parallel tables included (build it with :func:`fae_torchrec.optimizers.unfused_optimizer`). A
+    parallel tables included (build it with :func:`fae_torchrec.train.optimizers.unfused_optimizer`). A
     ``hot`` step runs the hot part of the FAE module only (every rank must agree on ``hot``).
     """
     fae = find_fae_module(model)

@@ -1,1 +1,0 @@
-"""Benchmarks meant for a CUDA machine (they also run, smaller, on CPU)."""

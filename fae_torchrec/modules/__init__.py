@@ -1,0 +1,13 @@
+"""Stage 2, the split module: an ``EmbeddingBagCollection`` split into hot and cold parts
+(``fae_embedding_bag``), and full state dicts in and out of its DMP shards (``state``). ``planner/``
+places the parts."""
+
+from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection, part_table_name
+from fae_torchrec.modules.state import gather_full_state_dict, load_full_state_dict
+
+__all__ = [
+    "FAEEmbeddingBagCollection",
+    "gather_full_state_dict",
+    "load_full_state_dict",
+    "part_table_name",
+]

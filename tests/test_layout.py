@@ -1,0 +1,156 @@
+"""The package layout follows FAE's flow: no import from a later stage into an earlier one, no cycle.
+
+Stages, earliest first: shared helpers and data sources; ``fae_torchrec.stats`` (which rows are hot);
+``fae_torchrec.modules`` (the split module); ``planner`` (placing its parts); ``fae_torchrec.train``;
+the front ends (``fae_torchrec`` itself, its command line). Imports are read with ``ast``, those inside
+functions and ``TYPE_CHECKING`` blocks included, so nothing runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Module-name prefixes in stage order; a module may import from its own stage and earlier ones.
+STAGES = (
+    ("fae_torchrec.units", "fae_torchrec.tables", "fae_torchrec.arguments", "fae_torchrec.data"),
+    ("fae_torchrec.stats",),
+    ("fae_torchrec.modules",),
+    ("planner",),
+    ("fae_torchrec.train",),
+    ("fae_torchrec.cli",),
+)
+#: The package's own ``__init__`` re-exports every stage: a front end like the command line.
+FRONT = len(STAGES) - 1
+#: Trees whose modules are checked for cycles (benchmarks, examples and tests import the library too).
+TREES = ("fae_torchrec", "planner", "benchmarks", "examples", "tests")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for tree in TREES for p in sorted((ROOT / tree).rglob("*.py"))}
+
+
+def _imports(name: str, source: str, known: set[str], is_package: bool = False) -> set[str]:
+    """The project modules the ``source`` of module ``name`` imports: ``from package import name``
+    counts as the submodule ``package.name`` when that is a module, else as ``package``."""
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+    return {module for module in found if module in known}
+
+
+def _stage(module: str) -> int | None:
+    if module == "fae_torchrec":
+        return FRONT
+    for index, prefixes in enumerate(STAGES):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    return None
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {
+        name: _imports(name, path.read_text(), known, path.name == "__init__.py")
+        for name, path in modules.items()
+    }
+
+
+def test_every_library_module_has_a_stage(graph):
+    library = [m for m in graph if m.split(".")[0] in ("fae_torchrec", "planner")]
+    assert [m for m in library if _stage(m) is None] == []
+    assert len(library) > 30  # the walk found the package
+
+
+def test_no_module_imports_a_later_stage(graph):
+    backwards = [
+        f"{module} (stage {_stage(module)}) imports {imported} (stage {_stage(imported)})"
+        for module, imports in graph.items()
+        if _stage(module) is not None
+        for imported in sorted(imports)
+        if _stage(imported) is not None and _stage(imported) > _stage(module)
+    ]
+    assert backwards == []
+
+
+def test_no_import_cycle(graph):
+    cycles: list[list[str]] = []
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for imported in sorted(graph[module]):
+            if state.get(imported) == "open":
+                cycles.append([*path[path.index(imported) :], imported])
+            elif imported not in state:
+                visit(imported, [*path, imported])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_the_checks_catch_what_they_look_for():
+    """The walk resolves the forms a backward import or a cycle would take."""
+    known = {"fae_torchrec.stats", "fae_torchrec.stats.hot_set", "fae_torchrec.train.step", "planner"}
+    source = (
+        "import numpy\nfrom ..train import step\nfrom fae_torchrec.stats import HotSet\n"
+        "def later():\n    import planner\n"
+    )
+    found = _imports("fae_torchrec.stats.probe", source, known)
+    assert found == {"fae_torchrec.train.step", "fae_torchrec.stats", "planner"}
+    assert _stage("fae_torchrec.train.step") > _stage("fae_torchrec.stats.probe")
+    assert _stage("planner") > _stage("fae_torchrec.modules.fae_embedding_bag")
+
+
+#: Where the README of release 0.1 told users to import each public name from; they must stay there.
+PUBLIC_NAMES = {
+    "fae_torchrec": (
+        "AccessProfiler AccessStats BatchRouter CheckpointError Checkpoints EmbeddingOptimizer "
+        "FAEEmbeddingBagCollection FeatureIds Holdout HotColdPartition HotSet RoutedBatch RowRanking "
+        "ShareCurve ShareEstimate Step TableLayout estimate_hot_share evaluate format_bytes "
+        "gather_full_state_dict hot_share_curve load_full_state_dict make_schedule measure_hot_share "
+        "parse_bytes part_table_name row_bytes train_step unfused_optimizer"
+    ),
+    "fae_torchrec.data": (
+        "KAGGLE_TABLE_SIZES CriteoNpyReader CriteoTsvReader SampleBlock SyntheticCriteo "
+        "criteo_table_configs scaled_table_sizes"
+    ),
+    "fae_torchrec.data.criteo": (
+        "MLPERF_MAX_ROWS TABLE_SETS TERABYTE_TABLE_SIZES read_table_sizes table_sizes"
+    ),
+    "planner": (
+        "AccessCacheStatistics BaselinePlan FAEPlanReport FAEShardingPlanner PartPlacement RankTotals "
+        "cache_load_factors default_planner dry_run fae_constraints hbm_planner scaleup_planner "
+        "torchrec_default_plan"
+    ),
+    "planner.enumerator": "OrderedEnumerator",
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC_NAMES))
+def test_public_names_import_from_where_they_did(module):
+    imported = importlib.import_module(module)
+    assert [name for name in PUBLIC_NAMES[module].split() if not hasattr(imported, name)] == []
