@@ -5,13 +5,14 @@ tables use ``fused_uvm_caching`` with ``CacheParams`` (a load factor and ``Acces
 the HBM kernels where their load factor is 1 (the whole cold part fits in device memory). On a
 CPU topology both parts get TorchRec's CPU kernels and sharding types, so plans execute here. The
 sharding type of every part table is left to TorchRec's cost model unless the user constrains it.
-Pooling factors come from the statistics: a table's ids per input, split by the share of its accesses
-that fall on hot rows.
+TorchRec plans one sharding for both kinds of step, so each part's pooling factor is the ids it looks
+up per input averaged over hot and cold steps (``StepPooling``); the planner then prices the chosen
+plan at a hot step's and a cold step's own pooling.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -55,26 +56,72 @@ def ids_per_input(stats: AccessStats) -> np.ndarray:
     return stats.table_accesses() / stats.num_sampled / features
 
 
-def hot_access_share(stats: AccessStats, hot_set: HotSet) -> np.ndarray:
-    """Per table, the share of its accesses that fall on hot rows.
+@dataclass(frozen=True)
+class StepPooling:
+    """Per table, ids per input and feature that each part looks up on each kind of step.
 
-    Measured on the holdout where it has accesses of the table: the sample chose the hot rows, so its
-    own share is biased upwards (every sampled row is hot once the budget holds them all).
+    FAE routes whole inputs: a hot step's batch holds entirely-hot inputs, whose ids all fall on hot
+    rows, and a cold step's batch holds the other inputs, which carry every cold lookup (``p * (1 -
+    s_t) / (1 - share)`` of them for a table of pooling ``p`` and hot access share ``s_t``) and some
+    hot ones. Measured on the profile's holdout: the sample chose the hot rows, so its own counts are
+    biased towards them.
     """
-    total = np.maximum(stats.table_accesses(), 1)
-    in_sample = np.array([c[ids].sum() for c, ids in zip(stats.counts, hot_set.hot_ids, strict=True)]) / total
-    tables = stats.layout.table_of_rows(stats.holdout.rows)
-    hot = holdout_rows_hot(stats, hot_set)
-    seen = np.bincount(tables, minlength=len(stats.tables))
-    held_out = np.bincount(tables, weights=hot, minlength=len(stats.tables)) / np.maximum(seen, 1)
-    return np.where(seen > 0, held_out, in_sample)
+
+    hot_input_share: float
+    hot_step: np.ndarray
+    cold_step_hot: np.ndarray
+    cold_step_cold: np.ndarray
+    features: np.ndarray
+
+    def ids_per_input(self, pooling: np.ndarray) -> float:
+        """Ids an input looks up over all tables, given one of the per-table poolings above."""
+        return float(pooling @ self.features)
+
+    @property
+    def expected_hot(self) -> np.ndarray:
+        """The hot part's pooling averaged over hot and cold steps (what a step looks up on average)."""
+        share = self.hot_input_share
+        return share * self.hot_step + (1.0 - share) * self.cold_step_hot
+
+    @property
+    def expected_cold(self) -> np.ndarray:
+        """The cold part's pooling averaged over all steps (it does no lookup on hot steps)."""
+        return (1.0 - self.hot_input_share) * self.cold_step_cold
+
+
+def step_pooling(stats: AccessStats, hot_set: HotSet) -> StepPooling:
+    """The pooling of each part on hot and on cold steps, from the holdout (see ``StepPooling``)."""
+    holdout = stats.holdout
+    n = len(holdout)
+    if n == 0:
+        raise ValueError("the statistics have no holdout inputs to measure hot and cold batches on")
+    tables = stats.layout.table_of_rows(holdout.rows)
+    row_hot = holdout_rows_hot(stats, hot_set)
+    cold_input = np.zeros(n, dtype=bool)
+    cold_input[holdout.owners[~row_hot]] = True
+    on_cold_input = cold_input[holdout.owners]
+    num_cold = int(cold_input.sum())
+    features = np.array([len(c.feature_names) for c in stats.tables], dtype=np.float64)
+
+    def per_input(lookups: np.ndarray, inputs: int) -> np.ndarray:
+        counts = np.bincount(tables[lookups], minlength=len(stats.tables))
+        return counts / max(inputs, 1) / features
+
+    return StepPooling(
+        hot_input_share=(n - num_cold) / n,
+        hot_step=per_input(~on_cold_input, n - num_cold),
+        cold_step_hot=per_input(on_cold_input & row_hot, num_cold),
+        cold_step_cold=per_input(on_cold_input & ~row_hot, num_cold),
+        features=features,
+    )
 
 
 def cold_cache_statistics(
     stats: AccessStats, hot_set: HotSet, global_batch_size: int
 ) -> dict[str, AccessCacheStatistics]:
-    """Cache statistics of every table's cold rows, keyed by table name."""
-    lookups = ids_per_input(stats) * (1.0 - hot_access_share(stats, hot_set)) * global_batch_size
+    """Cache statistics of every table's cold rows, keyed by table name. Caches serve cold steps only,
+    so a batch's lookups are a cold step's."""
+    lookups = step_pooling(stats, hot_set).cold_step_cold * global_batch_size
     return {
         config.name: AccessCacheStatistics.from_counts(counts, float(n * len(config.feature_names)))
         for config, counts, n in zip(stats.tables, cold_counts(stats, hot_set), lookups, strict=True)
@@ -98,21 +145,20 @@ def fae_constraints(
     table).
     """
     user = user or {}
-    pooling = ids_per_input(stats)
-    share = hot_access_share(stats, hot_set)
+    pooling = step_pooling(stats, hot_set)
     constraints = {}
     for t, config in enumerate(stats.tables):
         base = user.get(config.name, ParameterConstraints())
         per_part = {}
         if len(hot_set.hot_ids[t]):
-            per_part[HOT] = (share[t], base.cache_params, HOT)
+            per_part[HOT] = (pooling.expected_hot[t], base.cache_params, HOT)
         if config.name in caches:
             load_factor, cache_stats = caches[config.name]
             cache = replace(base.cache_params or CacheParams(), load_factor=load_factor, stats=cache_stats)
             in_hbm = load_factor >= 1.0
             cached = None if compute_device == "cpu" or in_hbm else cache
-            per_part[COLD] = (1.0 - share[t], cached, HOT if in_hbm else COLD)
-        for part, (access_share, cache_params, rule) in per_part.items():
+            per_part[COLD] = (pooling.expected_cold[t], cached, HOT if in_hbm else COLD)
+        for part, (part_pooling, cache_params, rule) in per_part.items():
             allowed_types, allowed_kernels = ALLOWED[compute_device, rule]
             constraints[part_table_name(config.name, part)] = replace(
                 base,
@@ -120,7 +166,7 @@ def fae_constraints(
                     config.name, part, "sharding types", allowed_types, base.sharding_types
                 ),
                 compute_kernels=_allowed(config.name, part, "kernels", allowed_kernels, base.compute_kernels),
-                pooling_factors=[float(pooling[t] * access_share)] * len(config.feature_names),
+                pooling_factors=[float(part_pooling)] * len(config.feature_names),
                 cache_params=cache_params,
             )
     return constraints

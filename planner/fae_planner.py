@@ -6,8 +6,10 @@ statistics for cold rows; CPU kernels on a CPU topology), sizes the cold caches 
 TorchRec's storage reservation leaves, and lets TorchRec's enumerator, proposers, partitioner and
 perf model do the rest. ``choose_hot_set`` is FAE's knob: without a budget it tries budgets from none
 up to the bytes of the rows seen in the sample (a row never seen is never hot), within the device
-memory, plus the whole model when it fits, and keeps the one with the shortest predicted step, where
-hot steps skip the cold part and count with the estimated hot-input share.
+memory, plus the whole model when it fits, and keeps the one with the shortest predicted step,
+``share x hot step + (1 - share) x cold step``: TorchRec's perf model prices the chosen plan twice, a
+hot step (the hot part at the pooling of entirely-hot batches, no cold part) and a cold step (both
+parts at the pooling of the other inputs' batches), both measured on the profile's holdout.
 
 As with TorchRec's planner, call ``apply_optimizer_in_backward`` on the model before planning so that
 optimizer state counts in the storage estimates; the knob's own candidate modules get
@@ -17,6 +19,7 @@ optimizer state counts in the storage estimates; the knob's own candidate module
 from __future__ import annotations
 
 import logging
+from copy import deepcopy
 
 import numpy as np
 import torch
@@ -25,18 +28,18 @@ from torch import nn
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
-from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, ShardingOption, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from fae_torchrec.modules import FAEEmbeddingBagCollection
-from fae_torchrec.stats import AccessStats, HotSet, estimate_hot_share
+from fae_torchrec.stats import COLD, HOT, AccessStats, HotSet, estimate_hot_share
 from fae_torchrec.units import format_bytes
 from planner.cache_sizing import cache_load_factors
-from planner.constraints import cold_cache_statistics, fae_constraints
+from planner.constraints import cold_cache_statistics, fae_constraints, step_pooling
 from planner.enumerator import OrderedEnumerator
-from planner.report import FAEPlanReport
+from planner.report import FAEPlanReport, RankTotals, part_paths
 
 logger = logging.getLogger(__name__)
 
@@ -175,11 +178,12 @@ class FAEShardingPlanner(ShardingPlanner):
                 {name: (load_factors[name], cache) for name, cache in caches.items()},
                 self.constraints,
             )
+            enumerator = OrderedEnumerator(self.topology, self.batch_size, constraints)
             planner = EmbeddingShardingPlanner(
                 topology=self.topology,
                 batch_size=self.batch_size,
                 constraints=constraints,
-                enumerator=OrderedEnumerator(self.topology, self.batch_size, constraints),
+                enumerator=enumerator,
                 storage_reservation=HeuristicalStorageReservation(percentage=RESERVED_PERCENTAGE),
                 stats=[],
                 debug=False,
@@ -194,10 +198,46 @@ class FAEShardingPlanner(ShardingPlanner):
             raise PlannerError(
                 self._too_small_message(needed, float(memory.sum()), failure), failure.error_type
             ) from failure
-        share = estimate_hot_share(self.stats, hot_set).share
-        budget = hot_set.hot_bytes(self.optimizer_class)
-        report = FAEPlanReport.from_options(planner._best_plan, fae_path, world, budget, share, load_factors)
+        options = planner._best_plan
+        pooling = step_pooling(self.stats, hot_set)
+        report = FAEPlanReport.from_options(
+            options,
+            fae_path,
+            world,
+            hot_budget_bytes=hot_set.hot_bytes(self.optimizer_class),
+            hot_input_share=estimate_hot_share(self.stats, hot_set).share,
+            load_factors=load_factors,
+            hot_step=self._price(enumerator, options, fae_path, {HOT: pooling.hot_step}),
+            cold_step=self._price(
+                enumerator, options, fae_path, {HOT: pooling.cold_step_hot, COLD: pooling.cold_step_cold}
+            ),
+            pooling=pooling,
+        )
         return plan, report
+
+    def _price(
+        self,
+        enumerator: OrderedEnumerator,
+        options: list[ShardingOption],
+        fae_path: str,
+        pooling: dict[str, np.ndarray],
+    ) -> float:
+        """TorchRec's predicted step of the plan ``options`` with each FAE part at ``pooling[part]``
+        (ids per input and feature, per table); parts missing from ``pooling`` do not run."""
+        parts = part_paths(fae_path)
+        table_index = {c.name: t for t, c in enumerate(self.stats.tables)}
+        priced = []
+        for option in options:
+            part = parts.get(option.path)
+            if part is not None and part not in pooling:
+                continue
+            option = deepcopy(option)
+            if part is not None:
+                t = table_index[option.name.removesuffix(f"_{part}")]
+                option.input_lengths = [float(pooling[part][t])] * len(option.input_lengths)
+            priced.append(option)
+        enumerator.populate_estimates(priced)
+        return RankTotals.of(priced, self.topology.world_size).step
 
     def _load_factors(
         self, hot_set: HotSet, cache_budget: float, caches: dict, whole_parts: bool

@@ -10,6 +10,7 @@ from torchrec.distributed.planner.types import ShardingOption
 
 from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.units import format_bytes
+from planner.constraints import StepPooling
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class FAEPlanReport:
     rank_hbm: tuple[int, ...]
     rank_ddr: tuple[int, ...]
     placements: dict[str, dict[str, PartPlacement]] = field(default_factory=dict)
+    #: Ids per input looked up on hot rows in a hot step, and on hot and on cold rows in a cold step.
+    step_ids: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     @property
     def step(self) -> float:
@@ -73,18 +76,20 @@ class FAEPlanReport:
         options: list[ShardingOption],
         fae_path: str,
         world_size: int,
+        *,
         hot_budget_bytes: int,
         hot_input_share: float,
         load_factors: dict[str, float],
+        hot_step: float,
+        cold_step: float,
+        pooling: StepPooling,
     ) -> FAEPlanReport:
         """The report of a plan's sharding options; ``fae_path`` is the FAE module's name in the model.
-
-        A hot step runs every sharded table but the cold part's (other modules included).
-        """
-        part_paths = {_join(fae_path, part): part for part in (HOT, COLD)}
+        ``hot_step`` and ``cold_step`` are the plan's predicted steps at each kind of batch's pooling."""
+        paths = part_paths(fae_path)
         placements: dict[str, dict[str, PartPlacement]] = {}
         for option in options:
-            part = part_paths.get(option.path)
+            part = paths.get(option.path)
             if part is None:
                 continue
             placements.setdefault(option.name.removesuffix(f"_{part}"), {})[part] = PartPlacement(
@@ -95,24 +100,32 @@ class FAEPlanReport:
                 if option.compute_kernel == EmbeddingComputeKernel.FUSED_UVM_CACHING.value
                 else None,
             )
-        hot_options = [o for o in options if part_paths.get(o.path) != COLD]
         totals = RankTotals.of(options, world_size)
         return cls(
             hot_budget_bytes=hot_budget_bytes,
             hot_input_share=hot_input_share,
-            hot_step=RankTotals.of(hot_options, world_size).step,
-            cold_step=totals.step,
+            hot_step=hot_step,
+            cold_step=cold_step,
             rank_hbm=totals.hbm,
             rank_ddr=totals.ddr,
             placements=placements,
+            step_ids=(
+                pooling.ids_per_input(pooling.hot_step),
+                pooling.ids_per_input(pooling.cold_step_hot),
+                pooling.ids_per_input(pooling.cold_step_cold),
+            ),
         )
 
     def __str__(self) -> str:
         lines = [
             f"FAE plan: hot budget {format_bytes(self.hot_budget_bytes)}, predicted hot-input share "
             f"{self.hot_input_share:.1%}",
-            f"predicted step {self.step:.3f} ms (hot step {self.hot_step:.3f} ms, "
-            f"cold step {self.cold_step:.3f} ms)",
+            f"predicted step {self.step:.3f} ms = {self.hot_input_share:.3f} x hot step "
+            f"{self.hot_step:.3f} ms + {1 - self.hot_input_share:.3f} x cold step {self.cold_step:.3f} ms "
+            "(TorchRec's perf model)",
+            f"ids per input: hot step {self.step_ids[0]:.2f} on hot rows; cold step {self.step_ids[1]:.2f} "
+            f"on hot rows, {self.step_ids[2]:.2f} on cold rows (each step priced at its own batches' "
+            "pooling, measured on the holdout)",
             f"{'table':<14}{'hot rows':>11}  {'hot sharding':<26}{'cold rows':>11}  {'cold sharding':<34}",
         ]
         for table, parts in self.placements.items():
@@ -135,5 +148,6 @@ def _where(placement: PartPlacement | None) -> str:
     return text
 
 
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
+def part_paths(fae_path: str) -> dict[str, str]:
+    """The module paths of the hot and cold parts of the FAE module at ``fae_path``, to their part."""
+    return {f"{fae_path}.{part}" if fae_path else part: part for part in (HOT, COLD)}
