@@ -50,10 +50,10 @@ def cache_load_factors(
     counts = cold_counts(stats, hot_set)
     rows = np.array([len(c) for c in counts], dtype=np.float64)
     budget = cache_budget_bytes - CACHE_ROW_AUX_BYTES * float(rows.sum())
-    tables = np.concatenate([np.full(len(c), t) for t, c in enumerate(counts)])
-    flat = np.concatenate(counts)
+    seen = [np.flatnonzero(c) for c in counts]  # only rows seen in the sample are ranked
+    tables = np.concatenate([np.full(len(s), t) for t, s in enumerate(seen)])
+    flat = np.concatenate([c[s] for c, s in zip(counts, seen, strict=True)])
     order = np.argsort(-flat, kind="stable")
-    order = order[flat[order] > 0]
     cost = np.cumsum(slot_bytes[tables[order]])
     fits = np.searchsorted(cost, budget, side="right")
     taken = np.bincount(tables[order[:fits]], minlength=len(counts)).astype(np.float64)

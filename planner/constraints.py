@@ -2,7 +2,8 @@
 
 Hot tables may use HBM kernels only (``fused``, or ``dense`` where TorchRec picks data-parallel); cold
 tables use ``fused_uvm_caching`` with ``CacheParams`` (a load factor and ``AccessCacheStatistics``), or
-the HBM kernels where their load factor is 1 (the whole cold part fits in device memory). On a
+the HBM kernels where their load factor is 1 (the whole cold part fits in device memory), and when
+that plan cannot be placed, ``fused_uvm`` (no cache) too. On a
 CPU topology both parts get TorchRec's CPU kernels and sharding types, so plans execute here. The
 sharding type of every part table is left to TorchRec's cost model unless the user constrains it.
 TorchRec plans one sharding for both kinds of step, so each part's pooling factor is the ids it looks
@@ -135,14 +136,20 @@ def fae_constraints(
     compute_device: str,
     caches: dict[str, tuple[float, AccessCacheStatistics]],
     user: dict[str, ParameterConstraints] | None = None,
+    uncached: bool = False,
+    torchrec_choice: bool = False,
 ) -> dict[str, ParameterConstraints]:
     """Constraints keyed by part table name (``t_hot``, ``t_cold``) for every part that has rows.
 
     ``caches`` gives each cold table's load factor and statistics (used on CUDA; a load factor of 1
-    puts the cold part in HBM, as a hot part). ``user``
-    constraints are keyed by original table name and apply to both parts; their kernels and sharding
-    types are intersected with the part's allowed ones (an empty intersection is an error naming the
-    table).
+    puts the cold part in HBM, as a hot part). ``user`` constraints are keyed by original table name
+    and apply to both parts; their kernels and sharding types are intersected with the part's allowed
+    ones (an empty intersection is an error naming the table). With ``uncached`` a cold part may also
+    live in UVM without a cache (``fused_uvm``, where TorchRec cannot fit its cache; TorchRec's perf
+    model prices a cache by its load factor, not its hit rate, so it would prefer no cache to a small
+    one that hits often). With ``torchrec_choice`` only the
+    pooling factors and the user's constraints are set: kernels, sharding types and caches are
+    TorchRec's choice, as in its own plan of the unsplit model (``caches`` is not used).
     """
     user = user or {}
     pooling = step_pooling(stats, hot_set)
@@ -152,14 +159,23 @@ def fae_constraints(
         per_part = {}
         if len(hot_set.hot_ids[t]):
             per_part[HOT] = (pooling.expected_hot[t], base.cache_params, HOT)
-        if config.name in caches:
-            load_factor, cache_stats = caches[config.name]
-            cache = replace(base.cache_params or CacheParams(), load_factor=load_factor, stats=cache_stats)
-            in_hbm = load_factor >= 1.0
-            cached = None if compute_device == "cpu" or in_hbm else cache
-            per_part[COLD] = (pooling.expected_cold[t], cached, HOT if in_hbm else COLD)
+        if len(hot_set.hot_ids[t]) < config.num_embeddings:
+            if torchrec_choice:
+                per_part[COLD] = (pooling.expected_cold[t], base.cache_params, COLD)
+            else:
+                load_factor, cache_stats = caches[config.name]
+                cache = replace(
+                    base.cache_params or CacheParams(), load_factor=load_factor, stats=cache_stats
+                )
+                in_hbm = load_factor >= 1.0
+                cached = None if compute_device == "cpu" or in_hbm else cache
+                per_part[COLD] = (pooling.expected_cold[t], cached, HOT if in_hbm else COLD)
         for part, (part_pooling, cache_params, rule) in per_part.items():
-            allowed_types, allowed_kernels = ALLOWED[compute_device, rule]
+            allowed_types, allowed_kernels = (
+                (None, None) if torchrec_choice else ALLOWED[compute_device, rule]
+            )
+            if uncached and allowed_kernels == ALLOWED["cuda", COLD][1]:
+                allowed_kernels = [*allowed_kernels, EmbeddingComputeKernel.FUSED_UVM.value]
             constraints[part_table_name(config.name, part)] = replace(
                 base,
                 sharding_types=_allowed(

@@ -37,7 +37,7 @@ from fae_torchrec.modules import FAEEmbeddingBagCollection
 from fae_torchrec.stats import COLD, HOT, AccessStats, HotSet, estimate_hot_share
 from fae_torchrec.units import format_bytes
 from planner.cache_sizing import cache_load_factors
-from planner.constraints import cold_cache_statistics, fae_constraints, step_pooling
+from planner.constraints import StepPooling, cold_cache_statistics, fae_constraints, step_pooling
 from planner.enumerator import OrderedEnumerator
 from planner.report import FAEPlanReport, RankTotals, part_paths
 
@@ -164,46 +164,79 @@ class FAEShardingPlanner(ShardingPlanner):
     def _plan(
         self, module: nn.Module, hot_set: HotSet, sharders: list, fae_path: str = ""
     ) -> tuple[ShardingPlan, FAEPlanReport]:
+        """The plan of ``module`` split by ``hot_set``, and its report.
+
+        Whole cold parts in HBM are tried first; they may not pack onto the ranks, then caches only,
+        then caches or UVM without a cache. Without hot rows TorchRec's own choice of kernels,
+        sharding types and caches is a candidate too, and the faster of the plans is kept: so the
+        knob, which always tries the empty hot set, finds a plan wherever TorchRec's planner does,
+        and never predicts a slower one.
+        """
         world = self.topology.world_size
         caches = cold_cache_statistics(self.stats, hot_set, self.batch_size * world)
         memory = self.device_memory(module)
         cache_budget = CACHE_SHARE * max(float(memory.sum()) - hot_set.hot_bytes(self.optimizer_class), 0.0)
-        # whole cold parts in HBM first; they may not pack onto the ranks, then caches only
         attempts = [self._load_factors(hot_set, cache_budget, caches, whole) for whole in (True, False)]
-        for load_factors in attempts[:1] if attempts[0] == attempts[1] else attempts:
-            constraints = fae_constraints(
-                self.stats,
-                hot_set,
-                self.topology.compute_device,
-                {name: (load_factors[name], cache) for name, cache in caches.items()},
-                self.constraints,
-            )
-            enumerator = OrderedEnumerator(self.topology, self.batch_size, constraints)
-            planner = EmbeddingShardingPlanner(
-                topology=self.topology,
-                batch_size=self.batch_size,
-                constraints=constraints,
-                enumerator=enumerator,
-                storage_reservation=HeuristicalStorageReservation(percentage=RESERVED_PERCENTAGE),
-                stats=[],
-                debug=False,
-            )
+        device = self.topology.compute_device
+        tries = [(attempts[0], False), (attempts[1], False), (attempts[1], True)]
+        candidates = []
+        for load_factors, uncached in tries[1:] if attempts[0] == attempts[1] else tries:
+            sized = {name: (load_factors[name], cache) for name, cache in caches.items()}
+            constraints = fae_constraints(self.stats, hot_set, device, sized, self.constraints, uncached)
             try:
-                plan = planner.plan(module, sharders)
+                candidates.append((*self._torchrec_plan(module, sharders, constraints), load_factors))
                 break
             except PlannerError as error:
                 failure = error
-        else:
+        if not hot_set.total_hot:
+            own = fae_constraints(self.stats, hot_set, device, {}, self.constraints, torchrec_choice=True)
+            try:
+                candidates.append((*self._torchrec_plan(module, sharders, own), {}))
+            except PlannerError as error:
+                failure = error
+        if not candidates:
             needed = self._smallest_storage(module, sharders, constraints)
             raise PlannerError(
                 self._too_small_message(needed, float(memory.sum()), failure), failure.error_type
             ) from failure
-        options = planner._best_plan
         pooling = step_pooling(self.stats, hot_set)
-        report = FAEPlanReport.from_options(
+        planned = [
+            (plan, self._report(options, enumerator, fae_path, hot_set, pooling, load_factors))
+            for plan, options, enumerator, load_factors in candidates
+        ]
+        return min(planned, key=lambda planned: planned[1].step)
+
+    def _torchrec_plan(
+        self, module: nn.Module, sharders: list, constraints: dict[str, ParameterConstraints]
+    ) -> tuple[ShardingPlan, list[ShardingOption], OrderedEnumerator]:
+        """TorchRec's ``EmbeddingShardingPlanner`` run with ``constraints``: the plan, its sharding
+        options and the enumerator that priced them. Raises TorchRec's ``PlannerError``."""
+        enumerator = OrderedEnumerator(self.topology, self.batch_size, constraints)
+        planner = EmbeddingShardingPlanner(
+            topology=self.topology,
+            batch_size=self.batch_size,
+            constraints=constraints,
+            enumerator=enumerator,
+            storage_reservation=HeuristicalStorageReservation(percentage=RESERVED_PERCENTAGE),
+            stats=[],
+            debug=False,
+        )
+        plan = planner.plan(module, sharders)
+        return plan, planner._best_plan, enumerator
+
+    def _report(
+        self,
+        options: list[ShardingOption],
+        enumerator: OrderedEnumerator,
+        fae_path: str,
+        hot_set: HotSet,
+        pooling: StepPooling,
+        load_factors: dict[str, float],
+    ) -> FAEPlanReport:
+        return FAEPlanReport.from_options(
             options,
             fae_path,
-            world,
+            self.topology.world_size,
             hot_budget_bytes=hot_set.hot_bytes(self.optimizer_class),
             hot_input_share=estimate_hot_share(self.stats, hot_set).share,
             load_factors=load_factors,
@@ -213,7 +246,6 @@ class FAEShardingPlanner(ShardingPlanner):
             ),
             pooling=pooling,
         )
-        return plan, report
 
     def _price(
         self,

@@ -85,7 +85,8 @@ class FAEPlanReport:
         pooling: StepPooling,
     ) -> FAEPlanReport:
         """The report of a plan's sharding options; ``fae_path`` is the FAE module's name in the model.
-        ``hot_step`` and ``cold_step`` are the plan's predicted steps at each kind of batch's pooling."""
+        ``hot_step`` and ``cold_step`` are the plan's predicted steps at each kind of batch's pooling;
+        a cache's load factor is FAE's (``load_factors``) or, for TorchRec's own choice, TorchRec's."""
         paths = part_paths(fae_path)
         placements: dict[str, dict[str, PartPlacement]] = {}
         for option in options:
@@ -96,7 +97,7 @@ class FAEPlanReport:
                 rows=int(option.tensor.shape[0]),
                 sharding_type=option.sharding_type,
                 compute_kernel=option.compute_kernel,
-                load_factor=load_factors.get(option.name.removesuffix(f"_{COLD}"))
+                load_factor=load_factors.get(option.name.removesuffix(f"_{COLD}"), option.cache_load_factor)
                 if option.compute_kernel == EmbeddingComputeKernel.FUSED_UVM_CACHING.value
                 else None,
             )
