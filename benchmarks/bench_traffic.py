@@ -1,28 +1,58 @@
-"""Host-device embedding traffic and predicted step time: FAE against TorchRec's planners, at equal HBM.
+"""Host-device embedding traffic and step time: FAE against TorchRec's planners, at equal HBM.
 
-For every point of the grid (embedding dim, GPUs, HBM per GPU) the same statistics plan the model four
-ways, each a dry run of TorchRec's planner on a CUDA topology:
+For every point of the grid (embedding dim, GPUs, HBM per GPU) the same statistics plan the model
+several ways, each a dry run of TorchRec's planner on a CUDA topology:
 
 - FAE: ``FAEShardingPlanner`` (its knob picks the hot budget), hot rows in HBM, cold rows in
   ``fused_uvm_caching`` with sized caches;
 - (a) TorchRec's default ``EmbeddingShardingPlanner``;
 - (b) every table ``fused_uvm_caching`` with ``AccessCacheStatistics`` from the same statistics and
-  ``EmbeddingOffloadScaleupProposer`` sizing the caches;
-- (c) every table in HBM (the speed limit; predicted step only).
+  ``EmbeddingOffloadScaleupProposer`` sizing the caches, three ways: LRU caches ("b LRU"), LRU caches
+  with ``prefetch_pipeline=True`` ("b LRU pp"; FBGEMM pipelines LRU caches only) and LFU caches ("b
+  LFU"; the proposer sizes them as LRU caches, its only model);
+- (c) every table in HBM (the speed limit; step only).
 
-Traffic replays the id stream of the built-in synthetic data (Kaggle table sizes) through the plans'
-UVM caches with ``cache_model`` (FBGEMM's set-associative LRU; see its docstring for what a miss and an
-eviction cost); (d) is Belady's optimal cache holding as many rows as the device memory TorchRec's
-reservation leaves for embeddings. FAE's stream is its cold steps: hot steps touch HBM only. The first
-``--warmup`` of the stream fills the caches; traffic is counted on the rest and scaled to one epoch.
-Predicted step times are TorchRec's perf model (ms); FAE's is ``share x hot step + (1 - share) x cold
-step`` with its estimated hot-input share.
+**Profile.** The statistics are FAE's profile of other inputs than the replayed ones (``id_stream``):
+as many sampled inputs as 5% of the stream, and a holdout, from the data set's chunks after the
+replayed ones. The script checks that the two ranges do not overlap, and prints the hot-input share
+the knob estimated next to the share measured on the replayed stream.
 
-    python benchmarks/bench_traffic.py                 # the default grid, about 8 minutes on 2 cores
-    python benchmarks/bench_traffic.py --num-samples 200000 --dims 16 --world-sizes 1 --caps 64MiB
+**Traffic** replays the stream through the plans' UVM caches with ``cache_model`` (FBGEMM's
+set-associative LRU and LFU; see its docstring for what a miss and an eviction cost). The first
+``--warmup`` of the stream fills the caches; traffic is counted on the rest, per input. FAE's stream is
+its cold steps: hot steps touch HBM only. (d) is Belady's optimal cache on equal terms: it holds as
+many rows as the device memory TorchRec's reservation leaves for embeddings, and starts the counted
+stream preloaded, for free, with the rows it serves best (those used soonest), as the plans' HBM rows
+are preloaded and their caches warm.
 
-Prints one table and the ratios against the issue's goals, and writes traffic.png, step_time.png and
-hot_share.png to ``--out``.
+**Two step estimates**, in ms per step:
+
+- TorchRec's perf model: each planner's prediction. FAE's is ``share x hot step + (1 - share) x cold
+  step`` with the knob's estimated share. The perf model prices a ``fused_uvm_caching`` lookup by the
+  load factor, whatever the cache achieves, so it does not follow the traffic.
+- A traffic model: (c)'s all-in-HBM step plus the bytes of a step over the busiest rank's link, in its
+  busier direction, over PCIe Gen4 x16 (31.5 GB/s) or Gen5 x16 (63.0 GB/s): theoretical bandwidths per
+  direction, reads and writes overlapping, so transfers take the least time they can. For FAE this is
+  ``share x c + (1 - share) x (c + cold step's bytes / bandwidth)`` with the share measured on the
+  stream: a hot step is priced as (c)'s step (all its lookups in HBM), a cold step as (c)'s step plus
+  its transfers, which is (c) plus the bytes of an average step. With ``prefetch_pipeline`` the
+  transfers overlap the step: ``max(c, bytes / bandwidth)``. The cache machinery's fixed cost per step
+  (FBGEMM's linearize, unique, lookup, sort and insert kernels) is left out for every plan: no
+  published figure for it was found. Both models leave out FAE's own costs (remapping ids, routing
+  inputs, a second TBE in cold steps).
+
+**Convergence.** The headline ratios at ``--convergence-points`` (one point per panel) are measured
+again at each of ``--convergence-lengths``, each length with its own profile of 5% of it, and the last
+line says whether doubling the default length moves any of them by more than 5%. At the default 16M
+inputs it does (BENCHMARKS.md says by how much and why); 32M as the default, checked at 64M, would not
+fit in about 30 minutes on 2 cores.
+
+    python benchmarks/bench_traffic.py     # the default grid at 16M inputs: about 17 minutes on 2 cores
+    python benchmarks/bench_traffic.py --num-samples 200k --scale 0.2 --dims 128 --world-sizes 1 \
+        --caps 128MiB --convergence-lengths
+
+Prints the traffic, the steps under each model, how many points meet each goal of issue 11 and the
+convergence table, and writes traffic.png, step_time.png and hot_share.png to ``--out``.
 """
 
 from __future__ import annotations
@@ -32,6 +62,7 @@ import logging
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,44 +74,105 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.types import CacheAlgorithm
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from benchmarks.common.cache_model import BatchedKeys, belady_traffic, sampled_rows
-from benchmarks.common.id_stream import IdStream, synthetic_stream
-from benchmarks.common.plan_traffic import cache_groups, replay
-from fae_torchrec import AccessStats, HotSet, format_bytes, hot_share_curve, parse_bytes
+from benchmarks.common.id_stream import PROFILE_SHARE, IdStream, synthetic_stream
+from benchmarks.common.plan_traffic import Traffic, cache_groups, replay
+from fae_torchrec import HotSet, format_bytes, hot_share_curve, parse_bytes
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.stats.hot_set import COLD
 from planner import FAEShardingPlanner
-from planner.baseline import default_planner, dry_run, hbm_planner, scaleup_planner
+from planner.baseline import BaselinePlan, default_planner, dry_run, hbm_planner, scaleup_planner
 
 logger = logging.getLogger("bench_traffic")
 #: HBM per GPU of "all in HBM" (c): enough for any model here.
 UNLIMITED_HBM = 1 << 40
 #: Bytes per input to GiB per million inputs.
 PER_MILLION = 1e6 / (1 << 30)
+#: The scale-up caches (b): ``scaleup_planner`` keywords by name.
+SCALEUP = {
+    "b LRU": {"algorithm": CacheAlgorithm.LRU},
+    "b LRU pp": {"algorithm": CacheAlgorithm.LRU, "prefetch_pipeline": True},
+    "b LFU": {"algorithm": CacheAlgorithm.LFU},
+}
+#: Every plan whose traffic is replayed, and every plan with a step.
+MOVERS = ("FAE", "a", *SCALEUP)
+PLANS = (*MOVERS, "c")
+#: Host-device bandwidth per direction of one GPU's link, bytes/s (theoretical: 16 and 32 GT/s x 16
+#: lanes, 128b/130b encoding).
+PCIE = {"Gen4": 31.5e9, "Gen5": 63.0e9}
+#: The step models: TorchRec's perf model, and the traffic model at each PCIe generation.
+STEP_MODELS = ("perf", *PCIE)
 
 
 @dataclass(frozen=True)
 class Point:
-    """Figures of one grid point; traffic in bytes per input (after the warm-up), steps in ms."""
+    """Figures of one grid point at one stream length. Traffic is bytes per input after the warm-up
+    (``traffic``: both directions, all ranks; ``link``: the busiest rank's link in its busier
+    direction); ``step`` is TorchRec's perf model (ms)."""
 
     dim: int
     world_size: int
     hbm_cap: int
+    num_inputs: int
+    global_batch: int
     hot_budget: int
     hot_share: float
+    measured_share: float
     traffic: dict[str, float]
+    link: dict[str, float]
     step: dict[str, float]
-    hot_step: float
-    cold_step: float
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return self.dim, self.world_size, self.hbm_cap
+
+    def traffic_step(self, plan: str, bandwidth: float) -> float:
+        """The traffic model's step (ms): (c)'s all-in-HBM step plus the busiest link's bytes of an
+        average step over ``bandwidth``; a pipelined prefetch overlaps the step instead."""
+        transfer = 1e3 * self.link.get(plan, 0.0) * self.global_batch / bandwidth
+        if SCALEUP.get(plan, {}).get("prefetch_pipeline"):
+            return max(self.step["c"], transfer)
+        return self.step["c"] + transfer
+
+    def steps(self, model: str) -> dict[str, float]:
+        """Every plan's step (ms) under ``model``: "perf" (TorchRec's) or a PCIe generation."""
+        return self.step if model == "perf" else {p: self.traffic_step(p, PCIE[model]) for p in PLANS}
+
+
+class FixedPlans:
+    """TorchRec's plans that do not depend on the statistics, made once: (a) per grid point and (c)
+    per embedding dim and GPUs."""
+
+    def __init__(self, tables: Callable[[int], list[EmbeddingBagConfig]], batch_size: int) -> None:
+        self.tables = tables
+        self.batch_size = batch_size
+        self.plans: dict[tuple, BaselinePlan] = {}
+
+    def default(self, dim: int, world_size: int, hbm_cap: int) -> BaselinePlan:
+        topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=hbm_cap)
+        return self._made(("a", dim, world_size, hbm_cap), default_planner(topology, self.batch_size), dim)
+
+    def hbm(self, dim: int, world_size: int) -> BaselinePlan:
+        topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=UNLIMITED_HBM)
+        planner = hbm_planner(topology, self.tables(dim), self.batch_size)
+        return self._made(("c", dim, world_size), planner, dim)
+
+    def _made(self, key: tuple, planner: EmbeddingShardingPlanner, dim: int) -> BaselinePlan:
+        if key not in self.plans:
+            self.plans[key] = dry_run(planner, self.tables(dim))
+        return self.plans[key]
 
 
 def measure_point(
-    stream: IdStream, dim: int, world_size: int, hbm_cap: int, args: argparse.Namespace
+    stream: IdStream, dim: int, world_size: int, hbm_cap: int, fixed: FixedPlans, args: argparse.Namespace
 ) -> Point:
-    """Plan the four ways at one grid point and replay the stream through the plans' caches."""
+    """Plan every way at one grid point and replay the stream through the plans' caches."""
     stats = stream.stats.with_embedding_dim(dim)
     topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=hbm_cap)
     batch = args.batch_size
@@ -89,67 +181,62 @@ def measure_point(
     meta = fae.meta_module(hot_set)
     fae_plan = fae.plan(meta, get_default_sharders())
     report = fae.report
-    default = dry_run(default_planner(topology, batch), stats.tables)
-    scaleup = dry_run(scaleup_planner(topology, stats, batch), stats.tables)
-    unlimited = Topology(world_size=world_size, compute_device="cuda", hbm_cap=UNLIMITED_HBM)
-    hbm = dry_run(hbm_planner(unlimited, stats.tables, batch), stats.tables)
+    plans = {"a": fixed.default(dim, world_size, hbm_cap)}
+    plans |= {
+        name: dry_run(scaleup_planner(topology, stats, batch, **kw), stats.tables)
+        for name, kw in SCALEUP.items()
+    }
 
-    row_bytes = dim * 4
     global_batch = batch * world_size
     warm_inputs = int(args.warmup * stream.num_inputs)
     per_input = 1.0 / (stream.num_inputs - warm_inputs)
     table_index = {c.name: t for t, c in enumerate(stats.tables)}
     batches = stream.inputs // global_batch
     count_from = -(-warm_inputs // global_batch)
-
-    def baseline_traffic(plan) -> float:
-        moved = replay(
-            cache_groups(plan),
+    moved: dict[str, Traffic] = {
+        name: replay(
+            cache_groups(plan.plan),
             batches,
             stream.tables,
             stream.ids,
             table_index,
             stream.sampling,
             count_from,
-            row_bytes,
         )
-        return per_input * moved.bytes
-
+        for name, plan in plans.items()
+    }
     cold_inputs = ~stream.hot_inputs(hot_set)
     cold_position = np.cumsum(cold_inputs) - 1
     cold_lookup = cold_inputs[stream.inputs] & (stream.ranks >= stream.num_hot(hot_set))
-    cold_ids = _cold_ids(hot_set, stream.tables[cold_lookup], stream.ids[cold_lookup])
     fae_groups = cache_groups(
         fae_plan, lambda name: name.removesuffix(f"_{COLD}") if name.endswith(f"_{COLD}") else None
     )
-    fae_traffic = replay(
+    moved["FAE"] = replay(
         fae_groups,
         cold_position[stream.inputs[cold_lookup]] // global_batch,
         stream.tables[cold_lookup],
-        cold_ids,
+        _cold_ids(hot_set, stream.tables[cold_lookup], stream.ids[cold_lookup]),
         table_index,
         stream.sampling,
         -(-int(cold_inputs[:warm_inputs].sum()) // global_batch),
-        row_bytes,
     )
+    row_bytes = dim * 4
     capacity = float(fae.device_memory(meta).sum()) / row_bytes
-    traffic = {
-        "FAE": per_input * fae_traffic.bytes,
-        "a": baseline_traffic(default.plan),
-        "b": baseline_traffic(scaleup.plan),
-        "d": per_input * _belady(stream, global_batch, count_from, capacity, args.belady_sampling, row_bytes),
-    }
-    step = {"FAE": report.step, "a": default.totals.step, "b": scaleup.totals.step, "c": hbm.totals.step}
+    belady = _belady(stream, global_batch, count_from, capacity, args.belady_sampling) * row_bytes
+    step = {name: plan.totals.step for name, plan in plans.items()}
+    step |= {"FAE": report.step, "c": fixed.hbm(dim, world_size).totals.step}
     return Point(
         dim,
         world_size,
         hbm_cap,
+        stream.num_inputs,
+        global_batch,
         report.hot_budget_bytes,
         report.hot_input_share,
-        traffic,
+        float(np.mean(~cold_inputs)),
+        {name: per_input * m.bytes for name, m in moved.items()} | {"d": per_input * belady},
+        {name: per_input * m.busiest_link() for name, m in moved.items()},
         step,
-        report.hot_step,
-        report.cold_step,
     )
 
 
@@ -162,76 +249,40 @@ def _cold_ids(hot_set: HotSet, tables: np.ndarray, ids: np.ndarray) -> np.ndarra
     return cold
 
 
-def _belady(
-    stream: IdStream, global_batch: int, count_from: int, capacity: float, sampling: int, row_bytes: int
-) -> float:
-    """Bytes Belady's cache of ``capacity`` rows moves, replayed on ``1/sampling`` of the rows (a
-    subset of the stream's own sample, since ``sampling`` is a multiple of the stream's)."""
+def _belady(stream: IdStream, global_batch: int, count_from: int, capacity: float, sampling: int) -> float:
+    """Rows Belady's cache of ``capacity`` rows moves after the warm-up, preloaded as it ends;
+    replayed on ``1/sampling`` of the rows (a subset of the stream's own sample)."""
     rows = stream.rows()
     keep = sampled_rows(rows, sampling)
-    rows, batches = rows[keep], stream.inputs[keep] // global_batch
-    distinct = BatchedKeys.of(batches, rows)
-    per_batch = [distinct.keys[distinct.batch(b)] for b in range(len(distinct))]
-    moved_in, moved_out = belady_traffic(per_batch, int(capacity / sampling), count_from)
-    return float(moved_in + moved_out) * sampling * row_bytes
+    batches = stream.inputs[keep] // global_batch
+    counted = batches >= count_from
+    moved_in, moved_out = belady_traffic(
+        BatchedKeys.of(batches[counted] - count_from, rows[keep][counted]), int(capacity / sampling)
+    )
+    return float(moved_in + moved_out) * sampling
 
 
-def grid(args: argparse.Namespace, stats: AccessStats) -> list[tuple[int, int, int]]:
+def grid(args: argparse.Namespace, fixed: FixedPlans) -> list[tuple[int, int, int]]:
     """Grid points whose HBM cap makes TorchRec's default plan use UVM (others need no offload)."""
     points = []
     for dim in args.dims:
-        tables = stats.with_embedding_dim(dim).tables
         for world_size in args.world_sizes:
             for cap in args.caps:
-                topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=cap)
+                where = f"dim {dim}, {world_size} GPUs x {format_bytes(cap)}"
                 try:
-                    kernels = dry_run(default_planner(topology, args.batch_size), tables).kernels
+                    kernels = fixed.default(dim, world_size, cap).kernels
                 except PlannerError:
-                    logger.info(
-                        "dim %d, %d GPUs x %s: TorchRec finds no plan", dim, world_size, format_bytes(cap)
-                    )
+                    logger.info("%s: TorchRec finds no plan", where)
                     continue
                 if kernels["fused_uvm"] + kernels["fused_uvm_caching"]:
                     points.append((dim, world_size, cap))
                 else:
-                    logger.info(
-                        "dim %d, %d GPUs x %s: the model fits in HBM", dim, world_size, format_bytes(cap)
-                    )
+                    logger.info("%s: the model fits in HBM", where)
     return points
 
 
-def print_table(points: list[Point]) -> None:
-    gib = PER_MILLION
-    print(
-        f"{'dim':>4} {'GPUs':>4} {'HBM/GPU':>8} {'hot budget':>10} {'share':>6} | "
-        f"{'traffic GiB per 1M inputs: FAE':>30} {'a':>7} {'b':>7} {'d':>7} | {'a/FAE':>6} {'b/FAE':>6} "
-        f"{'FAE/d':>6} | {'step ms: FAE':>12} {'a':>6} {'b':>6} {'c':>6} | {'a/FAE':>6} {'b/FAE':>6} "
-        f"{'FAE/c':>6}"
-    )
-    for p in points:
-        t, s = p.traffic, p.step
-        print(
-            f"{p.dim:>4} {p.world_size:>4} {format_bytes(p.hbm_cap):>8} {format_bytes(p.hot_budget):>10} "
-            f"{p.hot_share:>6.1%} | {t['FAE'] * gib:>30.3f} {t['a'] * gib:>7.3f} {t['b'] * gib:>7.3f} "
-            f"{t['d'] * gib:>7.3f} | {_ratio(t['a'], t['FAE']):>6} {_ratio(t['b'], t['FAE']):>6} "
-            f"{_ratio(t['FAE'], t['d']):>6} | {s['FAE']:>12.3f} {s['a']:>6.3f} {s['b']:>6.3f} "
-            f"{s['c']:>6.3f} | "
-            f"{_ratio(s['a'], s['FAE']):>6} {_ratio(s['b'], s['FAE']):>6} {_ratio(s['FAE'], s['c']):>6}"
-        )
-
-
-def print_rows(points: list[Point]) -> None:
-    """Traffic in rows: full rows (``4 x dim`` bytes) moved per input, both directions."""
-    print(
-        f"{'dim':>4} {'GPUs':>4} {'HBM/GPU':>8} | {'rows moved per input: FAE':>25} "
-        f"{'a':>7} {'b':>7} {'d':>7}"
-    )
-    for p in points:
-        rows = [p.traffic[k] / (4 * p.dim) for k in ("FAE", "a", "b", "d")]
-        print(
-            f"{p.dim:>4} {p.world_size:>4} {format_bytes(p.hbm_cap):>8} | {rows[0]:>25.3f} "
-            + " ".join(f"{r:>7.3f}" for r in rows[1:])
-        )
+def _where(p: Point) -> str:
+    return f"{p.dim:>4} {p.world_size:>4} {format_bytes(p.hbm_cap):>9}"
 
 
 def _ratio(x: float, y: float) -> str:
@@ -240,42 +291,178 @@ def _ratio(x: float, y: float) -> str:
     return f"{x / y:.2f}"
 
 
-def print_goals(points: list[Point]) -> None:
-    """How many points meet each goal of the issue."""
-    goals = {
-        "traffic a/FAE >= 5": [p.traffic["a"] >= 5 * p.traffic["FAE"] for p in points],
-        "step a/FAE >= 2": [p.step["a"] >= 2 * p.step["FAE"] for p in points],
-        "traffic b > FAE": [p.traffic["b"] > p.traffic["FAE"] for p in points],
-        "step b > FAE": [p.step["b"] > p.step["FAE"] for p in points],
-        "traffic FAE <= 1.5 d": [p.traffic["FAE"] <= 1.5 * p.traffic["d"] for p in points],
+def _traffic_ratios(p: Point) -> list[str]:
+    """a and each (b) over FAE, FAE over Belady (traffic)."""
+    t = p.traffic
+    return [_ratio(t[name], t["FAE"]) for name in ("a", *SCALEUP)] + [_ratio(t["FAE"], t["d"])]
+
+
+def print_traffic(points: list[Point]) -> None:
+    print("traffic: GiB moved host-device per 1M inputs (both directions), after the warm-up")
+    names = (*MOVERS, "d")
+    ratios = [f"{name}/FAE" for name in ("a", *SCALEUP)] + ["FAE/d"]
+    print(
+        f"{'dim':>4} {'GPUs':>4} {'HBM/GPU':>9} {'hot budget':>10} {'share est':>9} {'measured':>8} | "
+        + " ".join(f"{n:>8}" for n in names)
+        + " | "
+        + " ".join(f"{r:>11}" for r in ratios)
+    )
+    for p in points:
+        print(
+            f"{_where(p)} {format_bytes(p.hot_budget):>10} {p.hot_share:>9.1%} {p.measured_share:>8.1%} | "
+            + " ".join(f"{p.traffic[n] * PER_MILLION:>8.3f}" for n in names)
+            + " | "
+            + " ".join(f"{r:>11}" for r in _traffic_ratios(p))
+        )
+
+
+def print_steps(points: list[Point]) -> None:
+    print(
+        "step models. TorchRec's perf model: each planner's prediction; FAE: share x hot step + "
+        "(1 - share) x cold step, with the knob's estimated share. Traffic model: (c)'s step + the busiest "
+        "link's bytes per step / PCIe bandwidth per direction (theoretical, reads and writes overlapped); "
+        "FAE: share x c + (1 - share) x (c + cold step's bytes / bandwidth), with the measured share; "
+        "b LRU pp: max(c, bytes / bandwidth). FBGEMM's fixed cost per step of the cache machinery is left "
+        "out (no published figure found), and so are FAE's remap and routing."
+    )
+    titles = {"perf": "TorchRec's perf model"} | {
+        g: f"traffic model, PCIe {g} x16 at {bw / 1e9:.1f} GB/s per direction (theoretical)"
+        for g, bw in PCIE.items()
     }
-    for goal, met in goals.items():
-        print(f"goal {goal}: met at {sum(met)} of {len(met)} points")
+    for model in STEP_MODELS:
+        print(f"step ms, {titles[model]}")
+        print(
+            f"{'dim':>4} {'GPUs':>4} {'HBM/GPU':>9} | "
+            + " ".join(f"{n:>8}" for n in PLANS)
+            + f" | {'a/FAE':>6} {'best b/FAE':>10} {'FAE/c':>6}"
+        )
+        for p in points:
+            s = p.steps(model)
+            ratios = (
+                _ratio(s["a"], s["FAE"]),
+                _ratio(min(s[b] for b in SCALEUP), s["FAE"]),
+                _ratio(s["FAE"], s["c"]),
+            )
+            print(
+                f"{_where(p)} | "
+                + " ".join(f"{s[n]:>8.3f}" for n in PLANS)
+                + " | {:>6} {:>10} {:>6}".format(*ratios)
+            )
+
+
+def print_goals(points: list[Point]) -> None:
+    """How many points meet each goal of the issue, under each step model."""
+    n = len(points)
+
+    def met(test: Callable[[Point], bool]) -> str:
+        return f"{sum(test(p) for p in points)} of {n}"
+
+    print(f"goal traffic a/FAE >= 5: met at {met(lambda p: p.traffic['a'] >= 5 * p.traffic['FAE'])} points")
+    for name in SCALEUP:
+        below = met(lambda p, b=name: p.traffic["FAE"] < p.traffic[b])
+        print(f"goal traffic FAE < {name}: met at {below} points")
+    print(
+        f"goal traffic FAE <= 1.5 d: met at {met(lambda p: p.traffic['FAE'] <= 1.5 * p.traffic['d'])} points"
+    )
+    for model in STEP_MODELS:
+        a = met(lambda p, m=model: p.steps(m)["a"] >= 2 * p.steps(m)["FAE"])
+        b = met(lambda p, m=model: min(p.steps(m)[name] for name in SCALEUP) > p.steps(m)["FAE"])
+        print(f"goal step a/FAE >= 2 ({model}): met at {a} points; step FAE below every b ({model}): {b}")
+
+
+def headline(p: Point) -> dict[str, float]:
+    """The ratios the convergence table follows: traffic against FAE and Belady, steps against (a)."""
+    t = p.traffic
+    ratios = {f"{name}/FAE": (t[name], t["FAE"]) for name in ("a", *SCALEUP)} | {"FAE/d": (t["FAE"], t["d"])}
+    ratios |= {f"step a/FAE {m}": (p.steps(m)["a"], p.steps(m)["FAE"]) for m in STEP_MODELS}
+    return {name: x / y if y else np.inf for name, (x, y) in ratios.items()}
+
+
+def _change(before: dict[str, float], after: dict[str, float]) -> float:
+    """The largest relative change of a finite ratio."""
+    changes = [
+        abs(after[n] / before[n] - 1) for n in before if np.isfinite(before[n] * after[n]) and before[n]
+    ]
+    return max(changes, default=0.0)
+
+
+def print_convergence(by_length: dict[int, dict[tuple, Point]], keys: list[tuple], default: int) -> None:
+    """The headline ratios of ``keys`` at each stream length, with the largest change from the length
+    before, and whether doubling the default length moves any ratio by more than 5%."""
+    measured = [p for length in sorted(by_length) for p in by_length[length].values() if p.key in keys]
+    if not measured:
+        return
+    names = list(headline(measured[0]))
+    print(
+        f"convergence: headline ratios by stream length (each profiled on {PROFILE_SHARE:.0%} of its length, "
+        "on other inputs); change: the largest from the length before"
+    )
+    print(
+        f"{'dim':>4} {'GPUs':>4} {'HBM/GPU':>9} {'inputs':>11} {'hot budget':>10} | GiB per 1M: "
+        + " ".join(f"{n:>6}" for n in ("FAE", "a", "d"))
+        + " | "
+        + " ".join(f"{n:>{max(len(n), 6)}}" for n in names)
+        + " | change"
+    )
+    for key in keys:
+        previous = None
+        for point in (p for p in measured if p.key == key):
+            ratios = headline(point)
+            change = f"{_change(previous, ratios):.1%}" if previous else ""
+            print(
+                f"{_where(point)} {point.num_inputs:>11,} {format_bytes(point.hot_budget):>10} | "
+                + " " * 12
+                + " ".join(f"{point.traffic[n] * PER_MILLION:>6.3f}" for n in ("FAE", "a", "d"))
+                + " | "
+                + " ".join(f"{ratios[n]:>{max(len(n), 6)}.2f}" for n in names)
+                + f" | {change}"
+            )
+            previous = ratios
+    doubled = by_length.get(2 * default, {})
+    changes = [
+        _change(headline(p), headline(doubled[p.key]))
+        for p in by_length[default].values()
+        if p.key in doubled
+    ]
+    if not changes:
+        print(f"doubling: add {2 * default:,} to --convergence-lengths to check the default length")
+        return
+    worst = max(changes)
+    print(
+        f"doubling the default {default:,} inputs to {2 * default:,} moves no headline ratio by more than "
+        f"{worst:.1%} at {len(changes)} points (goal: at most 5%: {'met' if worst <= 0.05 else 'NOT met'})"
+    )
 
 
 def plot(points: list[Point], stream: IdStream, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     panels = sorted({(p.dim, p.world_size) for p in points})
-    for name, field, labels, unit in (
-        ("traffic.png", "traffic", ("FAE", "a", "b", "d"), "GiB per 1M inputs"),
-        ("step_time.png", "step", ("FAE", "a", "b", "c"), "predicted step (ms)"),
-    ):
-        fig, axes = plt.subplots(
-            1, max(len(panels), 1), figsize=(4.5 * max(len(panels), 1), 3.8), squeeze=False
-        )
-        for ax, (dim, world) in zip(axes[0], panels, strict=False):
-            mine = [p for p in points if (p.dim, p.world_size) == (dim, world)]
-            caps = [p.hbm_cap / (1 << 30) for p in mine]
-            for label in labels:
-                scale = PER_MILLION if field == "traffic" else 1.0
-                values = [getattr(p, field)[label] * scale or np.nan for p in mine]  # log axis: no zeros
-                ax.plot(caps, values, marker="o", label=_LEGEND[label])
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("HBM per GPU (GiB)")
-            ax.set_ylabel(unit)
-            ax.set_title(f"dim {dim}, {world} GPU{'s' if world > 1 else ''}")
-        axes[0][0].legend(fontsize=8)
+    width = max(len(panels), 1)
+    figures = (
+        ("traffic.png", [("traffic", (*MOVERS, "d"), "GiB per 1M inputs")]),
+        (
+            "step_time.png",
+            [("perf", PLANS, "step ms, TorchRec's perf model"), ("Gen4", PLANS, "step ms, PCIe Gen4")],
+        ),
+    )
+    for name, rows in figures:
+        fig, axes = plt.subplots(len(rows), width, figsize=(4.5 * width, 3.8 * len(rows)), squeeze=False)
+        for row, (what, labels, unit) in zip(axes, rows, strict=True):
+            for ax, (dim, world) in zip(row, panels, strict=False):
+                mine = [p for p in points if (p.dim, p.world_size) == (dim, world)]
+                caps = [p.hbm_cap / (1 << 30) for p in mine]
+                for label in labels:
+                    values = [
+                        p.traffic[label] * PER_MILLION if what == "traffic" else p.steps(what)[label]
+                        for p in mine
+                    ]
+                    ax.plot(caps, [v or np.nan for v in values], marker="o", label=_LEGEND[label])  # log axis
+                ax.set_xscale("log", base=2)
+                ax.set_yscale("log")
+                ax.set_xlabel("HBM per GPU (GiB)")
+                ax.set_ylabel(unit)
+                ax.set_title(f"dim {dim}, {world} GPU{'s' if world > 1 else ''}")
+            row[0].legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
@@ -286,7 +473,7 @@ def plot(points: list[Point], stream: IdStream, out: Path) -> None:
     measured = [np.mean(stream.worst_rank < ranking.num_hot_rows(int(b))) for b in budgets]
     ax.plot(budgets / (1 << 20), curve.share, label="estimated from the holdout")
     ax.fill_between(budgets / (1 << 20), curve.low, curve.high, alpha=0.3)
-    ax.plot(budgets / (1 << 20), measured, linestyle="--", label="measured on the whole stream")
+    ax.plot(budgets / (1 << 20), measured, linestyle="--", label="measured on the replayed stream")
     ax.set_xscale("log")
     ax.set_xlabel("hot-row budget (MiB, dim 16)")
     ax.set_ylabel("hot-input share")
@@ -299,15 +486,43 @@ def plot(points: list[Point], stream: IdStream, out: Path) -> None:
 _LEGEND = {
     "FAE": "FAE",
     "a": "(a) TorchRec default",
-    "b": "(b) scale-up caches",
+    "b LRU": "(b) scale-up caches, LRU",
+    "b LRU pp": "(b) LRU, prefetch pipeline",
+    "b LFU": "(b) scale-up caches, LFU",
     "c": "(c) all in HBM",
-    "d": "(d) Belady",
+    "d": "(d) Belady, preloaded",
 }
+
+
+def _count(text: str) -> int:
+    """A number of inputs: ``4000000``, ``4M`` or ``500k``."""
+    scale = {"k": 10**3, "m": 10**6}.get(text[-1:].lower(), 1)
+    return round(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def _grid_point(text: str) -> tuple[int, int, int]:
+    """``dim:GPUs:HBM per GPU``, e.g. ``128:8:512MiB``."""
+    dim, world, cap = text.split(":")
+    return int(dim), int(world), parse_bytes(cap)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num-samples", type=int, default=4_000_000, help="inputs in the id stream")
+    parser.add_argument("--num-samples", type=_count, default="16M", help="inputs replayed (e.g. 16M)")
+    parser.add_argument(
+        "--convergence-lengths",
+        type=_count,
+        nargs="*",
+        default=["1M", "4M", "16M", "32M"],
+        help="stream lengths of the convergence table (with --num-samples and twice it to check the default)",
+    )
+    parser.add_argument(
+        "--convergence-points",
+        type=_grid_point,
+        nargs="*",
+        default=["16:1:512MiB", "16:8:256MiB", "128:1:2GiB", "128:8:512MiB"],
+        help="dim:GPUs:HBM per GPU of the convergence table's points",
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="table sizes = Kaggle's x scale")
     parser.add_argument("--dims", type=int, nargs="+", default=[16, 128])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 8])
@@ -316,49 +531,82 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--batch-size", type=int, default=2048, help="per-GPU batch size")
     parser.add_argument("--sampling", type=int, default=16, help="replay 1/N of the rows (SHARDS)")
-    parser.add_argument("--belady-sampling", type=int, default=64, help="Belady replays 1/N of the rows")
+    parser.add_argument("--belady-sampling", type=int, default=16, help="Belady replays 1/N of the rows")
     parser.add_argument("--warmup", type=float, default=0.25, help="share of the stream that warms caches")
     parser.add_argument("--knob-candidates", type=int, default=4, help="hot budgets FAE's knob tries")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/figures"))
     args = parser.parse_args(argv)
     args.caps = [parse_bytes(c) if isinstance(c, str) else c for c in args.caps]
+    args.convergence_lengths = [_count(x) if isinstance(x, str) else x for x in args.convergence_lengths]
+    args.convergence_points = [_grid_point(x) if isinstance(x, str) else x for x in args.convergence_points]
     if args.belady_sampling % args.sampling:
         parser.error("--belady-sampling must be a multiple of --sampling")
     return args
 
 
+def check_disjoint(stream: IdStream) -> None:
+    """Raise unless the profile read other inputs than the replay, and print both ranges."""
+    replayed, profiled = stream.replayed, stream.profiled
+    if max(replayed.start, profiled.start) < min(replayed.stop, profiled.stop):
+        raise AssertionError(f"the profile (inputs {profiled}) overlaps the replayed stream ({replayed})")
+    sampled = stream.stats.num_sampled
+    print(
+        f"{stream.num_inputs:,} inputs replayed (data set inputs {replayed.start:,} to "
+        f"{replayed.stop - 1:,}); profile: {sampled:,} sampled inputs ({sampled / stream.num_inputs:.1%} of "
+        f"the replay) and a holdout of {len(stream.stats.holdout):,}, from inputs {profiled.start:,} to "
+        f"{profiled.stop - 1:,}: disjoint (checked)"
+    )
+
+
 def main(argv: list[str] | None = None) -> list[Point]:
     args = parse_args(argv)
     logging.basicConfig(level=logging.ERROR, format="%(name)s: %(message)s", force=True)  # dry-run noise
+    # its one error here is that its miss-rate curves are LRU's when it sizes LFU caches (see SCALEUP)
+    logging.getLogger("torchrec.distributed.planner.proposers").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
     logger.setLevel(logging.INFO)
     started = time.perf_counter()
-    data = SyntheticCriteo(args.num_samples, batch_size=1 << 16, scale=args.scale, seed=args.seed)
-    stream = synthetic_stream(data, sampling=args.sampling, seed=args.seed)
-    logger.info(
-        "id stream: %d inputs, %d lookups kept (1/%d of rows)",
-        stream.num_inputs,
-        len(stream.ids),
-        args.sampling,
-    )
-    points = []
-    for dim, world_size, cap in grid(args, stream.stats):
-        try:
-            points.append(measure_point(stream, dim, world_size, cap, args))
-        except PlannerError as error:
-            logger.warning(
-                "dim %d, %d GPUs x %s: FAE finds no plan: %s", dim, world_size, format_bytes(cap), error
+    source = SyntheticCriteo(0, scale=args.scale)
+    fixed = FixedPlans(source.table_configs, args.batch_size)
+    grid_points = grid(args, fixed)
+    by_length: dict[int, dict[tuple, Point]] = {}
+    for length in sorted({*args.convergence_lengths, args.num_samples}):
+        stream = synthetic_stream(length, scale=args.scale, seed=args.seed, sampling=args.sampling)
+        check_disjoint(stream)
+        wanted = grid_points if length == args.num_samples else args.convergence_points
+        by_length[length] = {}
+        for dim, world_size, cap in wanted:
+            try:
+                point = measure_point(stream, dim, world_size, cap, fixed, args)
+            except PlannerError as error:
+                logger.warning("dim %d, %d GPUs x %s: no plan: %s", dim, world_size, format_bytes(cap), error)
+                continue
+            by_length[length][point.key] = point
+            logger.info(
+                "%s inputs, dim %d, %d GPUs x %s: done at %.0f s",
+                f"{length:,}",
+                dim,
+                world_size,
+                format_bytes(cap),
+                time.perf_counter() - started,
             )
+        if length == args.num_samples:
+            plot(list(by_length[length].values()), stream, args.out)
+        del stream
+    points = list(by_length[args.num_samples].values())
     print(
         f"{args.num_samples:,} synthetic inputs (Kaggle table sizes x {args.scale}), per-GPU batch "
         f"{args.batch_size}, traffic after a {args.warmup:.0%} warm-up, replayed on 1/{args.sampling} of the "
-        f"rows (Belady 1/{args.belady_sampling})"
+        f"rows (Belady 1/{args.belady_sampling}); (d) Belady holds the device memory TorchRec leaves for "
+        "embeddings and starts the counted stream preloaded with the rows it serves best, as the plans' "
+        "HBM rows are; (b) caches have the sizes TorchRec's scale-up proposer gives LRU caches, for LRU, LRU "
+        "with prefetch_pipeline (pp) and LFU alike"
     )
-    print_table(points)
-    print_rows(points)
+    print_traffic(points)
+    print_steps(points)
     print_goals(points)
-    plot(points, stream, args.out)
+    print_convergence(by_length, args.convergence_points, args.num_samples)
     print(f"figures in {args.out}; {time.perf_counter() - started:.0f} s")
     return points
 

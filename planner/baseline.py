@@ -60,12 +60,22 @@ def default_planner(topology: Topology, batch_size: int) -> EmbeddingShardingPla
     )
 
 
-def scaleup_planner(topology: Topology, stats: AccessStats, batch_size: int) -> EmbeddingShardingPlanner:
+def scaleup_planner(
+    topology: Topology,
+    stats: AccessStats,
+    batch_size: int,
+    *,
+    algorithm: CacheAlgorithm = CacheAlgorithm.LRU,
+    prefetch_pipeline: bool = False,
+) -> EmbeddingShardingPlanner:
     """(b) UVM caches sized by ``EmbeddingOffloadScaleupProposer`` from statistics of the whole tables.
 
     Every cache starts at one global batch's distinct rows (the smallest that does not thrash within
-    a step) and the proposer scales the caches up. On a CPU topology there is no cache to size, and
-    this is TorchRec's default planner with the statistics' pooling factors.
+    a step) and the proposer scales the caches up. ``algorithm`` and ``prefetch_pipeline`` go to the
+    caches' ``CacheParams`` (FBGEMM pipelines prefetches of LRU caches only; the proposer's miss-rate
+    curves are LRU's, and it logs an error for LFU but sizes the caches the same). On a CPU topology
+    there is no cache to size, and this is TorchRec's default planner with the statistics' pooling
+    factors.
     """
     pooling = ids_per_input(stats)
     caches = cold_cache_statistics(stats, stats.hot_set(0), batch_size * topology.world_size)
@@ -82,9 +92,10 @@ def scaleup_planner(topology: Topology, stats: AccessStats, batch_size: int) -> 
             compute_kernels=[EmbeddingComputeKernel.FUSED_UVM_CACHING.value],
             pooling_factors=pooling_factors,
             cache_params=CacheParams(
-                algorithm=CacheAlgorithm.LRU,
+                algorithm=algorithm,
                 load_factor=min(max(cache.minimum_load_factor, low), high),
                 stats=cache,
+                prefetch_pipeline=prefetch_pipeline,
             ),
         )
     proposer = [] if topology.compute_device == "cpu" else [EmbeddingOffloadScaleupProposer()]

@@ -25,16 +25,30 @@ def _run(script: str, *args: str) -> str:
 def test_bench_traffic_prints_every_comparison_and_draws_the_curves(tmp_path):
     out = _run(
         "bench_traffic.py",
-        "--num-samples", "200000", "--scale", "0.05", "--dims", "16", "--world-sizes", "1", "2",
-        "--caps", "32MiB", "64MiB", "--sampling", "2", "--belady-sampling", "4", "--out", str(tmp_path),
+        "--num-samples", "200k", "--scale", "0.2", "--dims", "128", "--world-sizes", "1", "2",
+        "--caps", "128MiB", "--sampling", "2", "--belady-sampling", "4", "--convergence-lengths", "100k",
+        "--convergence-points", "128:1:128MiB", "--out", str(tmp_path),
     )  # fmt: skip
-    lines = [line.split("|") for line in out.splitlines() if re.match(r"\s+16\s+[12]\s", line)]
-    table, in_rows = [x for x in lines if len(x) == 5], [x for x in lines if len(x) == 2]
-    assert table and len(in_rows) == len(table), out
-    for figures in table:
-        assert len(figures[1].split()) == 4 and len(figures[3].split()) == 4
-    assert "rows moved per input: FAE" in out
-    assert "goal traffic a/FAE >= 5: met at" in out and "goal step b > FAE: met at" in out
+    assert out.count("disjoint (checked)") == 2, "the profile reads other inputs than each replay"
+    rows = [line.split("|") for line in out.splitlines() if re.match(r"\s*128\s+[12]\s", line)]
+    traffic = [r for r in rows if len(r) == 3 and len(r[0].split()) == 8]
+    steps = [r for r in rows if len(r) == 3 and len(r[0].split()) == 4]
+    convergence = [r for r in rows if len(r) == 4]
+    assert len(traffic) == 2 and len(steps) == 3 * len(traffic), out
+    for row in traffic:
+        estimated, measured = (float(x.rstrip("%")) for x in row[0].split()[-2:])
+        assert 0 < estimated <= 100 and abs(estimated - measured) < 5, "hot-input share: estimate and replay"
+        fae, a, *caches, belady = (float(x) for x in row[1].split())
+        assert fae > 0 and a > 0 and len(caches) == 3
+        assert belady <= min(a, *caches), "Belady on equal terms moves least"
+    assert float(traffic[0][1].split()[-1]) > 0, "Belady's cache cannot hold every row of the stream"
+    for row in steps[len(traffic) :]:  # the traffic models: (c)'s step plus transfers
+        *plans, hbm = (float(x) for x in row[1].split())
+        assert all(step >= hbm for step in plans)
+    for model in ("perf", "Gen4", "Gen5"):
+        assert f"goal step a/FAE >= 2 ({model}): met at" in out
+    assert "goal traffic FAE < b LFU: met at" in out and "goal traffic FAE <= 1.5 d: met at" in out
+    assert [r[0].split()[4] for r in convergence] == ["100,000", "200,000"] and "doubling" in out
     for picture in ("traffic.png", "step_time.png", "hot_share.png"):
         assert (tmp_path / picture).read_bytes()[:4] == b"\x89PNG"
 

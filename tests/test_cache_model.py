@@ -5,110 +5,213 @@ import pytest
 import torch
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
-from torchrec.distributed.types import CacheParams
+from torchrec.distributed.types import CacheAlgorithm, CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from benchmarks.common.cache_model import (
     WAYS,
+    BatchedKeys,
+    SetAssociativeLFU,
     SetAssociativeLRU,
     belady_traffic,
     cache_sets,
     murmur_finalizer,
     sampled_rows,
 )
-from benchmarks.common.plan_traffic import cache_groups, replay
+from benchmarks.common.plan_traffic import CachePolicy, cache_groups, replay
 from planner.baseline import default_planner, dry_run
 
 
-def _reference_lru(batches, num_sets):
-    """FBGEMM's LRU insert, one row at a time: (rows in, rows out) per group."""
+def _set(x, n):
+    return int(murmur_finalizer(np.array([x]))[0] % np.uint64(n))
+
+
+def _reference_lru(batches, num_sets, prefetch_pipeline=False):
+    """FBGEMM's lru_cache_insert_kernel, one row at a time: (rows in, rows out) per group. With the
+    prefetch pipeline, the ways the previous batch used are locked (its lxu_cache_locking_counter)."""
     keys = {g: [[None] * WAYS for _ in range(n)] for g, n in enumerate(num_sets)}
     stamps = {g: [[0] * WAYS for _ in range(n)] for g, n in enumerate(num_sets)}
     moved_in, moved_out = np.zeros(len(num_sets)), np.zeros(len(num_sets))
-    for time, (groups, linear) in enumerate(batches, start=1):
-        misses = {}
+    locked: set = set()
+    for time, (groups, linear, _) in enumerate(batches, start=1):
+        misses, used = {}, set()
         for g, x in zip(groups.tolist(), linear.tolist(), strict=True):
-            if num_sets[g] == 0:
-                moved_in[g] += 1
-                moved_out[g] += 1
-                continue
-            s = int(murmur_finalizer(np.array([x]))[0] % np.uint64(num_sets[g]))
+            s = _set(x, num_sets[g])
             if x in keys[g][s]:
                 stamps[g][s][keys[g][s].index(x)] = time
+                used.add((g, s, keys[g][s].index(x)))
             else:
                 misses.setdefault((g, s), []).append(x)
         for (g, s), rows in sorted(misses.items()):
+            rows, inserted = sorted(rows), 0
             ways = sorted(range(WAYS), key=lambda w, g=g, s=s: stamps[g][s][w])
-            free = [w for w in ways if stamps[g][s][w] < time]
-            for i, x in enumerate(sorted(rows)):
+            for w in ways[: min(len(rows), WAYS)]:
+                if prefetch_pipeline and (g, s, w) in locked:
+                    continue
+                if stamps[g][s][w] == time:
+                    break
                 moved_in[g] += 1
-                if i < len(free):
-                    moved_out[g] += keys[g][s][free[i]] is not None
-                    keys[g][s][free[i]], stamps[g][s][free[i]] = x, time
-                else:
-                    moved_out[g] += 1  # a conflict miss goes to host memory and back
+                moved_out[g] += keys[g][s][w] is not None
+                keys[g][s][w], stamps[g][s][w] = rows[inserted], time
+                used.add((g, s, w))
+                inserted += 1
+            moved_in[g] += len(rows) - inserted  # conflict misses go to host memory and back
+            moved_out[g] += len(rows) - inserted
+        locked = used
+    return moved_in, moved_out
+
+
+def _reference_lfu(batches, num_sets):
+    """FBGEMM's lfu_cache_populate, one row at a time: (rows in, rows out) per group."""
+    keys = {g: [[None] * WAYS for _ in range(n)] for g, n in enumerate(num_sets)}
+    counts: dict = {}
+    moved_in, moved_out = np.zeros(len(num_sets)), np.zeros(len(num_sets))
+    for groups, linear, uses in batches:
+        for g, x, u in zip(groups.tolist(), linear.tolist(), uses.tolist(), strict=True):
+            counts[g, x] = counts.get((g, x), 0) + u
+        misses, hits, evicted = {}, [], set()
+        for g, x in zip(groups.tolist(), linear.tolist(), strict=True):
+            s = _set(x, num_sets[g])
+            if x in keys[g][s]:
+                hits.append((g, x))
+            else:
+                misses.setdefault((g, s), []).append(x)
+        for (g, s), rows in sorted(misses.items()):
+            rows = sorted(rows, key=lambda x, g=g: (-counts[g, x], x))
+            cost = [-1 if k is None else counts[g, k] for k in keys[g][s]]
+            ways = sorted(range(WAYS), key=lambda w, cost=cost: (cost[w], w))
+            inserted = 0
+            for w, x in zip(ways, rows, strict=False):
+                if cost[w] > counts[g, x]:
+                    break
+                moved_in[g] += 1
+                if keys[g][s][w] is not None:
+                    moved_out[g] += 1
+                    evicted.add((g, keys[g][s][w]))
+                keys[g][s][w] = x
+                inserted += 1
+            moved_in[g] += len(rows) - inserted  # read and updated in host memory
+            moved_out[g] += len(rows) - inserted
+        for g, x in hits:
+            if (g, x) in evicted:
+                moved_in[g] += 1
+                moved_out[g] += 1
     return moved_in, moved_out
 
 
 def _skewed_batches(rng, num_batches, batch, rows, groups):
+    """Batches of distinct (group, linear index) rows, with each row's lookups in the batch."""
     out = []
     for _ in range(num_batches):
         linear = np.minimum(rng.zipf(1.3, batch) - 1, rows - 1)
         group = rng.integers(0, groups, batch)
-        pairs = np.unique(np.stack([group, linear], axis=1), axis=0)
-        out.append((pairs[:, 0], pairs[:, 1]))
+        pairs, uses = np.unique(np.stack([group, linear], axis=1), axis=0, return_counts=True)
+        out.append((pairs[:, 0], pairs[:, 1], uses))
     return out
 
 
-@pytest.mark.parametrize("num_sets", [[1, 3], [2, 0], [5, 1]])
-def test_set_associative_lru_matches_a_row_by_row_reference(num_sets):
+def _run(cache, batches, num_groups):
+    for groups, linear, uses in batches:
+        cache.access(groups, linear, linear * num_groups + groups, uses=uses)
+    return cache.moves
+
+
+@pytest.mark.parametrize("prefetch_pipeline", [False, True])
+@pytest.mark.parametrize("num_sets", [[1, 3], [2, 1], [5, 1]])
+def test_set_associative_lru_matches_a_row_by_row_reference(num_sets, prefetch_pipeline):
     batches = _skewed_batches(np.random.default_rng(sum(num_sets)), 30, 120, 400, len(num_sets))
-    cache = SetAssociativeLRU(num_sets)
-    for groups, linear in batches:
-        cache.access(groups, linear)
-    moved_in, moved_out = _reference_lru(batches, num_sets)
-    np.testing.assert_array_equal(cache.moves.rows_in, moved_in)
-    np.testing.assert_array_equal(cache.moves.rows_out, moved_out)
+    moves = _run(SetAssociativeLRU(num_sets, prefetch_pipeline), batches, len(num_sets))
+    moved_in, moved_out = _reference_lru(batches, num_sets, prefetch_pipeline)
+    np.testing.assert_array_equal(moves.rows_in, moved_in)
+    np.testing.assert_array_equal(moves.rows_out, moved_out)
+
+
+@pytest.mark.parametrize("num_sets", [[1, 3], [2, 1], [5, 1]])
+def test_set_associative_lfu_matches_a_row_by_row_reference(num_sets):
+    batches = _skewed_batches(np.random.default_rng(sum(num_sets) + 7), 30, 120, 400, len(num_sets))
+    moves = _run(SetAssociativeLFU(num_sets, 400 * len(num_sets)), batches, len(num_sets))
+    moved_in, moved_out = _reference_lfu(batches, num_sets)
+    assert moved_in.sum() > 0
+    np.testing.assert_array_equal(moves.rows_in, moved_in)
+    np.testing.assert_array_equal(moves.rows_out, moved_out)
+
+
+def test_an_lfu_hit_loses_its_way_to_a_more_counted_miss():
+    """No way is kept for the batch's hits: row 0 is hit, but 32 rows counted more take every way."""
+    zeros = np.zeros(33, dtype=np.int64)
+    batches = [(zeros[:32], np.arange(32), np.ones(32, dtype=np.int64))]
+    batches.append((zeros, np.r_[0, 100:132], np.r_[1, np.full(32, 5)]))
+    moves = _run(SetAssociativeLFU([1], 200), batches, 1)
+    assert moves.rows_in[0] == 32 + 32 + 1 and moves.rows_out[0] == 32 + 1
+    np.testing.assert_array_equal((moves.rows_in, moves.rows_out), _reference_lfu(batches, [1]))
 
 
 def test_more_distinct_rows_than_ways_in_one_set_are_conflict_misses():
     cache = SetAssociativeLRU([1])
-    cache.access(np.zeros(40, dtype=np.int64), np.arange(40))
+    cache.access(np.zeros(40, dtype=np.int64), np.arange(40), np.arange(40))
     assert cache.moves.rows_in[0] == 40 and cache.moves.rows_out[0] == 8  # 32 cached, 8 both ways
-    cache.access(np.zeros(32, dtype=np.int64), np.arange(32))
+    cache.access(np.zeros(32, dtype=np.int64), np.arange(32), np.arange(32))
     assert cache.moves.rows_in[0] == 40, "all 32 cached rows hit"
 
 
+def test_the_prefetch_pipeline_keeps_the_previous_batch_cached():
+    cache = SetAssociativeLRU([1], prefetch_pipeline=True)
+    for rows in (np.arange(20), np.arange(20, 40)):  # 32 ways: the second batch gets 12 of them
+        cache.access(np.zeros(20, dtype=np.int64), rows, rows)
+    assert cache.moves.rows_in[0] == 40 and cache.moves.rows_out[0] == 8
+
+
 def _reference_belady(batches, capacity):
-    cache, moved_in, moved_out = set(), 0, 0
-    for b, rows in enumerate(batches):
-        for r in rows.tolist():
-            if r not in cache:
-                cache.add(r)
-                moved_in += 1
-        while len(cache) > capacity:
-            later = {
-                r: next((c for c in range(b + 1, len(batches)) if r in batches[c]), 10**9) for r in cache
-            }
-            cache.remove(max(sorted(cache), key=lambda r, later=later: later[r]))
-            moved_out += 1
+    """Belady's MIN one row at a time, preloaded (clean) with the rows used soonest."""
+
+    def next_use(row, after):
+        return next((c for c in range(after, len(batches)) if row in batches[c]), 10**9)
+
+    rows = sorted(set(np.concatenate(batches).tolist()), key=lambda r: next_use(r, 0))
+    dirty = dict.fromkeys(rows[:capacity], False)
+    moved_in, moved_out = 0, 0
+    for b, batch in enumerate(batches):
+        for r in batch.tolist():
+            moved_in += r not in dirty
+            dirty[r] = True
+        while len(dirty) > capacity:
+            victim = max(dirty, key=lambda r, b=b: (next_use(r, b + 1), not dirty[r]))
+            moved_out += dirty.pop(victim)
     return moved_in, moved_out
 
 
-def test_belady_matches_a_reference_and_never_moves_more_than_lru():
+def _batched(batches):
+    return BatchedKeys.of(
+        np.repeat(np.arange(len(batches)), [len(b) for b in batches]), np.concatenate(batches)
+    )
+
+
+@pytest.mark.parametrize("capacity", [0, 5, 12, 40])
+def test_belady_matches_a_reference(capacity):
     rng = np.random.default_rng(3)
     batches = [np.unique(np.minimum(rng.zipf(1.2, 15) - 1, 60)) for _ in range(25)]
-    assert belady_traffic(batches, 12) == _reference_belady(batches, 12)
-    lru = SetAssociativeLRU([1])  # 32 rows, fully associative
-    for rows in batches:
-        lru.access(np.zeros(len(rows), dtype=np.int64), rows)
-    assert sum(belady_traffic(batches, WAYS)) <= lru.moves.total()
-    assert belady_traffic(batches, 10**6) == (len(np.unique(np.concatenate(batches))), 0)
+    assert belady_traffic(_batched(batches), capacity) == _reference_belady(batches, capacity)
+    assert belady_traffic(_batched(batches), 10**6) == (0, 0), "everything preloaded"
     with pytest.raises(ValueError, match="capacity must be non-negative"):
-        belady_traffic(batches, -1)
+        belady_traffic(_batched(batches), -1)
 
 
-def test_row_sampled_replay_estimates_the_full_replay():
+def test_belady_moves_less_than_lru_and_lfu_caches_of_its_capacity():
+    """On equal terms: the caches warm up on the first batches, Belady is preloaded at the count."""
+    rng = np.random.default_rng(5)
+    stream = [np.unique(np.minimum(rng.zipf(1.2, 60) - 1, 500), return_counts=True) for _ in range(80)]
+    lru, lfu = SetAssociativeLRU([1]), SetAssociativeLFU([1], 501)  # 32 rows, fully associative
+    for b, (rows, uses) in enumerate(stream):
+        for cache in (lru, lfu):
+            if b == 20:
+                cache.reset_moves()
+            cache.access(np.zeros(len(rows), dtype=np.int64), rows, rows, uses=uses)
+    belady = sum(belady_traffic(_batched([rows for rows, _ in stream[20:]]), WAYS))
+    assert 0 < belady <= min(lru.moves.total(), lfu.moves.total())
+
+
+@pytest.mark.parametrize("algorithm", [CacheAlgorithm.LRU, CacheAlgorithm.LFU])
+def test_row_sampled_replay_estimates_the_full_replay(algorithm):
     """SHARDS: replaying 1/8 of the rows through 1/8 of the sets gives the full replay's traffic."""
     rng = np.random.default_rng(0)
     ids = np.minimum(rng.zipf(1.15, (200, 4000)) - 1, 200_000)
@@ -116,16 +219,17 @@ def test_row_sampled_replay_estimates_the_full_replay():
     batches = np.repeat(np.arange(200), 4000)
     config = EmbeddingBagConfig(name="t", embedding_dim=16, num_embeddings=200_001, feature_names=["f"])
     cached = ParameterConstraints(
-        compute_kernels=["fused_uvm_caching"], cache_params=CacheParams(load_factor=0.05)
+        compute_kernels=["fused_uvm_caching"], cache_params=CacheParams(algorithm=algorithm, load_factor=0.05)
     )
     topology = Topology(world_size=1, compute_device="cuda", hbm_cap=64 << 20)
     planner = EmbeddingShardingPlanner(topology=topology, batch_size=512, constraints={"t": cached}, stats=[])
     groups = cache_groups(dry_run(planner, [config]).plan)
     assert groups.cached.all() and groups.cache_slots == pytest.approx(0.05 * 200_001)
-    full = replay(groups, batches, tables, ids.ravel(), {"t": 0}, 1, 50, 64)
+    assert groups.policies == [CachePolicy(algorithm)] and groups.ranks.tolist() == [0]
+    full = replay(groups, batches, tables, ids.ravel(), {"t": 0}, 1, 50)
     kept = sampled_rows(ids.ravel(), 8)
-    sampled = replay(groups, batches[kept], tables[kept], ids.ravel()[kept], {"t": 0}, 8, 50, 64)
-    assert full.bytes > 0
+    sampled = replay(groups, batches[kept], tables[kept], ids.ravel()[kept], {"t": 0}, 8, 50)
+    assert full.bytes > 0 and full.busiest_link() == max(full.bytes_in.sum(), full.bytes_out.sum())
     assert sampled.bytes == pytest.approx(full.bytes, rel=0.1)
     assert cache_sets(0.05 * 200_001, 8) == round(np.ceil(0.05 * 200_001 / WAYS) / 8)
 
@@ -138,5 +242,5 @@ def test_device_resident_tables_move_nothing():
     groups = cache_groups(plan.plan)
     assert not groups.shards
     ids = torch.randint(0, 1000, (500,)).numpy()
-    traffic = replay(groups, np.arange(500) // 50, np.zeros(500, dtype=np.int64), ids, {"t": 0}, 1, 0, 64)
-    assert traffic.bytes == 0
+    traffic = replay(groups, np.arange(500) // 50, np.zeros(500, dtype=np.int64), ids, {"t": 0}, 1, 0)
+    assert traffic.bytes == 0 and traffic.busiest_link() == 0

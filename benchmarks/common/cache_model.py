@@ -1,28 +1,41 @@
 """Host-device embedding traffic of GPU caches, replayed batch by batch over an id stream.
 
-FBGEMM's LRU cache (``fused_uvm_caching`` with ``CacheAlgorithm.LRU``), as its CUDA kernels implement it:
+FBGEMM's caches (``fused_uvm_caching``), as its CUDA kernels implement them:
 
 - One cache per table-batched embedding (TBE) module, shared by its tables. TorchRec groups the
   ``fused_uvm_caching`` tables of one rank and sharding type into one TBE, whose cache gets the
   tables' load factors averaged by rows: ``ceil(sum(load factor x rows) / 32)`` sets of 32 ways.
-- A row's set is MurmurHash3's 64-bit finalizer of its linear index (its table's row offset in the TBE
-  plus the id) modulo the number of sets.
-- Each batch is one prefetch with a new time stamp. Every distinct row of the batch that is cached is a
-  hit and gets the time stamp. The misses of a set take its ways in order of oldest time stamp,
-  stopping at the first way already used in this batch; misses left over are conflict misses, which
-  the kernels read from and write back to host memory directly.
+- A row's set is MurmurHash3's 64-bit finalizer of its linear index (its table's row offset in the
+  TBE plus the id) modulo the number of sets. Each batch is one prefetch.
+- ``SetAssociativeLRU`` (``CacheAlgorithm.LRU``, ``lru_cache_populate``): every distinct row of the
+  batch that is cached is a hit and gets the batch's time stamp. The misses of a set take its ways in
+  order of oldest time stamp, stopping at the first way the batch already uses; misses left over are
+  conflict misses, which the kernels read from and write back to host memory directly. With
+  ``prefetch_pipeline=True`` the prefetch of a batch runs while the previous batch is in flight and
+  FBGEMM locks that batch's ways (``lxu_cache_locking_counter``): they are not evicted either.
+- ``SetAssociativeLFU`` (``CacheAlgorithm.LFU``, ``lfu_cache_populate``): a count per row of the TBE
+  (``lfu_state``, kept for every row, cached or not) grows by the row's lookups in each batch before
+  anything else. A set's uncached rows, most counted first (ties: lower index first), are paired with
+  its ways in order of the count of the row they hold (empty ways first); a row replaces the way's
+  row while that row's count is at most its own, at most 32 a set. Rows left over are read and updated
+  in host memory. No way is kept for the batch's hits: a hit whose way goes to a more counted miss is
+  read and updated in host memory too. Simplifications: ways of equal count are taken in way order
+  (FBGEMM's bitonic sort leaves their order open), and counts never saturate (FBGEMM keeps 40 bits).
 - Costs: a miss moves its row host to device; inserting into a way that holds a row writes that row
-  back (FBGEMM writes back every evicted row, as training has updated it); a conflict miss moves its
-  row both ways. A ``fused_uvm`` table without a cache moves every distinct row of a batch both ways.
+  back (FBGEMM writes back every evicted row, as training has updated it); a row read and updated in
+  host memory (a conflict miss) moves both ways. A ``fused_uvm`` table without a cache moves every
+  distinct row of a batch both ways.
 
 Belady's optimal replacement (``belady_traffic``) is the lower bound for any cache of a number of
-rows: after each batch the cache keeps the rows whose next use is soonest, one fully associative cache
-for everything; a miss moves a row in and an eviction moves it out.
+rows: one fully associative cache for everything that, after each batch, keeps the rows whose next use
+is soonest. It starts preloaded, for free, with the rows it serves best (those used soonest), as the
+plans' device-resident rows are: a miss moves a row in, and evicting a row written by training (used
+since it was loaded) moves it out.
 
 Replaying a Kaggle-size stream is sampled by rows (SHARDS, Waldspurger et al., FAST 2015): only rows
 whose hash falls in a fixed ``1/k`` of the hash space are replayed, through caches with ``1/k`` of the
 sets (or rows), and the counts are multiplied by ``k``. Each set of a hashed cache is an independent
-LRU, so this keeps the load per set; the tests compare it with full replays.
+LRU or LFU, so this keeps the load per set; the tests compare it with full replays.
 """
 
 from __future__ import annotations
@@ -63,26 +76,39 @@ def cache_sets(slots: float, sampling: int = 1) -> int:
 @dataclass(frozen=True)
 class BatchedKeys:
     """Distinct non-negative keys of each batch, batch by batch in key order: batch ``b`` holds
-    ``keys[bounds[b]:bounds[b + 1]]``; ``first`` is where each key first occurs in the input."""
+    ``keys[bounds[b]:bounds[b + 1]]``; ``first`` is where each key first occurs in the input and
+    ``uses`` how often it occurs in its batch."""
 
     keys: np.ndarray
     first: np.ndarray
+    uses: np.ndarray
     bounds: np.ndarray
 
     @classmethod
     def of(cls, batches: np.ndarray, keys: np.ndarray) -> BatchedKeys:
         """Group ``keys`` by their ``batches`` index (0, 1, ...), dropping repeats within a batch."""
         width = int(keys.max(initial=0)) + 1
-        combined, first = np.unique(batches * width + keys, return_index=True)
+        combined, first, uses = np.unique(
+            batches.astype(np.int64) * width + keys, return_index=True, return_counts=True
+        )
         batch = combined // width
         bounds = np.searchsorted(batch, np.arange(int(batch.max(initial=-1)) + 2))
-        return cls(combined % width, first, bounds)
+        return cls(combined % width, first, uses, bounds)
 
     def __len__(self) -> int:
         return len(self.bounds) - 1
 
     def batch(self, b: int) -> slice:
         return slice(self.bounds[b], self.bounds[b + 1])
+
+    def batch_of(self) -> np.ndarray:
+        """The batch of each key."""
+        return np.repeat(np.arange(len(self)), np.diff(self.bounds))
+
+    def subset(self, mask: np.ndarray) -> BatchedKeys:
+        """The keys where ``mask`` holds, in the same batches."""
+        bounds = np.searchsorted(np.flatnonzero(mask), self.bounds)
+        return BatchedKeys(self.keys[mask], self.first[mask], self.uses[mask], bounds)
 
 
 @dataclass
@@ -107,95 +133,179 @@ class Moves:
         return float(self.rows_in.sum() + self.rows_out.sum())
 
 
-class SetAssociativeLRU:
-    """FBGEMM's LRU caches of several TBE groups, simulated together (their sets are disjoint).
+class SetAssociativeCache:
+    """FBGEMM's caches of several TBE groups with one replacement policy, simulated together (their
+    sets are disjoint). A row is named by a key: a non-negative int, distinct across groups.
+
+    A prefetch gives each set's misses, the largest claim first (ties: lower key first), the set's
+    ways in order of their cost, while a way's cost is at most the miss's claim and 32 at the most:
+    a policy is its claims and costs (``_claims``, ``_way_costs``).
 
     Args:
-        num_sets: sets of each group's cache; a group with 0 sets has no cache (``fused_uvm``).
+        num_sets: sets of each group's cache (at least one).
     """
 
     def __init__(self, num_sets: Sequence[int]) -> None:
         self.num_sets = np.asarray(num_sets, dtype=np.int64)
+        if np.any(self.num_sets < 1):
+            raise ValueError(f"every cache needs at least one set, got {self.num_sets.tolist()}")
         self.set_offsets = np.concatenate([[0], np.cumsum(self.num_sets)])
-        total = int(self.set_offsets[-1])
-        self.keys = np.full((total, WAYS), _EMPTY, dtype=np.int64)
-        self.stamps = np.zeros((total, WAYS), dtype=np.int64)
-        self.time = 0
+        self.keys = np.full((int(self.set_offsets[-1]), WAYS), _EMPTY, dtype=np.int64)
         self.moves = Moves.zeros(len(self.num_sets))
 
-    def access(self, groups: np.ndarray, linear: np.ndarray, widths: np.ndarray | None = None) -> None:
-        """One batch: the distinct ``(group, linear index)`` pairs it looks up, and the width of each
-        row (the unit moves are counted in; 1 when not given)."""
-        self.time += 1
-        widths = np.ones(len(groups)) if widths is None else np.asarray(widths, dtype=np.float64)
-        uncached = self.num_sets[groups] == 0
-        self.moves.add(groups[uncached], widths[uncached], widths[uncached])
-        groups, linear, widths = groups[~uncached], linear[~uncached], widths[~uncached]
+    def access(
+        self,
+        groups: np.ndarray,
+        linear: np.ndarray,
+        keys: np.ndarray,
+        widths: np.ndarray | None = None,
+        uses: np.ndarray | None = None,
+    ) -> None:
+        """One batch: its distinct rows (group, linear index in the group's TBE, key), each row's width
+        (the unit moves are counted in) and lookups in the batch, 1 when not given."""
+        widths = np.ones(len(keys)) if widths is None else np.asarray(widths, dtype=np.float64)
+        self._start(keys, np.ones(len(keys), dtype=np.int64) if uses is None else uses)
         sets = self.set_offsets[groups] + (
             murmur_finalizer(linear) % self.num_sets[groups].astype(np.uint64)
         ).astype(np.int64)
-        # tags are made unique across groups by storing (linear, group) in one int64
-        tags = linear * len(self.num_sets) + groups
-        match = self.keys[sets] == tags[:, None]
+        match = self.keys[sets] == keys[:, None]
         hit = match.any(axis=1)
-        self.stamps[sets[hit], match[hit].argmax(axis=1)] = self.time
-        self._insert(sets[~hit], tags[~hit], groups[~hit], widths[~hit])
+        self._used(sets[hit], match[hit].argmax(axis=1))
+        miss = ~hit
+        evicted = self._insert(sets[miss], keys[miss], groups[miss], widths[miss])
+        lost = np.isin(keys[hit], evicted)  # hits whose way a miss took: read in host memory
+        self.moves.add(groups[hit][lost], widths[hit][lost], widths[hit][lost])
 
-    def _insert(self, sets: np.ndarray, tags: np.ndarray, groups: np.ndarray, widths: np.ndarray) -> None:
-        order = np.lexsort((tags, sets))
-        sets, tags, groups, widths = sets[order], tags[order], groups[order], widths[order]
+    def _insert(
+        self, sets: np.ndarray, keys: np.ndarray, groups: np.ndarray, widths: np.ndarray
+    ) -> np.ndarray:
+        """Give the batch's misses ways and count the moves; return the keys evicted."""
+        claims = self._claims(keys)
+        order = np.lexsort((keys, -claims, sets))
+        sets, keys, groups, widths, claims = (x[order] for x in (sets, keys, groups, widths, claims))
         first = np.r_[True, sets[1:] != sets[:-1]] if len(sets) else np.zeros(0, dtype=bool)
         run = np.cumsum(first) - 1
         position = np.arange(len(sets)) - np.flatnonzero(first)[run]
-        touched = sets[first]
-        way_order = np.argsort(self.stamps[touched], axis=1, kind="stable")
-        evictable = (np.take_along_axis(self.stamps[touched], way_order, axis=1) < self.time).sum(axis=1)
-        placed = position < evictable[run]
-        way = way_order[run[placed], position[placed]]
-        target = sets[placed]
-        evicted = self.keys[target, way] != _EMPTY
-        self.keys[target, way] = tags[placed]
-        self.stamps[target, way] = self.time
-        conflict = ~placed
+        cost = self._way_costs(sets[first])
+        way_order = np.argsort(cost, axis=1, kind="stable")
+        costs = np.take_along_axis(cost, way_order, axis=1)
+        placed = position < WAYS
+        placed[placed] = costs[run[placed], position[placed]] <= claims[placed]
+        way, target = way_order[run[placed], position[placed]], sets[placed]
+        evicted = self.keys[target, way]
+        self.keys[target, way] = keys[placed]
+        self._used(target, way)
+        left = ~placed
         # an evicted row of a TBE group has the width of the row replacing it (one TBE, one width)
-        self.moves.add(groups[placed], widths[placed], widths[placed] * evicted)
-        self.moves.add(groups[conflict], widths[conflict], widths[conflict])
+        self.moves.add(groups[placed], widths[placed], widths[placed] * (evicted != _EMPTY))
+        self.moves.add(groups[left], widths[left], widths[left])
+        return evicted
+
+    def _start(self, keys: np.ndarray, uses: np.ndarray) -> None:
+        """A batch with these rows and lookups begins."""
+
+    def _used(self, sets: np.ndarray, ways: np.ndarray) -> None:
+        """The batch uses these ways (hits and inserts)."""
+
+    def _claims(self, keys: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _way_costs(self, sets: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
 
     def reset_moves(self) -> None:
         """Start counting afresh (after a warm-up), keeping the cache contents."""
         self.moves = Moves.zeros(len(self.num_sets))
 
 
-def belady_traffic(batches: Sequence[np.ndarray], capacity: int, count_from: int = 0) -> tuple[int, int]:
-    """Rows moved in and out by Belady's optimal cache of ``capacity`` rows over ``batches`` of
-    distinct row keys, counted from batch ``count_from`` on (the batches before warm the cache; it
-    starts empty, as every cache does)."""
+class SetAssociativeLRU(SetAssociativeCache):
+    """FBGEMM's LRU caches: a way costs its last batch's time stamp (empty: -1), and a miss claims the
+    ways older than the batches in flight (this one; with ``prefetch_pipeline``, the one before too)."""
+
+    def __init__(self, num_sets: Sequence[int], prefetch_pipeline: bool = False) -> None:
+        super().__init__(num_sets)
+        self.stamps = np.full(self.keys.shape, -1, dtype=np.int64)
+        self.time = 0
+        self.in_flight = 2 if prefetch_pipeline else 1
+
+    def _start(self, keys: np.ndarray, uses: np.ndarray) -> None:
+        self.time += 1
+
+    def _used(self, sets: np.ndarray, ways: np.ndarray) -> None:
+        self.stamps[sets, ways] = self.time
+
+    def _claims(self, keys: np.ndarray) -> np.ndarray:
+        return np.full(len(keys), self.time - self.in_flight)
+
+    def _way_costs(self, sets: np.ndarray) -> np.ndarray:
+        return self.stamps[sets]
+
+
+class SetAssociativeLFU(SetAssociativeCache):
+    """FBGEMM's LFU caches: every row's lookups are counted (``num_keys`` bounds the keys); a way
+    costs its row's count (empty: -1) and a miss claims its own count."""
+
+    def __init__(self, num_sets: Sequence[int], num_keys: int) -> None:
+        super().__init__(num_sets)
+        self.counts = np.zeros(num_keys, dtype=np.int64)
+
+    def _start(self, keys: np.ndarray, uses: np.ndarray) -> None:
+        self.counts[keys] += uses
+
+    def _claims(self, keys: np.ndarray) -> np.ndarray:
+        return self.counts[keys]
+
+    def _way_costs(self, sets: np.ndarray) -> np.ndarray:
+        held = self.keys[sets]
+        return np.where(held == _EMPTY, -1, self.counts[np.maximum(held, 0)])
+
+
+def belady_traffic(batches: BatchedKeys, capacity: int) -> tuple[int, int]:
+    """Rows moved in and out by Belady's optimal cache of ``capacity`` rows over ``batches``.
+
+    The cache starts with the ``capacity`` rows used soonest, loaded for free and clean; a row used
+    since it was loaded is written back when evicted. Within rows of the same next use the clean
+    ones go first; which ones among equals does not change the counts (they are all loaded again at
+    that use). Rows are counted by next use, so each batch costs a few array operations.
+    """
     if capacity < 0:
         raise ValueError(f"capacity must be non-negative, got {capacity}")
-    sizes = np.array([len(b) for b in batches], dtype=np.int64)
-    batch_of = np.repeat(np.arange(len(batches)), sizes)
-    keys = np.concatenate(batches) if len(batches) else np.zeros(0, dtype=np.int64)
-    rows, dense = np.unique(keys, return_inverse=True)
+    n = len(batches)
+    batch_of = batches.batch_of()
+    _, dense = np.unique(batches.keys, return_inverse=True)
     order = np.lexsort((batch_of, dense))
-    following = np.full(len(dense), np.iinfo(np.int64).max)
     same = dense[order[1:]] == dense[order[:-1]]
+    following = np.full(len(dense), n)  # n: never used again
     following[order[:-1][same]] = batch_of[order[1:][same]]
-    in_cache = np.zeros(len(rows), dtype=bool)
-    next_use = np.zeros(len(rows), dtype=np.int64)
-    held, moved_in, moved_out = 0, 0, 0
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
-    for b in range(len(batches)):
-        ids = dense[bounds[b] : bounds[b + 1]]
-        misses = int((~in_cache[ids]).sum())
-        in_cache[ids] = True
-        next_use[ids] = following[bounds[b] : bounds[b + 1]]
+    first_use = np.sort(batch_of[order[np.r_[True, ~same]]] if len(dense) else batch_of)
+    clean = np.bincount(first_use[:capacity], minlength=n + 1)  # cached rows by next use
+    dirty = np.zeros(n + 1, dtype=np.int64)
+    held = min(capacity, len(first_use))
+    moved_in, moved_out = 0, 0
+    for b in range(n):
+        span = batches.batch(b)
+        misses = int(span.stop - span.start - clean[b] - dirty[b])
+        clean[b] = dirty[b] = 0
+        np.add.at(dirty, following[span], 1)
         held += misses
-        evict = max(held - capacity, 0)
-        if evict:
-            cached = np.flatnonzero(in_cache)
-            victims = cached[np.argpartition(-next_use[cached], evict - 1)[:evict]]
-            in_cache[victims] = False
-            held -= evict
-        if b >= count_from:
-            moved_in, moved_out = moved_in + misses, moved_out + evict
+        moved_in += misses
+        if held > capacity:
+            moved_out += _evict_farthest(clean, dirty, held - capacity)
+            held = capacity
     return moved_in, moved_out
+
+
+def _evict_farthest(clean: np.ndarray, dirty: np.ndarray, count: int) -> int:
+    """Take ``count`` rows out of the counts by next use, farthest first and clean first within a
+    next use; return how many were dirty."""
+    reached = np.cumsum((clean + dirty)[::-1])
+    last = int(np.searchsorted(reached, count))  # next uses emptied from the top, then a partial one
+    emptied = slice(len(clean) - last, len(clean))
+    written = int(dirty[emptied].sum())
+    clean[emptied] = dirty[emptied] = 0
+    rest = count - (int(reached[last - 1]) if last else 0)
+    partial = len(clean) - 1 - last
+    from_clean = min(rest, int(clean[partial]))
+    clean[partial] -= from_clean
+    dirty[partial] -= rest - from_clean
+    return written + rest - from_clean

@@ -2,10 +2,12 @@
 
 ``cache_groups`` reads the plan's UVM shards (``fused_uvm_caching`` and ``fused_uvm``; every other
 kernel keeps its rows in device memory and moves nothing) and groups them as TorchRec groups tables
-into TBE modules: one cache per rank, sharding type and kernel, sized by the shards' load factors
-(FBGEMM's default 0.2 where the plan sets none). ``replay`` routes each lookup to the shards that hold
-its row (all column shards of it, the row shard whose range holds it) and runs the batches through
-``cache_model.SetAssociativeLRU``.
+into TBE modules: one cache per rank, sharding type, kernel and cache policy (``CacheParams``'
+algorithm and ``prefetch_pipeline``), sized by the shards' load factors (FBGEMM's default 0.2 where
+the plan sets none). ``replay`` routes each lookup to the shards that hold its row (all column shards
+of it, the row shard whose range holds it) and runs the batches through the groups' caches
+(``cache_model.SetAssociativeLRU`` or ``SetAssociativeLFU``); a ``fused_uvm`` shard moves every
+distinct row of a batch both ways.
 """
 
 from __future__ import annotations
@@ -15,15 +17,41 @@ from dataclasses import dataclass
 
 import numpy as np
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-from torchrec.distributed.types import ShardingPlan
+from torchrec.distributed.types import CacheAlgorithm, CacheParams, ShardingPlan
 
-from benchmarks.common.cache_model import BatchedKeys, SetAssociativeLRU, cache_sets
+from benchmarks.common.cache_model import (
+    BatchedKeys,
+    Moves,
+    SetAssociativeCache,
+    SetAssociativeLFU,
+    SetAssociativeLRU,
+    cache_sets,
+)
 
 #: FBGEMM's cache load factor where TorchRec passes none.
 FBGEMM_DEFAULT_LOAD_FACTOR = 0.2
 #: Bytes per embedding element (fp32 weights, as in the cache).
 ELEMENT_BYTES = 4
 UVM_KERNELS = (EmbeddingComputeKernel.FUSED_UVM_CACHING.value, EmbeddingComputeKernel.FUSED_UVM.value)
+
+
+@dataclass(frozen=True)
+class CachePolicy:
+    """How a TBE's cache replaces rows (FBGEMM's defaults: LRU, no prefetch pipeline)."""
+
+    algorithm: CacheAlgorithm = CacheAlgorithm.LRU
+    prefetch_pipeline: bool = False
+
+    @classmethod
+    def of(cls, params: CacheParams | None) -> CachePolicy:
+        params = params or CacheParams()
+        return cls(params.algorithm or CacheAlgorithm.LRU, bool(params.prefetch_pipeline))
+
+    def simulator(self, num_sets: list[int], num_keys: int) -> SetAssociativeCache:
+        """The cache model of groups with ``num_sets`` sets, for keys below ``num_keys``."""
+        if self.algorithm == CacheAlgorithm.LFU:
+            return SetAssociativeLFU(num_sets, num_keys)
+        return SetAssociativeLRU(num_sets, self.prefetch_pipeline)
 
 
 @dataclass(frozen=True)
@@ -40,11 +68,18 @@ class UvmShard:
 
 @dataclass(frozen=True)
 class CacheGroups:
-    """The UVM caches of a plan: per group its cache slots (0: ``fused_uvm``, no cache) and shards."""
+    """The UVM caches of a plan: per group its cache slots, policy (None: ``fused_uvm``, no cache)
+    and rank, and the shards."""
 
     shards: list[UvmShard]
     slots: np.ndarray
-    cached: np.ndarray
+    policies: list[CachePolicy | None]
+    ranks: np.ndarray
+
+    @property
+    def cached(self) -> np.ndarray:
+        """Mask of the groups with a cache."""
+        return np.array([p is not None for p in self.policies], dtype=bool)
 
     @property
     def cache_slots(self) -> float:
@@ -57,7 +92,7 @@ def cache_groups(
 ) -> CacheGroups:
     """The UVM shards of ``plan``, grouped into TBE caches; ``table_names`` maps a planned table's name
     to the stream's table name (None: not replayed)."""
-    keys: dict[tuple[int, str, str], int] = {}
+    keys: dict[tuple[int, str, str, CachePolicy | None], int] = {}
     shards: list[UvmShard] = []
     slots: dict[int, float] = {}
     bases: dict[int, int] = {}
@@ -70,8 +105,9 @@ def cache_groups(
                 FBGEMM_DEFAULT_LOAD_FACTOR
             )
             caching = sharding.compute_kernel == EmbeddingComputeKernel.FUSED_UVM_CACHING.value
+            policy = CachePolicy.of(sharding.cache_params) if caching else None
             for shard in sharding.sharding_spec.shards:
-                key = (shard.placement.rank(), sharding.sharding_type, sharding.compute_kernel)
+                key = (shard.placement.rank(), sharding.sharding_type, sharding.compute_kernel, policy)
                 group = keys.setdefault(key, len(keys))
                 rows = int(shard.shard_sizes[0])
                 start = int(shard.shard_offsets[0])
@@ -82,16 +118,36 @@ def cache_groups(
                 )
                 bases[group] = bases.get(group, 0) + rows
                 slots[group] = slots.get(group, 0.0) + (load_factor * rows if caching else 0.0)
-    cached = np.array([key[2] == EmbeddingComputeKernel.FUSED_UVM_CACHING.value for key in keys], dtype=bool)
-    return CacheGroups(shards, np.array([slots[g] for g in range(len(keys))]), cached)
+    return CacheGroups(
+        shards,
+        np.array([slots[g] for g in range(len(keys))]),
+        [key[3] for key in keys],
+        np.array([key[0] for key in keys], dtype=np.int64),
+    )
 
 
 @dataclass(frozen=True)
 class Traffic:
-    """Rows and bytes moved between host and device (both directions), scaled back from the sample."""
+    """Bytes moved host to device (``bytes_in``) and device to host (``bytes_out``) per cache group,
+    scaled back from the sample, and each group's rank."""
 
-    rows: float
-    bytes: float
+    bytes_in: np.ndarray
+    bytes_out: np.ndarray
+    ranks: np.ndarray
+
+    @property
+    def bytes(self) -> float:
+        """Everything moved, both directions, all ranks."""
+        return float(self.bytes_in.sum() + self.bytes_out.sum())
+
+    def busiest_link(self) -> float:
+        """Bytes over the busiest rank's host-device link in its busier direction (links are full
+        duplex)."""
+        if not len(self.ranks):
+            return 0.0
+        n = int(self.ranks.max()) + 1
+        per_rank = [np.bincount(self.ranks, weights=w, minlength=n) for w in (self.bytes_in, self.bytes_out)]
+        return float(max(x.max() for x in per_rank))
 
 
 def replay(
@@ -102,12 +158,10 @@ def replay(
     table_index: dict[str, int],
     sampling: int,
     count_from: int,
-    row_bytes: int,
 ) -> Traffic:
     """Replay lookups (batch index, stream table index, id; batches in order) through ``groups``.
 
-    Batches before ``count_from`` warm the caches; traffic is counted from it on. ``row_bytes`` is a
-    full row's bytes, the unit of ``Traffic.rows``.
+    Batches before ``count_from`` warm the caches; traffic is counted from it on.
     """
     order = np.argsort(tables, kind="stable")
     starts = np.searchsorted(tables[order], np.arange(len(table_index) + 1))
@@ -117,23 +171,53 @@ def replay(
         mine = order[starts[t] : starts[t + 1]]
         mine = mine[(ids[mine] >= shard.row_start) & (ids[mine] < shard.row_end)]
         routed.append((batches[mine], ids[mine] - shard.row_start + shard.base, np.full(len(mine), s)))
-    if not routed:
-        return Traffic(0.0, 0.0)
-    batch, linear, shard = (np.concatenate(parts) for parts in zip(*routed, strict=True))
-    group = np.array([s.group for s in groups.shards])[shard]
-    columns = np.array([s.columns for s in groups.shards])[shard]
-    # distinct (group, linear index) per batch; a linear index has one shard (and width)
-    distinct = BatchedKeys.of(batch, linear * len(groups.slots) + group)
-    columns = columns[distinct.first]
-    linear, group = distinct.keys // len(groups.slots), distinct.keys % len(groups.slots)
-    num_sets = [cache_sets(s, sampling) if c else 0 for s, c in zip(groups.slots, groups.cached, strict=True)]
-    cache = SetAssociativeLRU(num_sets)
-    for b in range(len(distinct)):
+    num_groups = len(groups.slots)
+    moves = Moves.zeros(num_groups)
+    if routed:
+        batch, linear, shard = (np.concatenate(parts) for parts in zip(*routed, strict=True))
+        group = np.array([s.group for s in groups.shards])[shard]
+        columns = np.array([s.columns for s in groups.shards])[shard]
+        # distinct (group, linear index) per batch; a linear index has one shard (and width)
+        distinct = BatchedKeys.of(batch, linear * num_groups + group)
+        columns = columns[distinct.first]
+        group = distinct.keys % num_groups
+        uncached = ~groups.cached[group] & (distinct.batch_of() >= count_from)
+        moves.add(group[uncached], columns[uncached], columns[uncached])
+        for policy in dict.fromkeys(p for p in groups.policies if p is not None):
+            _replay_caches(groups, policy, distinct, columns, sampling, count_from, moves)
+    scale = ELEMENT_BYTES * sampling
+    return Traffic(moves.rows_in * scale, moves.rows_out * scale, groups.ranks)
+
+
+def _replay_caches(
+    groups: CacheGroups,
+    policy: CachePolicy,
+    distinct: BatchedKeys,
+    columns: np.ndarray,
+    sampling: int,
+    count_from: int,
+    moves: Moves,
+) -> None:
+    """Replay the rows of the groups with ``policy`` through their caches; add what moved to ``moves``."""
+    mine = np.array([p == policy for p in groups.policies], dtype=bool)
+    local = np.cumsum(mine) - 1
+    num_groups = len(groups.slots)
+    kept = mine[distinct.keys % num_groups]
+    rows, widths = distinct.subset(kept), columns[kept]
+    group, linear = local[rows.keys % num_groups], rows.keys // num_groups
+    # keys in row order; LFU counts every row, so its keys are made dense
+    keys = (
+        np.unique(rows.keys, return_inverse=True)[1] if policy.algorithm == CacheAlgorithm.LFU else rows.keys
+    )
+    cache = policy.simulator(
+        [cache_sets(s, sampling) for s in groups.slots[mine]], int(keys.max(initial=-1)) + 1
+    )
+    for b in range(len(rows)):
         if b == count_from:
             cache.reset_moves()
-        span = distinct.batch(b)
-        cache.access(group[span], linear[span], columns[span])
-    if count_from >= len(distinct):
+        span = rows.batch(b)
+        cache.access(group[span], linear[span], keys[span], widths[span], rows.uses[span])
+    if count_from >= len(rows):
         cache.reset_moves()
-    moved_bytes = float(cache.moves.total()) * ELEMENT_BYTES * sampling
-    return Traffic(moved_bytes / row_bytes, moved_bytes)
+    moves.rows_in[mine] += cache.moves.rows_in
+    moves.rows_out[mine] += cache.moves.rows_out
