@@ -23,7 +23,7 @@ from torchrec.distributed.types import CacheParams, ShardingType
 from fae_torchrec.modules import part_table_name
 from fae_torchrec.stats import AccessStats, HotSet
 from fae_torchrec.stats.hot_set import COLD, HOT
-from fae_torchrec.stats.hot_share import holdout_rows_hot
+from fae_torchrec.stats.hot_share import holdout_cold_inputs, holdout_rows_hot
 from planner.cache_sizing import cold_counts
 from planner.cache_statistics import AccessCacheStatistics
 
@@ -98,8 +98,7 @@ def step_pooling(stats: AccessStats, hot_set: HotSet) -> StepPooling:
         raise ValueError("the statistics have no holdout inputs to measure hot and cold batches on")
     tables = stats.layout.table_of_rows(holdout.rows)
     row_hot = holdout_rows_hot(stats, hot_set)
-    cold_input = np.zeros(n, dtype=bool)
-    cold_input[holdout.owners[~row_hot]] = True
+    cold_input = holdout_cold_inputs(stats, row_hot)
     on_cold_input = cold_input[holdout.owners]
     num_cold = int(cold_input.sum())
     features = np.array([len(c.feature_names) for c in stats.tables], dtype=np.float64)
@@ -118,11 +117,13 @@ def step_pooling(stats: AccessStats, hot_set: HotSet) -> StepPooling:
 
 
 def cold_cache_statistics(
-    stats: AccessStats, hot_set: HotSet, global_batch_size: int
+    stats: AccessStats, hot_set: HotSet, global_batch_size: int, pooling: StepPooling | None = None
 ) -> dict[str, AccessCacheStatistics]:
     """Cache statistics of every table's cold rows, keyed by table name. Caches serve cold steps only,
-    so a batch's lookups are a cold step's."""
-    lookups = step_pooling(stats, hot_set).cold_step_cold * global_batch_size
+    so a batch's lookups are a cold step's (``pooling``: ``step_pooling(stats, hot_set)``, computed
+    when not given)."""
+    pooling = pooling or step_pooling(stats, hot_set)
+    lookups = pooling.cold_step_cold * global_batch_size
     return {
         config.name: AccessCacheStatistics.from_counts(counts, float(n * len(config.feature_names)))
         for config, counts, n in zip(stats.tables, cold_counts(stats, hot_set), lookups, strict=True)
@@ -138,6 +139,7 @@ def fae_constraints(
     user: dict[str, ParameterConstraints] | None = None,
     uncached: bool = False,
     torchrec_choice: bool = False,
+    pooling: StepPooling | None = None,
 ) -> dict[str, ParameterConstraints]:
     """Constraints keyed by part table name (``t_hot``, ``t_cold``) for every part that has rows.
 
@@ -149,10 +151,11 @@ def fae_constraints(
     model prices a cache by its load factor, not its hit rate, so it would prefer no cache to a small
     one that hits often). With ``torchrec_choice`` only the
     pooling factors and the user's constraints are set: kernels, sharding types and caches are
-    TorchRec's choice, as in its own plan of the unsplit model (``caches`` is not used).
+    TorchRec's choice, as in its own plan of the unsplit model (``caches`` is not used). ``pooling`` is
+    ``step_pooling(stats, hot_set)``, computed when not given.
     """
     user = user or {}
-    pooling = step_pooling(stats, hot_set)
+    pooling = pooling or step_pooling(stats, hot_set)
     constraints = {}
     for t, config in enumerate(stats.tables):
         base = user.get(config.name, ParameterConstraints())
@@ -174,7 +177,7 @@ def fae_constraints(
             allowed_types, allowed_kernels = (
                 (None, None) if torchrec_choice else ALLOWED[compute_device, rule]
             )
-            if uncached and allowed_kernels == ALLOWED["cuda", COLD][1]:
+            if uncached and compute_device == "cuda" and rule == COLD:
                 allowed_kernels = [*allowed_kernels, EmbeddingComputeKernel.FUSED_UVM.value]
             constraints[part_table_name(config.name, part)] = replace(
                 base,

@@ -34,7 +34,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlan
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from fae_torchrec.modules import FAEEmbeddingBagCollection
-from fae_torchrec.stats import COLD, HOT, AccessStats, HotSet, estimate_hot_share
+from fae_torchrec.stats import COLD, HOT, AccessStats, HotSet
 from fae_torchrec.units import format_bytes
 from planner.cache_sizing import cache_load_factors
 from planner.constraints import StepPooling, cold_cache_statistics, fae_constraints, step_pooling
@@ -173,7 +173,8 @@ class FAEShardingPlanner(ShardingPlanner):
         and never predicts a slower one.
         """
         world = self.topology.world_size
-        caches = cold_cache_statistics(self.stats, hot_set, self.batch_size * world)
+        pooling = step_pooling(self.stats, hot_set)
+        caches = cold_cache_statistics(self.stats, hot_set, self.batch_size * world, pooling)
         memory = self.device_memory(module)
         cache_budget = CACHE_SHARE * max(float(memory.sum()) - hot_set.hot_bytes(self.optimizer_class), 0.0)
         attempts = [self._load_factors(hot_set, cache_budget, caches, whole) for whole in (True, False)]
@@ -182,14 +183,18 @@ class FAEShardingPlanner(ShardingPlanner):
         candidates = []
         for load_factors, uncached in tries[1:] if attempts[0] == attempts[1] else tries:
             sized = {name: (load_factors[name], cache) for name, cache in caches.items()}
-            constraints = fae_constraints(self.stats, hot_set, device, sized, self.constraints, uncached)
+            constraints = fae_constraints(
+                self.stats, hot_set, device, sized, self.constraints, uncached, pooling=pooling
+            )
             try:
                 candidates.append((*self._torchrec_plan(module, sharders, constraints), load_factors))
                 break
             except PlannerError as error:
                 failure = error
         if not hot_set.total_hot:
-            own = fae_constraints(self.stats, hot_set, device, {}, self.constraints, torchrec_choice=True)
+            own = fae_constraints(
+                self.stats, hot_set, device, {}, self.constraints, torchrec_choice=True, pooling=pooling
+            )
             try:
                 candidates.append((*self._torchrec_plan(module, sharders, own), {}))
             except PlannerError as error:
@@ -199,7 +204,6 @@ class FAEShardingPlanner(ShardingPlanner):
             raise PlannerError(
                 self._too_small_message(needed, float(memory.sum()), failure), failure.error_type
             ) from failure
-        pooling = step_pooling(self.stats, hot_set)
         planned = [
             (plan, self._report(options, enumerator, fae_path, hot_set, pooling, load_factors))
             for plan, options, enumerator, load_factors in candidates
@@ -238,7 +242,7 @@ class FAEShardingPlanner(ShardingPlanner):
             fae_path,
             self.topology.world_size,
             hot_budget_bytes=hot_set.hot_bytes(self.optimizer_class),
-            hot_input_share=estimate_hot_share(self.stats, hot_set).share,
+            hot_input_share=pooling.hot_input_share,
             load_factors=load_factors,
             hot_step=self._price(enumerator, options, fae_path, {HOT: pooling.hot_step}),
             cold_step=self._price(

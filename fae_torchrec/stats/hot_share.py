@@ -66,11 +66,19 @@ def holdout_rows_hot(stats: AccessStats, hot_set: HotSet) -> np.ndarray:
     return np.concatenate([hot_set.hot_mask(t) for t in range(len(stats.tables))])[stats.holdout.rows]
 
 
+def holdout_cold_inputs(stats: AccessStats, row_hot: np.ndarray) -> np.ndarray:
+    """Per holdout input, whether it carries a cold row (``row_hot``: per holdout row, as
+    :func:`holdout_rows_hot` gives it)."""
+    cold = np.zeros(len(stats.holdout), dtype=bool)
+    cold[stats.holdout.owners[~row_hot]] = True
+    return cold
+
+
 def estimate_hot_share(stats: AccessStats, hot_set: HotSet) -> ShareEstimate:
     """Share of inputs outside the sample that ``hot_set`` makes entirely hot, from the holdout."""
     n = _holdout_size(stats.holdout)
-    cold_inputs = np.unique(stats.holdout.owners[~holdout_rows_hot(stats, hot_set)])
-    share, low, high = wilson_interval(n - len(cold_inputs), n)
+    cold_inputs = holdout_cold_inputs(stats, holdout_rows_hot(stats, hot_set))
+    share, low, high = wilson_interval(n - int(cold_inputs.sum()), n)
     return ShareEstimate(float(share), float(low), float(high), n)
 
 
