@@ -23,9 +23,8 @@ import os
 import queue
 import time
 
+from fae_torchrec.data.criteo import KAGGLE_INPUTS
 from fae_torchrec.data.synthetic import CHUNK_SIZE
-
-KAGGLE_INPUTS = 45_840_617
 
 
 def _worker(args: argparse.Namespace, rank: int, barrier, results) -> None:

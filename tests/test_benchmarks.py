@@ -25,11 +25,16 @@ def _run(script: str, *args: str) -> str:
 def test_bench_traffic_prints_every_comparison_and_draws_the_curves(tmp_path):
     out = _run(
         "bench_traffic.py",
-        "--num-samples", "200k", "--scale", "0.2", "--dims", "128", "--world-sizes", "1", "2",
-        "--caps", "128MiB", "--sampling", "2", "--belady-sampling", "4", "--convergence-lengths", "100k",
-        "--convergence-points", "128:1:128MiB", "--out", str(tmp_path),
+        "--num-samples", "200k", "--warmup", "100k", "--epoch", "400k", "--scale", "0.2", "--dims", "128",
+        "--world-sizes", "1", "2", "--caps", "128MiB", "--sampling", "2", "--belady-sampling", "4",
+        "--convergence-lengths", "100k", "400k", "--convergence-points", "128:1:128MiB",
+        "--out", str(tmp_path),
     )  # fmt: skip
-    assert out.count("disjoint (checked)") == 2, "the profile reads other inputs than each replay"
+    assert out.count("disjoint (checked)") == 1, "the profile reads other inputs than the replay"
+    sampled = re.search(r"profile: ([\d,]+) sampled inputs \([\d.]+% of an epoch of 400,000\)", out)
+    assert sampled and abs(int(sampled[1].replace(",", "")) - 20_000) < 1_000, (
+        "5% of the epoch, not of the replay"
+    )
     rows = [line.split("|") for line in out.splitlines() if re.match(r"\s*128\s+[12]\s", line)]
     traffic = [r for r in rows if len(r) == 3 and len(r[0].split()) == 8]
     steps = [r for r in rows if len(r) == 3 and len(r[0].split()) == 4]
@@ -48,7 +53,9 @@ def test_bench_traffic_prints_every_comparison_and_draws_the_curves(tmp_path):
     for model in ("perf", "Gen4", "Gen5"):
         assert f"goal step a/FAE >= 2 ({model}): met at" in out
     assert "goal traffic FAE < b LFU: met at" in out and "goal traffic FAE <= 1.5 d: met at" in out
-    assert [r[0].split()[4] for r in convergence] == ["100,000", "200,000"] and "doubling" in out
+    assert [r[0].split()[4] for r in convergence] == ["100,000", "200,000", "400,000"]
+    assert len({r[0].split()[5] for r in convergence}) == 1, "one hot budget at every length"
+    assert "doubling the default 200,000 inputs to 400,000" in out
     for picture in ("traffic.png", "step_time.png", "hot_share.png"):
         assert (tmp_path / picture).read_bytes()[:4] == b"\x89PNG"
 

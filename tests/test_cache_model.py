@@ -13,7 +13,7 @@ from benchmarks.common.cache_model import (
     BatchedKeys,
     SetAssociativeLFU,
     SetAssociativeLRU,
-    belady_traffic,
+    belady_moves,
     cache_sets,
     murmur_finalizer,
     sampled_rows,
@@ -190,14 +190,17 @@ def _batched(batches):
 def test_belady_matches_a_reference(capacity):
     rng = np.random.default_rng(3)
     batches = [np.unique(np.minimum(rng.zipf(1.2, 15) - 1, 60)) for _ in range(25)]
-    assert belady_traffic(_batched(batches), capacity) == _reference_belady(batches, capacity)
-    assert belady_traffic(_batched(batches), 10**6) == (0, 0), "everything preloaded"
+    moved_in, moved_out = belady_moves(_batched(batches), capacity)
+    assert len(moved_in) == len(moved_out) == len(batches)
+    assert (int(moved_in.sum()), int(moved_out.sum())) == _reference_belady(batches, capacity)
+    assert not any(belady_moves(_batched(batches), 10**6)[0]), "everything preloaded"
     with pytest.raises(ValueError, match="capacity must be non-negative"):
-        belady_traffic(_batched(batches), -1)
+        belady_moves(_batched(batches), -1)
 
 
 def test_belady_moves_less_than_lru_and_lfu_caches_of_its_capacity():
-    """On equal terms: the caches warm up on the first batches, Belady is preloaded at the count."""
+    """On equal terms: every cache warms up on the first batches (Belady preloaded before them), and
+    traffic is counted after them."""
     rng = np.random.default_rng(5)
     stream = [np.unique(np.minimum(rng.zipf(1.2, 60) - 1, 500), return_counts=True) for _ in range(80)]
     lru, lfu = SetAssociativeLRU([1]), SetAssociativeLFU([1], 501)  # 32 rows, fully associative
@@ -206,7 +209,7 @@ def test_belady_moves_less_than_lru_and_lfu_caches_of_its_capacity():
             if b == 20:
                 cache.reset_moves()
             cache.access(np.zeros(len(rows), dtype=np.int64), rows, rows, uses=uses)
-    belady = sum(belady_traffic(_batched([rows for rows, _ in stream[20:]]), WAYS))
+    belady = sum(m[20:].sum() for m in belady_moves(_batched([rows for rows, _ in stream]), WAYS))
     assert 0 < belady <= min(lru.moves.total(), lfu.moves.total())
 
 
@@ -226,11 +229,15 @@ def test_row_sampled_replay_estimates_the_full_replay(algorithm):
     groups = cache_groups(dry_run(planner, [config]).plan)
     assert groups.cached.all() and groups.cache_slots == pytest.approx(0.05 * 200_001)
     assert groups.policies == [CachePolicy(algorithm)] and groups.ranks.tolist() == [0]
-    full = replay(groups, batches, tables, ids.ravel(), {"t": 0}, 1, 50)
+    full = replay(groups, batches, tables, ids.ravel(), {"t": 0}, 1, 50, [200])[0]
     kept = sampled_rows(ids.ravel(), 8)
-    sampled = replay(groups, batches[kept], tables[kept], ids.ravel()[kept], {"t": 0}, 8, 50)
+    sampled = replay(groups, batches[kept], tables[kept], ids.ravel()[kept], {"t": 0}, 8, 50, [200])[0]
     assert full.bytes > 0 and full.busiest_link() == max(full.bytes_in.sum(), full.bytes_out.sum())
     assert sampled.bytes == pytest.approx(full.bytes, rel=0.1)
+    early, whole = replay(groups, batches, tables, ids.ravel(), {"t": 0}, 1, 50, [120, 200])
+    cut = batches < 120
+    alone = replay(groups, batches[cut], tables[cut], ids.ravel()[cut], {"t": 0}, 1, 50, [120])[0]
+    assert 0 < early.bytes == alone.bytes < whole.bytes == full.bytes, "one replay, windows from batch 50"
     assert cache_sets(0.05 * 200_001, 8) == round(np.ceil(0.05 * 200_001 / WAYS) / 8)
 
 
@@ -242,5 +249,7 @@ def test_device_resident_tables_move_nothing():
     groups = cache_groups(plan.plan)
     assert not groups.shards
     ids = torch.randint(0, 1000, (500,)).numpy()
-    traffic = replay(groups, np.arange(500) // 50, np.zeros(500, dtype=np.int64), ids, {"t": 0}, 1, 0)
+    (traffic,) = replay(
+        groups, np.arange(500) // 50, np.zeros(500, dtype=np.int64), ids, {"t": 0}, 1, 0, [10]
+    )
     assert traffic.bytes == 0 and traffic.busiest_link() == 0

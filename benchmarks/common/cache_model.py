@@ -26,7 +26,7 @@ FBGEMM's caches (``fused_uvm_caching``), as its CUDA kernels implement them:
   host memory (a conflict miss) moves both ways. A ``fused_uvm`` table without a cache moves every
   distinct row of a batch both ways.
 
-Belady's optimal replacement (``belady_traffic``) is the lower bound for any cache of a number of
+Belady's optimal replacement (``belady_moves``) is the lower bound for any cache of a number of
 rows: one fully associative cache for everything that, after each batch, keeps the rows whose next use
 is soonest. It starts preloaded, for free, with the rows it serves best (those used soonest), as the
 plans' device-resident rows are: a miss moves a row in, and evicting a row written by training (used
@@ -260,8 +260,8 @@ class SetAssociativeLFU(SetAssociativeCache):
         return np.where(held == _EMPTY, -1, self.counts[np.maximum(held, 0)])
 
 
-def belady_traffic(batches: BatchedKeys, capacity: int) -> tuple[int, int]:
-    """Rows moved in and out by Belady's optimal cache of ``capacity`` rows over ``batches``.
+def belady_moves(batches: BatchedKeys, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows moved in and out in each batch by Belady's optimal cache of ``capacity`` rows.
 
     The cache starts with the ``capacity`` rows used soonest, loaded for free and clean; a row used
     since it was loaded is written back when evicted. Within rows of the same next use the clean
@@ -281,16 +281,16 @@ def belady_traffic(batches: BatchedKeys, capacity: int) -> tuple[int, int]:
     clean = np.bincount(first_use[:capacity], minlength=n + 1)  # cached rows by next use
     dirty = np.zeros(n + 1, dtype=np.int64)
     held = min(capacity, len(first_use))
-    moved_in, moved_out = 0, 0
+    moved_in, moved_out = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
     for b in range(n):
         span = batches.batch(b)
         misses = int(span.stop - span.start - clean[b] - dirty[b])
         clean[b] = dirty[b] = 0
         np.add.at(dirty, following[span], 1)
         held += misses
-        moved_in += misses
+        moved_in[b] = misses
         if held > capacity:
-            moved_out += _evict_farthest(clean, dirty, held - capacity)
+            moved_out[b] = _evict_farthest(clean, dirty, held - capacity)
             held = capacity
     return moved_in, moved_out
 

@@ -3,10 +3,11 @@ row-sampled copy of every lookup.
 
 The profile is made on other inputs than the ones replayed, as FAE's planner would see them: the
 synthetic data are made chunk by chunk, each chunk from its own seed, and the profile reads the chunks
-after the replayed ones. It samples as many inputs as 5% of the replayed stream (FAE profiles 5% of an
-epoch) and keeps a holdout of inputs it did not sample (the planner estimates the hot-input share on
-it). A second pass ranks every replayed lookup's row in FAE's global order (``RowRanking``). With the
-top ``n`` ranked rows hot, an input is hot exactly when its worst rank is below ``n``, so one pass
+after the replayed ones. It samples 5% of an epoch (FAE profiles 5% of the training data; Criteo
+Kaggle's epoch by default), whatever the length replayed, so every length is measured with one hot set,
+and keeps a holdout of inputs it did not sample (the planner estimates the hot-input share on it). A
+second pass ranks every replayed lookup's row in FAE's global order (``RowRanking``). With the top
+``n`` ranked rows hot, an input is hot exactly when its worst rank is below ``n``, so one pass
 serves every hot-set budget. Only lookups of rows in the replayed ``1/sampling`` of the hash space are
 kept (``cache_model.sampled_rows``).
 """
@@ -22,10 +23,10 @@ from tqdm import tqdm
 from benchmarks.common.cache_model import sampled_rows
 from fae_torchrec import AccessProfiler, AccessStats, HotSet
 from fae_torchrec.data import SyntheticCriteo
-from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
+from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES, KAGGLE_INPUTS
 from fae_torchrec.data.synthetic import CHUNK_SIZE
 
-#: Inputs FAE's profile samples, as a share of the replayed stream (FAE samples 5% of an epoch).
+#: Inputs FAE's profile samples, as a share of an epoch.
 PROFILE_SHARE = 0.05
 
 
@@ -67,15 +68,16 @@ class IdStream:
 def synthetic_stream(
     num_inputs: int,
     *,
+    epoch: int = KAGGLE_INPUTS,
     scale: float = 1.0,
     seed: int = 0,
     sampling: int = 1,
     holdout_size: int = 100_000,
 ) -> IdStream:
     """The first ``num_inputs`` inputs of the synthetic data set of ``scale`` and ``seed``, row-sampled,
-    profiled as FAE does on the chunks after them: ``PROFILE_SHARE x num_inputs`` sampled inputs and a
+    profiled as FAE does on the chunks after them: ``PROFILE_SHARE x epoch`` sampled inputs and a
     holdout of ``holdout_size`` others."""
-    sampled = max(round(PROFILE_SHARE * num_inputs), 1)
+    sampled = max(round(PROFILE_SHARE * epoch), 1)
     replay_chunks = -(-num_inputs // CHUNK_SIZE)
     first = replay_chunks * CHUNK_SIZE
     profiled = range(first, first + sampled + holdout_size)

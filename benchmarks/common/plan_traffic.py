@@ -12,7 +12,7 @@ distinct row of a batch both ways.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -158,11 +158,16 @@ def replay(
     table_index: dict[str, int],
     sampling: int,
     count_from: int,
-) -> Traffic:
+    ends: Sequence[int],
+) -> list[Traffic]:
     """Replay lookups (batch index, stream table index, id; batches in order) through ``groups``.
 
-    Batches before ``count_from`` warm the caches; traffic is counted from it on.
+    Batches before ``count_from`` warm the caches; one ``Traffic`` per end counts the batches from
+    ``count_from`` up to that end (exclusive), all from one replay that stops at the last end.
     """
+    last = max(ends)
+    kept = batches < last
+    batches, tables, ids = batches[kept], tables[kept], ids[kept]
     order = np.argsort(tables, kind="stable")
     starts = np.searchsorted(tables[order], np.arange(len(table_index) + 1))
     routed = []
@@ -172,7 +177,7 @@ def replay(
         mine = mine[(ids[mine] >= shard.row_start) & (ids[mine] < shard.row_end)]
         routed.append((batches[mine], ids[mine] - shard.row_start + shard.base, np.full(len(mine), s)))
     num_groups = len(groups.slots)
-    moves = Moves.zeros(num_groups)
+    windows = [Moves.zeros(num_groups) for _ in ends]
     if routed:
         batch, linear, shard = (np.concatenate(parts) for parts in zip(*routed, strict=True))
         group = np.array([s.group for s in groups.shards])[shard]
@@ -181,12 +186,14 @@ def replay(
         distinct = BatchedKeys.of(batch, linear * num_groups + group)
         columns = columns[distinct.first]
         group = distinct.keys % num_groups
-        uncached = ~groups.cached[group] & (distinct.batch_of() >= count_from)
-        moves.add(group[uncached], columns[uncached], columns[uncached])
+        batch_of = distinct.batch_of()
+        for end, moves in zip(ends, windows, strict=True):
+            uncached = ~groups.cached[group] & (batch_of >= count_from) & (batch_of < end)
+            moves.add(group[uncached], columns[uncached], columns[uncached])
         for policy in dict.fromkeys(p for p in groups.policies if p is not None):
-            _replay_caches(groups, policy, distinct, columns, sampling, count_from, moves)
+            _replay_caches(groups, policy, distinct, columns, sampling, count_from, ends, windows)
     scale = ELEMENT_BYTES * sampling
-    return Traffic(moves.rows_in * scale, moves.rows_out * scale, groups.ranks)
+    return [Traffic(m.rows_in * scale, m.rows_out * scale, groups.ranks) for m in windows]
 
 
 def _replay_caches(
@@ -196,9 +203,11 @@ def _replay_caches(
     columns: np.ndarray,
     sampling: int,
     count_from: int,
-    moves: Moves,
+    ends: Sequence[int],
+    windows: list[Moves],
 ) -> None:
-    """Replay the rows of the groups with ``policy`` through their caches; add what moved to ``moves``."""
+    """Replay the rows of the groups with ``policy`` through their caches; add what moved from
+    ``count_from`` to each end to its window."""
     mine = np.array([p == policy for p in groups.policies], dtype=bool)
     local = np.cumsum(mine) - 1
     num_groups = len(groups.slots)
@@ -212,12 +221,17 @@ def _replay_caches(
     cache = policy.simulator(
         [cache_sets(s, sampling) for s in groups.slots[mine]], int(keys.max(initial=-1)) + 1
     )
-    for b in range(len(rows)):
+    stops = {min(end, len(rows)) for end in ends}
+    counted: dict[int, Moves] = {}  # the moves from count_from up to each stop
+    for b in range(len(rows) + 1):
         if b == count_from:
             cache.reset_moves()
-        span = rows.batch(b)
-        cache.access(group[span], linear[span], keys[span], widths[span], rows.uses[span])
-    if count_from >= len(rows):
-        cache.reset_moves()
-    moves.rows_in[mine] += cache.moves.rows_in
-    moves.rows_out[mine] += cache.moves.rows_out
+        if b in stops and b >= count_from:
+            counted[b] = Moves(cache.moves.rows_in.copy(), cache.moves.rows_out.copy())
+        if b < len(rows):
+            span = rows.batch(b)
+            cache.access(group[span], linear[span], keys[span], widths[span], rows.uses[span])
+    for end, moves in zip(ends, windows, strict=True):
+        if (window := counted.get(min(end, len(rows)))) is not None:
+            moves.rows_in[mine] += window.rows_in
+            moves.rows_out[mine] += window.rows_out

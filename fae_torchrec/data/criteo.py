@@ -17,6 +17,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from fae_torchrec.data.block import SampleBlock, check_batch_size, rebatch
 
+#: Inputs (lines) of Criteo Kaggle's ``train.txt``: one epoch.
+KAGGLE_INPUTS = 45_840_617
 #: Rows per categorical feature of Criteo Kaggle as used by DLRM and TorchRec (33,762,577 in all).
 KAGGLE_TABLE_SIZES: tuple[int, ...] = (
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
@@ -45,6 +47,7 @@ __all__ = [
     "DEFAULT_CAT_NAMES",
     "DEFAULT_INT_NAMES",
     "INT_FEATURE_COUNT",
+    "KAGGLE_INPUTS",
     "KAGGLE_TABLE_SIZES",
     "MLPERF_MAX_ROWS",
     "TABLE_SETS",
