@@ -82,6 +82,7 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import CacheAlgorithm
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+from benchmarks.common.arguments import count
 from benchmarks.common.cache_model import BatchedKeys, belady_moves, sampled_rows
 from benchmarks.common.id_stream import PROFILE_SHARE, IdStream, synthetic_stream
 from benchmarks.common.plan_traffic import Traffic, cache_groups, replay
@@ -526,12 +527,6 @@ _LEGEND = {
 }
 
 
-def _count(text: str) -> int:
-    """A number of inputs: ``4000000``, ``4M`` or ``500k``."""
-    scale = {"k": 10**3, "m": 10**6}.get(text[-1:].lower(), 1)
-    return round(float(text[:-1] if scale > 1 else text) * scale)
-
-
 def _grid_point(text: str) -> tuple[int, int, int]:
     """``dim:GPUs:HBM per GPU``, e.g. ``128:8:512MiB``."""
     dim, world, cap = text.split(":")
@@ -541,18 +536,18 @@ def _grid_point(text: str) -> tuple[int, int, int]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--num-samples", type=_count, default="16M", help="inputs counted after the warm-up (e.g. 16M)"
+        "--num-samples", type=count, default="16M", help="inputs counted after the warm-up (e.g. 16M)"
     )
-    parser.add_argument("--warmup", type=_count, default="4M", help="inputs that warm the caches first")
+    parser.add_argument("--warmup", type=count, default="4M", help="inputs that warm the caches first")
     parser.add_argument(
         "--epoch",
-        type=_count,
+        type=count,
         default=KAGGLE_INPUTS,
         help=f"inputs of an epoch; the profile samples {PROFILE_SHARE:.0%}",
     )
     parser.add_argument(
         "--convergence-lengths",
-        type=_count,
+        type=count,
         nargs="*",
         default=["1M", "2M", "4M", "8M", "16M", "32M"],
         help="inputs counted at the convergence points (twice --num-samples checks the default)",
@@ -578,7 +573,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/figures"))
     args = parser.parse_args(argv)
     args.caps = [parse_bytes(c) if isinstance(c, str) else c for c in args.caps]
-    args.convergence_lengths = [_count(x) if isinstance(x, str) else x for x in args.convergence_lengths]
+    args.convergence_lengths = [count(x) if isinstance(x, str) else x for x in args.convergence_lengths]
     args.convergence_points = [_grid_point(x) if isinstance(x, str) else x for x in args.convergence_points]
     if args.belady_sampling % args.sampling:
         parser.error("--belady-sampling must be a multiple of --sampling")
@@ -606,7 +601,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
     logging.getLogger("torchrec.distributed.planner.proposers").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
     logger.setLevel(logging.INFO)
-    started = time.perf_counter()
+    started = time.perfcounter()
     source = SyntheticCriteo(0, scale=args.scale)
     fixed = FixedPlans(source.table_configs, args.batch_size)
     grid_points = grid(args, fixed)
@@ -628,7 +623,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
         for length, point in measured.items():
             by_length.setdefault(length, {})[point.key] = point
         where = f"dim {dim}, {world_size} GPUs x {format_bytes(cap)}"
-        logger.info("%s: done at %.0f s", where, time.perf_counter() - started)
+        logger.info("%s: done at %.0f s", where, time.perfcounter() - started)
     points = [by_length[args.num_samples][k] for k in grid_points if k in by_length.get(args.num_samples, {})]
     plot(points, stream, args.out)
     print(
@@ -644,7 +639,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
     print_goals(points)
     print_convergence(by_length, args.convergence_points, args.num_samples)
     print_first_uses(stream, args.warmup, sorted(by_length))
-    print(f"figures in {args.out}; {time.perf_counter() - started:.0f} s")
+    print(f"figures in {args.out}; {time.perfcounter() - started:.0f} s")
     return points
 
 

@@ -166,9 +166,11 @@ def plan(args: argparse.Namespace) -> None:
     seconds = time.perf_counter() - start
     _, default, kernels = torchrec_default_plan(stats.tables, topology, args.batch_size)
     fae = planner.report
+    runs = planner.torchrec_runs
     print(
         f"{args.world_size} x CUDA, HBM {args.hbm_cap} per GPU, batch {args.batch_size} per rank, "
-        f"model {format_bytes(stats.ranking().total_bytes)}; FAE planning took {seconds:.1f} s"
+        f"model {format_bytes(stats.ranking().total_bytes)}; FAE planning took {seconds:.1f} s, "
+        f"{sum(runs):.1f} s of it in {len(runs)} runs of TorchRec's planner"
     )
     print(fae)
     print(

@@ -19,6 +19,7 @@ optimizer state counts in the storage estimates; the knob's own candidate module
 from __future__ import annotations
 
 import logging
+import time
 from copy import deepcopy
 
 import numpy as np
@@ -92,6 +93,9 @@ class FAEShardingPlanner(ShardingPlanner):
         self.optimizer_class = optimizer_class
         self.num_candidates = num_candidates
         self.report: FAEPlanReport | None = None
+        #: Seconds of each run of TorchRec's planner so far, failed ones included (the knob runs it
+        #: once to three times per budget): where planning time goes.
+        self.torchrec_runs: list[float] = []
         self._ranking = stats.ranking(optimizer_class)
 
     def choose_hot_set(self) -> HotSet:
@@ -225,7 +229,11 @@ class FAEShardingPlanner(ShardingPlanner):
             stats=[],
             debug=False,
         )
-        plan = planner.plan(module, sharders)
+        started = time.perf_counter()
+        try:
+            plan = planner.plan(module, sharders)
+        finally:
+            self.torchrec_runs.append(time.perf_counter() - started)
         return plan, planner._best_plan, enumerator
 
     def _report(

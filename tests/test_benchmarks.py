@@ -1,4 +1,4 @@
-"""Smoke runs of the profile, hot-set and traffic benchmarks at tiny sizes: they run and print ratios."""
+"""Smoke runs of the profile, hot-set, traffic and planning benchmarks at tiny sizes: they print ratios."""
 
 import re
 import subprocess
@@ -66,3 +66,14 @@ def test_bench_profile_and_bench_hot_set_run_small():
     assert "extrapolated" in profile
     hot_set = _run("bench_hot_set.py", "--num-samples", "40000", "--scale", "0.01", "--budgets", "64KiB,1MiB")
     assert "ratio" in hot_set
+
+
+def test_bench_planning_times_both_planners_side_by_side():
+    out = _run("bench_planning.py", "--world-sizes", "2", "4", "--scale", "0.01", "--num-samples", "100k",
+               "--candidates", "2")  # fmt: skip
+    rows = [line.split("|") for line in out.splitlines() if re.match(r"\s+[24] \|", line)]
+    assert [int(r[0]) for r in rows] == [2, 4], out
+    for _, fae, torchrec, ratio in rows:
+        wall, _, runs, in_runs = (float(x) for x in fae.split())
+        assert runs >= 3, "the knob runs TorchRec's planner for none and two budgets at least"
+        assert 0 < in_runs <= wall and float(torchrec.split()[0]) > 0 and ratio.strip().endswith("x")
