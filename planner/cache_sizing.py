@@ -24,9 +24,18 @@ CACHE_SLOT_AUX_BYTES = 16
 CACHE_ROW_AUX_BYTES = 4
 
 
-def cold_counts(stats: AccessStats, hot_set: HotSet) -> list[np.ndarray]:
-    """Per table, the sampled access counts of its cold rows (in cold id order)."""
-    return [counts[~hot_set.hot_mask(t)] for t, counts in enumerate(stats.counts)]
+def seen_cold_counts(stats: AccessStats, hot_set: HotSet) -> list[np.ndarray]:
+    """Per table, the sampled access counts of the cold rows the sample saw, in id order (the rows it
+    never saw count 0: only their number matters, ``cold_rows``)."""
+    return [
+        counts[seen[~hot_set.hot_mask(t)[seen]]]
+        for t, (counts, seen) in enumerate(zip(stats.counts, stats.seen_rows, strict=True))
+    ]
+
+
+def cold_rows(hot_set: HotSet) -> np.ndarray:
+    """Per table, how many of its rows are cold."""
+    return hot_set.layout.num_rows - np.array([len(ids) for ids in hot_set.hot_ids], dtype=np.int64)
 
 
 def cache_load_factors(
@@ -47,12 +56,11 @@ def cache_load_factors(
     """
     row_bytes = stats.layout.row_bytes(optimizer_class).astype(np.float64)
     slot_bytes = row_bytes + CACHE_SLOT_AUX_BYTES
-    counts = cold_counts(stats, hot_set)
-    rows = np.array([len(c) for c in counts], dtype=np.float64)
+    counts = seen_cold_counts(stats, hot_set)  # only rows seen in the sample are ranked
+    rows = cold_rows(hot_set).astype(np.float64)
     budget = cache_budget_bytes - CACHE_ROW_AUX_BYTES * float(rows.sum())
-    seen = [np.flatnonzero(c) for c in counts]  # only rows seen in the sample are ranked
-    tables = np.concatenate([np.full(len(s), t) for t, s in enumerate(seen)])
-    flat = np.concatenate([c[s] for c, s in zip(counts, seen, strict=True)])
+    tables = np.concatenate([np.full(len(c), t) for t, c in enumerate(counts)])
+    flat = np.concatenate(counts)
     order = np.argsort(-flat, kind="stable")
     cost = np.cumsum(slot_bytes[tables[order]])
     fits = np.searchsorted(cost, budget, side="right")

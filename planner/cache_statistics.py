@@ -41,19 +41,31 @@ class AccessCacheStatistics(CacheStatistics):
     def from_counts(cls, counts: np.ndarray, lookups_per_batch: float) -> AccessCacheStatistics:
         """Statistics of a table whose rows were accessed ``counts`` times in the sample, looked up
         ``lookups_per_batch`` times per global batch."""
-        if len(counts) == 0:
+        counts = np.asarray(counts)
+        _check_counts(counts, "access counts must be non-negative integers")
+        return cls.from_seen(counts[counts > 0], len(counts), lookups_per_batch)
+
+    @classmethod
+    def from_seen(cls, seen: np.ndarray, rows: int, lookups_per_batch: float) -> AccessCacheStatistics:
+        """``from_counts`` given only the counts of the rows the sample saw (``seen``, all positive)
+        and the number of rows: the others count by their number, so a table of millions of rows
+        that were never seen costs nothing."""
+        if rows <= 0:
             raise ValueError("a table needs at least one row")
-        probability, multiplicity = _row_probabilities(np.asarray(counts, dtype=np.float64))
+        seen = np.asarray(seen)
+        _check_counts(seen, "seen access counts must be positive integers", low=1)
+        if len(seen) > rows:
+            raise ValueError(f"{len(seen)} seen rows in a table of {rows} rows")
+        probability, multiplicity = _row_probabilities(seen.astype(np.int64), rows)
         distinct = float(
             multiplicity @ -np.expm1(lookups_per_batch * np.log1p(-np.minimum(probability, 1 - 1e-12)))
         )
-        rows = float(len(counts))
         miss = (
             [1.0]
             + [_che_miss_rate(probability, multiplicity, clf * rows) for clf in LOAD_FACTOR_GRID[1:-1]]
             + [0.0]
         )
-        return cls(distinct, len(counts), tuple(LOAD_FACTOR_GRID.tolist()), tuple(miss))
+        return cls(distinct, rows, tuple(LOAD_FACTOR_GRID.tolist()), tuple(miss))
 
     @property
     def expected_lookups(self) -> float:
@@ -75,15 +87,23 @@ class AccessCacheStatistics(CacheStatistics):
         return self
 
 
-def _row_probabilities(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct access probabilities of the rows and how many rows have each."""
-    total = counts.sum()
-    unseen = int(np.count_nonzero(counts == 0))
+def _check_counts(counts: np.ndarray, message: str, low: int = 0) -> None:
+    if counts.dtype.kind not in "iu" or (len(counts) and counts.min() < low):
+        raise ValueError(f"{message}, got {counts.dtype} from {counts.min() if len(counts) else '-'}")
+
+
+def _row_probabilities(seen: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct access probabilities of a table's rows and how many rows have each, from the counts
+    of the rows seen."""
+    total = seen.sum()
+    unseen = rows - len(seen)
     if total == 0:
-        return np.array([1.0 / len(counts)]), np.array([float(len(counts))])
+        return np.array([1.0 / rows]), np.array([float(rows)])
     # Good-Turing, but never more per unseen row than uniform access would give it
-    unseen_mass = min(np.count_nonzero(counts == 1) / total, unseen / len(counts)) if unseen else 0.0
-    values, multiplicity = np.unique(counts[counts > 0], return_counts=True)
+    unseen_mass = min(np.count_nonzero(seen == 1) / total, unseen / rows) if unseen else 0.0
+    by_count = np.bincount(seen)  # counts are small integers: O(rows seen), no sort
+    values = np.flatnonzero(by_count[1:]) + 1
+    multiplicity = by_count[values]
     probability = values / total * (1.0 - unseen_mass)
     if unseen and unseen_mass > 0:
         probability = np.append(probability, unseen_mass / unseen)

@@ -24,7 +24,7 @@ from fae_torchrec.modules import part_table_name
 from fae_torchrec.stats import AccessStats, HotSet
 from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.stats.hot_share import holdout_cold_inputs, holdout_rows_hot
-from planner.cache_sizing import cold_counts
+from planner.cache_sizing import cold_rows, seen_cold_counts
 from planner.cache_statistics import AccessCacheStatistics
 
 HOT_KERNELS = [EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.value]
@@ -125,9 +125,11 @@ def cold_cache_statistics(
     pooling = pooling or step_pooling(stats, hot_set)
     lookups = pooling.cold_step_cold * global_batch_size
     return {
-        config.name: AccessCacheStatistics.from_counts(counts, float(n * len(config.feature_names)))
-        for config, counts, n in zip(stats.tables, cold_counts(stats, hot_set), lookups, strict=True)
-        if len(counts)
+        config.name: AccessCacheStatistics.from_seen(seen, int(rows), float(n * len(config.feature_names)))
+        for config, seen, rows, n in zip(
+            stats.tables, seen_cold_counts(stats, hot_set), cold_rows(hot_set), lookups, strict=True
+        )
+        if rows
     }
 
 

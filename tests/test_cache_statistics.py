@@ -69,3 +69,9 @@ def test_small_immutable_and_shared_by_deepcopy():
         stats.lookups = 1.0
     with pytest.raises(ValueError, match="at least one row"):
         AccessCacheStatistics.from_counts(np.array([], dtype=np.int64), lookups_per_batch=1)
+
+
+def test_counts_must_be_non_negative_integers():
+    for bad in (np.array([1.5, 2.0]), np.array([3, -1])):
+        with pytest.raises(ValueError, match="non-negative integers"):
+            AccessCacheStatistics.from_counts(bad, lookups_per_batch=1)

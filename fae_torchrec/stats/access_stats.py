@@ -43,6 +43,11 @@ class AccessStats:
     def layout(self) -> TableLayout:
         return TableLayout(self.tables)
 
+    @cached_property
+    def seen_rows(self) -> tuple[np.ndarray, ...]:
+        """Per table, the ids of the rows the sample saw (count above 0), ascending."""
+        return tuple(np.flatnonzero(counts) for counts in self.counts)
+
     @property
     def sample_fraction(self) -> float:
         return self.num_sampled / self.num_inputs
