@@ -601,7 +601,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
     logging.getLogger("torchrec.distributed.planner.proposers").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
     logger.setLevel(logging.INFO)
-    started = time.perfcounter()
+    started = time.perf_counter()
     source = SyntheticCriteo(0, scale=args.scale)
     fixed = FixedPlans(source.table_configs, args.batch_size)
     grid_points = grid(args, fixed)
@@ -623,7 +623,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
         for length, point in measured.items():
             by_length.setdefault(length, {})[point.key] = point
         where = f"dim {dim}, {world_size} GPUs x {format_bytes(cap)}"
-        logger.info("%s: done at %.0f s", where, time.perfcounter() - started)
+        logger.info("%s: done at %.0f s", where, time.perf_counter() - started)
     points = [by_length[args.num_samples][k] for k in grid_points if k in by_length.get(args.num_samples, {})]
     plot(points, stream, args.out)
     print(
@@ -639,7 +639,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
     print_goals(points)
     print_convergence(by_length, args.convergence_points, args.num_samples)
     print_first_uses(stream, args.warmup, sorted(by_length))
-    print(f"figures in {args.out}; {time.perfcounter() - started:.0f} s")
+    print(f"figures in {args.out}; {time.perf_counter() - started:.0f} s")
     return points
 
 
