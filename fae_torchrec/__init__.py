@@ -13,6 +13,7 @@
 
 from fae_torchrec.modules import (
     FAEEmbeddingBagCollection,
+    SplitFeatures,
     gather_full_state_dict,
     load_full_state_dict,
     part_table_name,
@@ -62,6 +63,7 @@ __all__ = [
     "RowRanking",
     "ShareCurve",
     "ShareEstimate",
+    "SplitFeatures",
     "Step",
     "TableLayout",
     "estimate_hot_share",

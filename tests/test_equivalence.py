@@ -5,7 +5,8 @@ the cold part; the baseline is the unsplit DLRM planned by TorchRec's EmbeddingS
 trained on the same batches. Both run under DistributedModelParallel (gloo, CPU), with tables forced
 table-wise (fused optimizers only) or with the planners' unconstrained choice, where small tables and
 hot parts become data-parallel and train by the dense form of the embedding optimizer. Parameters are
-compared in the original table layout, and every row that a batch used must have moved.
+compared in the original table layout, and every row that a batch used must have moved. The same
+holds when the router splits each batch for the parts before the step (``SplitFeatures``).
 """
 
 import copy
@@ -21,7 +22,7 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
+from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, SplitFeatures
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
 from fae_torchrec.modules.state import gather_full_state_dict, load_full_state_dict
@@ -77,7 +78,9 @@ def _used_rows(batches, tables) -> dict[str, torch.Tensor]:
     return used
 
 
-def _same_training(rank: int, world_size: int, optimizer_name: str, constrained: bool) -> None:
+def _same_training(
+    rank: int, world_size: int, optimizer_name: str, constrained: bool, split_before: bool = False
+) -> None:
     optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
     embedding = EmbeddingOptimizer(optimizer, kwargs)
     data = SyntheticCriteo(STEPS * 48 * world_size, batch_size=1024, scale=0.0005, seed=3)
@@ -114,12 +117,18 @@ def _same_training(rank: int, world_size: int, optimizer_name: str, constrained:
     router = BatchRouter(partition, 32, world_size=world_size, rank=rank, seed=1)
     routed = list(router.epoch(0))[:STEPS]
     assert len(routed) >= 20 and any(r.hot for r in routed) and not all(r.hot for r in routed)
-    for step in routed:
+    split = fae_dmp.module.model.sparse_arch.embedding_bag_collection
+    fae_routed = routed
+    if split_before:  # the router splits each batch for the parts: the model does no remapping
+        router.split = split.split
+        fae_routed = list(router.epoch(0))[:STEPS]
+        assert all(isinstance(r.batch.sparse_features, SplitFeatures) for r in fae_routed)
+        assert [r.batch.sparse_features.is_hot for r in fae_routed] == [r.hot for r in routed]
+    for step, fae_step in zip(routed, fae_routed, strict=True):
         train_step(base_dmp, step.batch, base_optimizer)
-        train_step(fae_dmp, step.batch, fae_optimizer, hot=step.hot)
+        train_step(fae_dmp, fae_step.batch, fae_optimizer, hot=fae_step.hot)
 
     expected, actual = gather_full_state_dict(base_dmp), gather_full_state_dict(fae_dmp)
-    split = fae_dmp.module.model.sparse_arch.embedding_bag_collection
     tables_after = split.ebc_state_dict(actual, prefix=PREFIX)
     used = _used_rows((step.batch for step in routed), tables)
     for name, value in tables_after.items():
@@ -140,3 +149,10 @@ def _same_training(rank: int, world_size: int, optimizer_name: str, constrained:
 @pytest.mark.parametrize("plan", ["table_wise", "unconstrained"])
 def test_fae_training_ends_with_the_baseline_parameters(tmp_path, world_size, optimizer_name, plan):
     run_on_ranks(_same_training, world_size, tmp_path, optimizer_name, plan == "table_wise")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer_name", ["sgd", "rowwise_adagrad"])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_batches_split_before_the_step_train_the_same_model(tmp_path, world_size, optimizer_name):
+    run_on_ranks(_same_training, world_size, tmp_path, optimizer_name, False, True)

@@ -196,3 +196,34 @@ def test_split_features_remaps_like_the_hot_set():
         assert original[key].lengths().sum() == sum(
             parts[p].to_dict()[key].lengths().sum() for p in parts if key in parts[p].keys()
         )
+
+
+@pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])
+@pytest.mark.parametrize("kind", ["hot", "cold", "mixed"])
+def test_split_before_the_step_gives_the_same_embeddings_and_gradients(pooling, kind):
+    tables = _tables(pooling)
+    ebc = _ebc(tables)
+    split = FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
+    batch = _batch(kind)
+    parts = split.split(batch)
+    assert parts.is_hot == (kind == "hot") and (parts.cold is None) == (kind == "hot")
+    calls = []
+    split.cold.register_forward_pre_hook(lambda module, args: calls.append(1))
+    _assert_same(ebc(batch), split(parts))
+    assert len(calls) == (kind != "hot"), "a split hot batch never calls the cold part"
+    ebc(batch).values().square().sum().backward()
+    split(parts.to(torch.device("cpu"))).values().square().sum().backward()
+    for config, pieces in split._pieces():
+        for ids, weight, _ in pieces:
+            expected = ebc.embedding_bags[config.name].weight.grad[ids]
+            grad = torch.zeros_like(weight) if weight.grad is None else weight.grad  # a part not called
+            torch.testing.assert_close(grad, expected, rtol=0, atol=1e-5)
+
+
+def test_a_batch_split_as_hot_carries_hot_ids_only():
+    tables = _tables()
+    split = FAEEmbeddingBagCollection(tables, _hot_set(tables))
+    assert split.split(_batch("hot"), is_hot=True).is_hot
+    assert not split.split(_batch("hot"), is_hot=False).is_hot, "the router's word wins: a cold step"
+    with pytest.raises(ValueError, match="hot_only carries cold ids"):
+        split.split(_batch("mixed"), is_hot=True)

@@ -2,11 +2,12 @@
 
 Every row of every table lives in exactly one part: the hot rows of table ``t`` form table ``t_hot`` of
 the ``hot`` EBC (ids ``0..H-1``, in original id order) and the other rows form ``t_cold`` of the
-``cold`` EBC. The forward takes the original ``KeyedJaggedTensor``, remaps ids with one
-``searchsorted`` over the sorted hot ids of all tables, looks up both parts with SUM pooling and
-returns the ``KeyedTensor`` the unsplit EBC would return (MEAN tables are divided by the bag sizes at
-the end). Both parts are ordinary EBCs, so ``DistributedModelParallel`` shards each with TorchRec's
-own sharders and kernels.
+``cold`` EBC. The forward takes the original ``KeyedJaggedTensor`` and remaps ids with one
+``searchsorted`` over the sorted hot ids of all tables, or takes them already remapped
+(``SplitFeatures``, made by ``split`` before the step, e.g. by the batch router), looks up both parts
+with SUM pooling and returns the ``KeyedTensor`` the unsplit EBC would return (MEAN tables are divided
+by the bag sizes at the end). Both parts are ordinary EBCs, so ``DistributedModelParallel`` shards each
+with TorchRec's own sharders and kernels.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from dataclasses import replace
 
 import numpy as np
 import torch
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingBagCollectionInterface
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
+from fae_torchrec.modules.split_features import SplitFeatures
 from fae_torchrec.stats.hot_set import COLD, HOT, HotSet
 from fae_torchrec.tables import TableLayout
 
@@ -220,32 +223,66 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             raise ValueError("a batch marked hot_only carries cold ids")
         return result
 
-    def forward(self, features: KeyedJaggedTensor, hot_only: bool | None = None) -> KeyedTensor:
-        """Pooled embeddings of ``features`` (original ids), as the unsplit EBC gives them.
+    def split(self, features: KeyedJaggedTensor, is_hot: bool | None = None) -> SplitFeatures:
+        """``features`` (original ids) split into the parts' inputs, for ``forward`` to take as they
+        are: do it before the step, in the data path. With ``is_hot`` the batch must carry hot ids
+        only (``ValueError`` otherwise) and gets no cold input; None finds out."""
+        parts = self._split(self._ordered(features), (HOT,) if is_hot else (HOT, COLD))
+        cold = parts.get(COLD)
+        if is_hot is None:
+            is_hot = cold is None or cold.values().numel() == 0
+        return SplitFeatures(parts.get(HOT), None if is_hot else cold, is_hot)
 
-        With ``hot_only`` (default: the ``hot_only`` attribute) the batch must carry hot ids only and
-        the cold part is not called at all (no lookup, no collective); a cold id raises ``ValueError``
-        before any lookup. The check is local to the rank: under DMP the other ranks would then wait
-        in the hot part's collectives, so the router must only mark batches it made of hot inputs.
+    def forward(
+        self, features: KeyedJaggedTensor | SplitFeatures, hot_only: bool | None = None
+    ) -> KeyedTensor:
+        """Pooled embeddings of ``features``, as the unsplit EBC gives them.
+
+        ``features`` is the original ``KeyedJaggedTensor``, remapped here, or its ``split``, made
+        before the step. A split batch that ``is_hot`` skips the cold part; so does an original one
+        with ``hot_only`` (default: the ``hot_only`` attribute), which must carry hot ids only: a
+        cold id raises ``ValueError`` before any lookup. That check is local to the rank: under DMP
+        the other ranks would then wait in the hot part's collectives, so the router must only mark
+        batches it made of hot inputs. Under FX tracing (TorchRec's train pipelines) ``features``
+        is a split, and both parts are traced.
         """
+        if is_fx_symbolic_tracing() or isinstance(features, SplitFeatures):
+            return self._pool(
+                features.hot, features.cold if is_fx_symbolic_tracing() or not features.is_hot else None
+            )
         hot_only = self.hot_only if hot_only is None else hot_only
-        ordered = self._ordered(features)
+        parts = self._split(self._ordered(features), (HOT,) if hot_only else (HOT, COLD))
+        return self._pool(parts.get(HOT), parts.get(COLD))
+
+    def _pool(self, hot: KeyedJaggedTensor | None, cold: KeyedJaggedTensor | None) -> KeyedTensor:
+        """The parts' lookups of their inputs (a part with no input is not called), summed per
+        feature into the unsplit layout; MEAN tables divided by the bags' sizes over both parts."""
         pooled: dict[str, list[torch.Tensor]] = {}
-        for part, kjt in self._split(ordered, (HOT,) if hot_only else (HOT, COLD)).items():
-            for feature, value in getattr(self, part)(kjt).to_dict().items():
-                pooled.setdefault(feature, []).append(value)
-        lengths = ordered.lengths().view(len(self._layout.features), -1)
+        bag_sizes: dict[str, list[torch.Tensor]] = {}
+        stride = None
+        for part, kjt in ((HOT, hot), (COLD, cold)):
+            module = getattr(self, part)
+            if module is None or kjt is None:
+                continue
+            stride = kjt.stride()
+            looked_up = module(kjt).to_dict()
+            lengths = kjt.lengths().view(len(self._part_keys[part]), -1)
+            for row, index in enumerate(self._part_keys[part]):
+                feature = self._layout.features[index]
+                pooled.setdefault(feature, []).append(looked_up[feature])
+                bag_sizes.setdefault(feature, []).append(lengths[row])
         values = []
         for config in self._configs:
             for feature in config.feature_names:
                 found = pooled.get(feature)
-                if found is None:
-                    value = torch.zeros(ordered.stride(), config.embedding_dim, device=lengths.device)
-                else:
-                    value = found[0] if len(found) == 1 else found[0] + found[1]
+                if found is None:  # a table whose rows are all in a part not looked up
+                    values.append(torch.zeros(stride, config.embedding_dim, device=self.hot_rows.device))
+                    continue
+                value = found[0] if len(found) == 1 else found[0] + found[1]
                 if config.pooling == PoolingType.MEAN:
-                    bag_sizes = lengths[self._layout.features.index(feature)].clamp(min=1)
-                    value = value / bag_sizes.unsqueeze(1).to(value.dtype)
+                    sizes = bag_sizes[feature]
+                    size = sizes[0] if len(sizes) == 1 else sizes[0] + sizes[1]
+                    value = value / size.clamp(min=1).unsqueeze(1).to(value.dtype)
                 values.append(value)
         return KeyedTensor(
             keys=self._layout.features,

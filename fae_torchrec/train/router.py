@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
+from fae_torchrec.modules.split_features import SplitFeatures
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.schedule import Step, initial_run, interleave, make_schedule
 
@@ -33,6 +35,10 @@ class BatchRouter:
         order: ``phases``, ``shuffled`` or ``adaptive`` (see ``schedule``).
         seed: seed of the shuffled order (with the epoch).
         keys: the feature names of the ``KeyedJaggedTensor``.
+        split: makes each batch's ``sparse_features`` a ``SplitFeatures`` before the step, given the
+            original features and whether the step is hot (an ``FAEEmbeddingBagCollection``'s
+            ``split``; under DMP the split module is still there, around its sharded parts). None
+            keeps the original ``KeyedJaggedTensor``, for the model to remap.
     """
 
     def __init__(
@@ -44,6 +50,7 @@ class BatchRouter:
         order: str = "shuffled",
         seed: int = 0,
         keys: Sequence[str] = DEFAULT_CAT_NAMES,
+        split: Callable[[KeyedJaggedTensor, bool], SplitFeatures] | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range [0, {world_size})")
@@ -54,6 +61,7 @@ class BatchRouter:
         self.order = order
         self.seed = seed
         self.keys = list(keys)
+        self.split = split
         self._position: dict = {}
         self._relayout = False
 
@@ -129,4 +137,7 @@ class BatchRouter:
         block = SampleBlock.concat(
             [self.partition.part(part).slice(start, stop) for part, start, stop in step.spans[self.rank]]
         )
-        return RoutedBatch(epoch, index, step.hot, block.to_batch(self.keys))
+        batch = block.to_batch(self.keys)
+        if self.split is not None:
+            batch = Batch(batch.dense_features, self.split(batch.sparse_features, step.hot), batch.labels)
+        return RoutedBatch(epoch, index, step.hot, batch)
