@@ -5,7 +5,7 @@ Each world size trains ``examples/train_dlrm_fae.py`` twice on the same built-in
 planner). Every figure is the example's own wall-clock measure of its training steps (``metrics.json``):
 samples/s, mean hot and cold step times, and the routing time (the router's batch onto the device).
 
-FAE's machinery is timed here as well: the remap (``FAEEmbeddingBagCollection.split_features``, which
+FAE's machinery is timed here as well: the remap (``FAEEmbeddingBagCollection.split``, which
 FAE's forward runs inside every step) on rank 0's batches of the first ``--remap-steps`` steps, rebuilt
 from the run's ``stats.npz`` and partition. Its share is (remap + routing) / mean FAE step; the goal is
 at most 5% of a CPU step.
@@ -105,8 +105,8 @@ def mean_step_ms(metrics: dict) -> float:
 
 
 def remap_ms(args: argparse.Namespace, run: Path, world_size: int) -> float:
-    """Mean time of FAE's remap (``split_features``) per step, on rank 0's batches of the first
-    ``--remap-steps`` steps of the FAE run in ``run``."""
+    """Mean time of FAE's remap (``FAEEmbeddingBagCollection.split``) per step, on rank 0's batches
+    of the first ``--remap-steps`` steps of the FAE run in ``run``."""
     tables = criteo_table_configs(scaled_table_sizes(args.scale), args.dim)
     stats = AccessStats.load(run / "stats.npz", tables)
     module = FAEEmbeddingBagCollection(tables, stats.hot_set(parse_bytes(args.budget)))
@@ -115,7 +115,7 @@ def remap_ms(args: argparse.Namespace, run: Path, world_size: int) -> float:
     seconds = []
     for routed in islice(router.epoch(0), args.remap_steps):
         started = time.perf_counter()
-        module.split_features(routed.batch.sparse_features)
+        module.split(routed.batch.sparse_features, routed.hot)
         seconds.append(time.perf_counter() - started)
     return 1000 * float(np.mean(seconds))
 

@@ -183,7 +183,8 @@ def test_split_features_remaps_like_the_hot_set():
     hot_set = _hot_set(tables)
     split = FAEEmbeddingBagCollection(tables, hot_set)
     batch = _batch("mixed", seed=7)
-    parts = split.split_features(batch)
+    features = split.split(batch)
+    parts = {part: kjt for part, kjt in (("hot", features.hot), ("cold", features.cold)) if kjt is not None}
     original = batch.to_dict()
     for key, table in (("a", "t_a"), ("b", "t_b"), ("c1", "t_c"), ("c2", "t_c"), ("d", "t_d")):
         is_hot, new_ids = hot_set.remap(table, original[key].values().numpy())
@@ -206,7 +207,8 @@ def test_split_before_the_step_gives_the_same_embeddings_and_gradients(pooling, 
     split = FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
     batch = _batch(kind)
     parts = split.split(batch)
-    assert parts.is_hot == (kind == "hot") and (parts.cold is None) == (kind == "hot")
+    assert parts.is_hot == (kind == "hot") and (parts.cold.values().numel() == 0) == (kind == "hot")
+    assert parts.cold.keys() == ["a", "c1", "c2", "d"] and parts.cold.stride() == 16
     calls = []
     split.cold.register_forward_pre_hook(lambda module, args: calls.append(1))
     _assert_same(ebc(batch), split(parts))

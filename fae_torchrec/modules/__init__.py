@@ -1,5 +1,5 @@
 """Stage 2, the split module: an ``EmbeddingBagCollection`` split into hot and cold parts
-(``fae_embedding_bag``), a batch's features split for its parts before the step (``split_features``),
+(``fae_embedding_bag``), a batch's features split for its parts before the step (``SplitFeatures``),
 and full state dicts in and out of its DMP shards (``state``). ``planner/`` places the parts."""
 
 from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection, part_table_name

@@ -177,11 +177,6 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             result.append((config, pieces))
         return result
 
-    def split_features(self, features: KeyedJaggedTensor) -> dict[str, KeyedJaggedTensor]:
-        """The inputs of each part: a KJT over the part's features whose ids are remapped into the
-        part; a bag keeps its hot ids in the hot KJT and its cold ids in the cold one."""
-        return self._split(self._ordered(features), (HOT, COLD))
-
     def _split(self, features: KeyedJaggedTensor, parts: tuple[str, ...]) -> dict[str, KeyedJaggedTensor]:
         values, lengths = features.values(), features.lengths()
         device = values.device
@@ -226,12 +221,22 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
     def split(self, features: KeyedJaggedTensor, is_hot: bool | None = None) -> SplitFeatures:
         """``features`` (original ids) split into the parts' inputs, for ``forward`` to take as they
         are: do it before the step, in the data path. With ``is_hot`` the batch must carry hot ids
-        only (``ValueError`` otherwise) and gets no cold input; None finds out."""
-        parts = self._split(self._ordered(features), (HOT,) if is_hot else (HOT, COLD))
+        only (``ValueError`` otherwise) and its cold input holds no id; None finds out."""
+        ordered = self._ordered(features)
+        parts = self._split(ordered, (HOT,) if is_hot else (HOT, COLD))
         cold = parts.get(COLD)
         if is_hot is None:
             is_hot = cold is None or cold.values().numel() == 0
-        return SplitFeatures(parts.get(HOT), None if is_hot else cold, is_hot)
+        if is_hot and self.cold is not None:
+            keys = [self._layout.features[i] for i in self._part_keys[COLD]]
+            cold = KeyedJaggedTensor(
+                keys=keys,
+                values=ordered.values()[:0],
+                lengths=ordered.lengths().new_zeros(len(keys) * ordered.stride()),
+                weights=ordered.weights()[:0] if self._is_weighted else None,
+                stride=ordered.stride(),
+            )
+        return SplitFeatures(parts.get(HOT), cold, is_hot)
 
     def forward(
         self, features: KeyedJaggedTensor | SplitFeatures, hot_only: bool | None = None

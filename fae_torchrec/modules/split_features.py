@@ -16,10 +16,10 @@ class SplitFeatures(Pipelineable):
 
     ``hot`` holds each bag's hot ids as ids of the hot part and ``cold`` its cold ids as ids of the
     cold part (each over the features of the tables with rows in that part, in table order; None when
-    no table has cold rows). ``is_hot`` says that every id of the batch is hot: the cold part is then
-    not looked up at all. It travels with the batch, so a pipeline that prepares the next batch during
-    this step knows whether that batch needs the cold part. It is a TorchRec ``Pipelineable``, the
-    ``sparse_features`` of a ``Batch``.
+    no table has rows in the part). ``is_hot`` says that every id of the batch is hot: the cold input
+    then holds no id and the cold part is not looked up at all. It travels with the batch, so a
+    pipeline that prepares the next batch during this step knows whether that batch needs the cold
+    part. It is a TorchRec ``Pipelineable``, the ``sparse_features`` of a ``Batch``.
     """
 
     hot: KeyedJaggedTensor | None

@@ -1,5 +1,6 @@
 """Stage 3, training with FAE: the data split once into hot and cold inputs (``partition``), the order
-of hot and cold steps (``schedule``), each rank's batches (``router``), one step (``step``), the
+of hot and cold steps (``schedule``), each rank's batches (``router``), one step (``step``) or
+TorchRec's train pipeline that skips the cold part on hot batches (``pipeline``), the
 optimizers that train every parameter (``optimizers``), checkpoints (``checkpoint``) and validation
 (``evaluation``)."""
 
@@ -7,6 +8,7 @@ from fae_torchrec.train.checkpoint import CheckpointError, Checkpoints
 from fae_torchrec.train.evaluation import evaluate
 from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
+from fae_torchrec.train.pipeline import FAETrainPipeline
 from fae_torchrec.train.router import BatchRouter, RoutedBatch
 from fae_torchrec.train.schedule import ORDERS, Step, make_schedule
 from fae_torchrec.train.step import train_step
@@ -17,6 +19,7 @@ __all__ = [
     "CheckpointError",
     "Checkpoints",
     "EmbeddingOptimizer",
+    "FAETrainPipeline",
     "HotColdPartition",
     "RoutedBatch",
     "Step",

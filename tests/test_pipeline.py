@@ -1,0 +1,141 @@
+"""FAE on TorchRec's train pipeline: ``FAETrainPipeline`` trains the model the plain loop and the
+pipelined baseline train, and a hot step starts no input distribution and no lookup of the cold part.
+
+Three models from the same initial weights, on the same batches in the same order (24 steps, hot and
+cold interleaved), under DistributedModelParallel on gloo: the unsplit DLRM on TorchRec's stock
+``TrainPipelineSparseDist``, FAE on ``FAETrainPipeline`` (batches split by the router), and FAE in the
+plain loop (``train_step``). The planners' plans are unconstrained (TorchRec makes small tables and
+hot parts data-parallel).
+"""
+
+import itertools
+
+import pytest
+import torch
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
+from fae_torchrec.data import SyntheticCriteo
+from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
+from fae_torchrec.modules.state import gather_full_state_dict
+from fae_torchrec.train.optimizers import EmbeddingOptimizer
+from fae_torchrec.train.partition import HotColdPartition
+from fae_torchrec.train.pipeline import FAETrainPipeline
+from fae_torchrec.train.router import BatchRouter
+from fae_torchrec.train.step import train_step
+from planner import FAEShardingPlanner
+from tests.distributed import run_on_ranks
+from tests.test_equivalence import OPTIMIZERS, PREFIX, STEPS, _dlrm, _shard
+
+CPU = torch.device("cpu")
+
+
+def _run(pipeline, batches) -> int:
+    """Train on every batch; how many steps ran."""
+    steps, iterator = 0, iter(batches)
+    while True:
+        try:
+            pipeline.progress(iterator)
+        except StopIteration:
+            return steps
+        steps += 1
+
+
+def _count_calls(module, name: str) -> list:
+    """Record each call of ``module.name`` (an instance attribute wraps the bound method)."""
+    calls, original = [], getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    setattr(module, name, counted)
+    return calls
+
+
+def _pipelined_training(rank: int, world_size: int, optimizer_name: str, first_hot: bool) -> None:
+    optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
+    embedding = EmbeddingOptimizer(optimizer, kwargs)
+    data = SyntheticCriteo(STEPS * 48 * world_size, batch_size=1024, scale=0.0005, seed=3)
+    tables = data.table_configs(8)
+    stats = AccessProfiler(tables, 0.3, seed=0, holdout_size=500).profile(data)
+    hot_set = stats.hot_set(48 << 10)
+    topology = Topology(world_size=world_size, compute_device="cpu")
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(tables)
+    models = {"baseline": _dlrm(ebc)}
+    for name in ("pipelined", "loop"):
+        models[name] = _dlrm(FAEEmbeddingBagCollection.from_ebc(ebc, hot_set))
+        models[name].load_state_dict(models["baseline"].state_dict(), strict=False)
+    base_dmp, base_optimizer, _ = _shard(
+        models["baseline"], EmbeddingShardingPlanner(topology, batch_size=32), embedding
+    )
+    fae = {
+        name: _shard(
+            models[name],
+            FAEShardingPlanner(topology, stats, batch_size=32, hot_budget_bytes=48 << 10),
+            embedding,
+        )
+        for name in ("pipelined", "loop")
+    }
+
+    partition = HotColdPartition.of(data.blocks(), hot_set, DEFAULT_CAT_NAMES)
+    router = BatchRouter(partition, 32, world_size=world_size, rank=rank, seed=1)
+    routed = list(router.epoch(0))
+    start = next(i for i, r in enumerate(routed) if r.hot == first_hot)
+    routed = routed[start : start + STEPS]
+    kinds = [r.hot for r in routed]
+    assert kinds[0] == first_hot and any(kinds) and not all(kinds)
+    assert any(a and b for a, b in itertools.pairwise(kinds)), "a hot step follows a hot step"
+    split_module = fae["pipelined"][0].module.model.sparse_arch.embedding_bag_collection
+    split_batches = [
+        type(r.batch)(
+            r.batch.dense_features, split_module.split(r.batch.sparse_features, r.hot), r.batch.labels
+        )
+        for r in routed
+    ]
+
+    cold = split_module.cold
+    input_dists = _count_calls(cold, "input_dist")
+    lookups = _count_calls(cold, "compute_and_output_dist")
+    pipeline = FAETrainPipeline(fae["pipelined"][0], fae["pipelined"][1], CPU)
+    assert _run(pipeline, split_batches) == STEPS
+    assert {id(m) for m in pipeline._pipelined_modules} == {id(split_module.hot), id(cold)}, (
+        "both parts pipelined"
+    )
+    num_cold = kinds.count(False)
+    assert len(lookups) == num_cold, "the cold part looks up on cold steps only"
+    assert len(input_dists) == num_cold + first_hot, "and distributes inputs for them (and a first batch)"
+
+    assert _run(TrainPipelineSparseDist(base_dmp, base_optimizer, CPU), [r.batch for r in routed]) == STEPS
+    loop_dmp, loop_optimizer, _ = fae["loop"]
+    for step in routed:
+        train_step(loop_dmp, step.batch, loop_optimizer, hot=step.hot)
+
+    expected = gather_full_state_dict(base_dmp)
+    for name in ("pipelined", "loop"):
+        actual = gather_full_state_dict(fae[name][0])
+        split = fae[name][0].module.model.sparse_arch.embedding_bag_collection
+        for key, value in split.ebc_state_dict(actual, prefix=PREFIX).items():
+            torch.testing.assert_close(
+                value, expected[PREFIX + key], rtol=0, atol=tolerance, msg=f"{name} {key}"
+            )
+        for key, value in expected.items():
+            if "embedding_bag" not in key:
+                torch.testing.assert_close(actual[key], value, rtol=0, atol=tolerance, msg=f"{name} {key}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_pipelined_fae_trains_the_baseline_model(tmp_path, world_size, optimizer_name):
+    run_on_ranks(_pipelined_training, world_size, tmp_path, optimizer_name, False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_first_hot_batch_creates_the_cold_input_dist(tmp_path, world_size):
+    run_on_ranks(_pipelined_training, world_size, tmp_path, "rowwise_adagrad", True)
