@@ -1,20 +1,23 @@
 """CPU training throughput of FAE against TorchRec's default planner, at world size 1 and 2 (gloo).
 
-Each world size trains ``examples/train_dlrm_fae.py`` twice on the same built-in synthetic data: FAE
-(hot steps on the hot part only) and ``--baseline`` (the unsplit DLRM planned by TorchRec's default
-planner). Every figure is the example's own wall-clock measure of its training steps (``metrics.json``):
-samples/s, mean hot and cold step times, and the routing time (the router's batch onto the device).
+Each world size trains ``examples/train_dlrm_fae.py`` on the same built-in synthetic data as FAE (hot
+steps on the hot part only) and as ``--baseline`` (the unsplit DLRM planned by TorchRec's default
+planner), ``--repeats`` times each, alternating, both on TorchRec's train pipeline by default (FAE on
+``FAETrainPipeline``, the baseline on the stock ``TrainPipelineSparseDist``; ``--pipeline none`` for the
+plain loop). Every figure is the example's own wall-clock measure of its training steps
+(``metrics.json``): samples/s, mean hot and cold step times, and the routing time (getting a step's
+batch from the router, which on the pipeline splits FAE's batches for the parts).
 
-FAE's machinery is timed here as well: the remap (``FAEEmbeddingBagCollection.split``, which
-FAE's forward runs inside every step) on rank 0's batches of the first ``--remap-steps`` steps, rebuilt
-from the run's ``stats.npz`` and partition. Its share is (remap + routing) / mean FAE step; the goal is
-at most 5% of a CPU step.
+FAE's machinery is what its steps do that the baseline's do not: the extra routing time (the split)
+and, in the plain loop, the remap inside FAE's forward, timed here on rank 0's batches of the first
+``--remap-steps`` steps (``FAEEmbeddingBagCollection.split``, rebuilt from the run's ``stats.npz`` and
+partition). Its share of a mean FAE step is printed against the goal of at most 2%.
 
 World size 1 is one process with torch's default threads; more ranks run under torchrun, which gives
 each rank one thread. Run it on an otherwise idle machine: a step whose threads wait on a core another
 process keeps busy can take many times as long (the script warns when it sees one).
 
-    python benchmarks/bench_train.py                       # world sizes 1 and 2, about 3.5 min on 2 cores
+    python benchmarks/bench_train.py                  # world sizes 1 and 2, 3 repeats: ~11 min on 2 cores
     python benchmarks/bench_train.py --world-sizes 1 --num-samples 200000 --scale 0.05
 
 Prints a table per world size, the ratios FAE / baseline, the machinery share and, where FAE is slower,
@@ -43,8 +46,8 @@ from fae_torchrec import AccessStats, BatchRouter, FAEEmbeddingBagCollection, Ho
 from fae_torchrec.data import criteo_table_configs, scaled_table_sizes
 
 MODES = ("fae", "torchrec")
-#: The issue's goal for FAE's machinery (remap and routing), as a share of a CPU step.
-MACHINERY_GOAL = 0.05
+#: The goal for FAE's machinery (what its steps do that the baseline's do not), as a share of a step.
+MACHINERY_GOAL = 0.02
 #: Cores kept busy by other processes (just before a run) above which the figures are distorted.
 BUSY_CORES = 0.3
 
@@ -58,6 +61,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=2048, help="per-rank batch size")
     parser.add_argument("--budget", default="16MiB", help="FAE's hot-row budget")
     parser.add_argument("--order", default="shuffled", help="FAE's hot/cold step order")
+    parser.add_argument(
+        "--pipeline", default="sparse", choices=("sparse", "none"), help="the example's --pipeline"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each mode per world size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--remap-steps", type=int, default=200, help="steps whose remap is timed")
     parser.add_argument("--out", default="runs/bench_train", help="the runs go here")
@@ -65,6 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.world_sizes) < 1:
         parser.error(f"--world-sizes must be at least 1, got {args.world_sizes}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.remap_steps < 1:
         parser.error(f"--remap-steps must be at least 1, got {args.remap_steps}")
     return args
@@ -75,7 +84,7 @@ def example_args(args: argparse.Namespace) -> list[str]:
     return [
         "--num-samples", str(args.num_samples), "--scale", str(args.scale), "--dim", str(args.dim),
         "--batch-size", str(args.batch_size), "--budget", args.budget, "--order", args.order,
-        "--seed", str(args.seed),
+        "--seed", str(args.seed), "--pipeline", args.pipeline,
     ]  # fmt: skip
 
 
@@ -183,24 +192,34 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, dict]]:
     results: dict[int, dict[str, dict]] = {}
     print(
         f"data: {args.num_samples:,} synthetic inputs, scale {args.scale}, dim {args.dim}, batch "
-        f"{args.batch_size} per rank, FAE budget {args.budget}, order {args.order}"
+        f"{args.batch_size} per rank, FAE budget {args.budget}, order {args.order}, pipeline "
+        f"{args.pipeline}, {args.repeats} runs of each mode"
     )
     for world_size in args.world_sizes:
-        runs = {mode: out / f"ws{world_size}-{mode}" for mode in MODES}
-        results[world_size] = {}
-        for mode, extra in zip(MODES, ([], ["--baseline"]), strict=True):
-            busy = busy_cores()
-            if busy is not None and busy > BUSY_CORES:
-                print(
-                    f"warning: other processes kept {busy:.1f} of {os.cpu_count()} cores busy just before "
-                    f"the {mode} run at world size {world_size}: a step whose threads wait on a busy core "
-                    "can take many times as long, so its figures may be distorted"
-                )
-            results[world_size][mode] = run_example([*example_args(args), *extra], runs[mode], world_size)
-        fae, baseline = results[world_size]["fae"], results[world_size]["torchrec"]
-        fae["remap_ms"] = remap_ms(args, runs["fae"], world_size)
-        fae["machinery_share"] = (fae["remap_ms"] + fae["routing_ms"]) / mean_step_ms(fae)
-        print(f"\nworld size {world_size}")
+        runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+        for repeat in range(args.repeats):
+            for mode, extra in zip(MODES, ([], ["--baseline"]), strict=True):
+                busy = busy_cores()
+                if busy is not None and busy > BUSY_CORES:
+                    print(
+                        f"warning: other processes kept {busy:.1f} of {os.cpu_count()} cores busy just "
+                        f"before the {mode} run at world size {world_size}: a step whose threads wait on a "
+                        "busy core can take many times as long, so its figures may be distorted"
+                    )
+                run = out / f"ws{world_size}-{mode}-{repeat}"
+                runs[mode].append(run_example([*example_args(args), *extra], run, world_size))
+        ratios = [
+            f["samples_per_second"] / b["samples_per_second"] for f, b in zip(*runs.values(), strict=True)
+        ]
+        best = int(np.argsort(ratios)[len(ratios) // 2])  # the median repetition is reported in full
+        fae, baseline = runs["fae"][best], runs["torchrec"][best]
+        results[world_size] = {"fae": fae, "torchrec": baseline}
+        fae["remap_ms"] = remap_ms(args, out / f"ws{world_size}-fae-{best}", world_size)
+        extra_ms = (
+            fae["routing_ms"] - baseline["routing_ms"] + (fae["remap_ms"] if args.pipeline == "none" else 0.0)
+        )
+        fae["machinery_share"] = extra_ms / mean_step_ms(fae)
+        print(f"\nworld size {world_size} (the median of {args.repeats} repetitions by ratio)")
         print(f"{'mode':<10}{'samples/s':>12}{'hot ms':>9}{'cold ms':>9}{'hot steps':>11}{'routing ms':>12}")
         for mode, metrics in results[world_size].items():
             hot, cold = metrics["hot_step_ms"], metrics["cold_step_ms"]
@@ -210,15 +229,20 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, dict]]:
                 f"{'-' if hot is None else f'{hot:.1f}':>9}{'-' if cold is None else f'{cold:.1f}':>9}"
                 f"{share:>11.1%}{metrics['routing_ms']:>12.2f}"
             )
-        ratio = fae["samples_per_second"] / baseline["samples_per_second"]
-        print(f"ratio FAE / torchrec samples/s: {ratio:.2f}x")
-        verdict = "met" if fae["machinery_share"] <= MACHINERY_GOAL else "NOT met"
         print(
-            f"FAE machinery: remap {fae['remap_ms']:.2f} ms + routing {fae['routing_ms']:.2f} ms per step = "
-            f"{fae['machinery_share']:.1%} of a {mean_step_ms(fae):.1f} ms step "
-            f"(goal <= {MACHINERY_GOAL:.0%}: {verdict})"
+            "ratio FAE / torchrec samples/s per repetition: "
+            + ", ".join(f"{r:.2f}x" for r in ratios)
+            + f"; mean {np.mean(ratios):.2f}x, {sum(r >= 1 for r in ratios)} of {len(ratios)} at least 1.0x"
         )
-        if ratio < 1:
+        verdict = "met" if fae["machinery_share"] <= MACHINERY_GOAL else "NOT met"
+        inside = f" + remap in the step {fae['remap_ms']:.2f} ms" if args.pipeline == "none" else ""
+        print(
+            f"FAE machinery: routing {fae['routing_ms']:.2f} ms - the baseline's "
+            f"{baseline['routing_ms']:.2f} ms{inside} = {extra_ms:.2f} ms, {fae['machinery_share']:.1%} of a "
+            f"{mean_step_ms(fae):.1f} ms step (goal <= {MACHINERY_GOAL:.0%}: {verdict}); the split alone "
+            f"takes {fae['remap_ms']:.2f} ms per step"
+        )
+        if ratios[best] < 1:
             print(explain_slower(world_size, fae, baseline))
     figure = Path(args.figures) / "bench_train.png"
     figure.parent.mkdir(parents=True, exist_ok=True)

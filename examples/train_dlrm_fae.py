@@ -26,8 +26,9 @@ import logging
 import os
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 
 import matplotlib
@@ -38,9 +39,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torchrec
+from torch import nn
+from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner.types import PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.distributed.types import ShardingPlan, ShardingPlanner
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -71,9 +75,10 @@ from fae_torchrec.train.checkpoint import Checkpoints
 from fae_torchrec.train.evaluation import evaluate
 from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
-from fae_torchrec.train.router import BatchRouter
+from fae_torchrec.train.pipeline import FAETrainPipeline
+from fae_torchrec.train.router import BatchRouter, RoutedBatch
 from fae_torchrec.train.schedule import ORDERS
-from fae_torchrec.train.step import train_step
+from fae_torchrec.train.step import find_fae_module, train_step
 from planner import FAEShardingPlanner
 from planner.baseline import default_planner, hbm_planner, scaleup_planner
 
@@ -81,6 +86,8 @@ logger = logging.getLogger("train_dlrm_fae")
 
 #: Inputs per block when the data is streamed.
 BLOCK = 4096
+#: ``--pipeline``: TorchRec's train pipeline, or a plain loop.
+PIPELINES = ("sparse", "none")
 #: The baselines ``--baseline`` names, each planned by its ``planner.baseline`` planner.
 BASELINES = ("torchrec", "scaleup", "hbm")
 EMBEDDING_OPTIMIZERS = {
@@ -113,6 +120,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sample", type=fraction, default=0.05, help="profiled fraction of inputs")
     parser.add_argument("--budget", type=byte_size, default="256KiB", help="hot-row budget (FAE)")
     parser.add_argument("--order", choices=ORDERS, default="shuffled", help="hot/cold step order")
+    parser.add_argument(
+        "--pipeline",
+        choices=PIPELINES,
+        default="sparse",
+        help="sparse: TorchRec's TrainPipelineSparseDist (FAETrainPipeline for FAE), which overlaps the "
+        "next batch's input distribution with the step; none: a plain loop",
+    )
     parser.add_argument("--optimizer", choices=sorted(EMBEDDING_OPTIMIZERS), default="rowwise_adagrad")
     parser.add_argument("--lr", type=positive_float, default=0.05, help="embedding learning rate")
     parser.add_argument("--dense-lr", type=positive_float, default=0.05, help="dense (Adagrad) learning rate")
@@ -286,7 +300,11 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     dense = unfused_optimizer(
         dmp, embedding_optimizer, lambda params: torch.optim.Adagrad(params, lr=args.dense_lr)
     )
-    router = BatchRouter(partition, args.batch_size, world, rank, order=args.order, seed=args.seed)
+    fae = find_fae_module(dmp)  # FAE on the pipeline: the router splits the batches for the parts
+    split = fae.split if fae is not None and args.pipeline != "none" else None
+    router = BatchRouter(
+        partition, args.batch_size, world, rank, order=args.order, seed=args.seed, split=split
+    )
     validation_batches = _validation_batches(validation, args.batch_size, world, rank)
     logger.info(
         "%s: %d training inputs (%d hot, %.1f%%), %d validation inputs, %d ranks",
@@ -316,44 +334,42 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         history, counts = progress["history"], progress["counts"]
         first_epoch, first_step = position["router"]["epoch"], position["router"]["step"]
         logger.info("resumed at epoch %d, step %d", first_epoch, first_step)
+    runner = _StepRunner(args.pipeline, dmp, dense, device, fae=not args.baseline)
     # this run's wall times (after a resume: since it), in seconds: per hot and per cold step, and of
-    # getting each step's batch from the router onto the device
+    # getting each step's batch from the router (onto the device, in the plain loop)
     seen, step_index, step_seconds, routing_seconds = 0, progress["step"], {"hot": [], "cold": []}, 0.0
     for epoch in range(first_epoch, args.epochs):
         steps = router.epoch(epoch, start_step=first_step if epoch == first_epoch else 0)
-        bar = tqdm(total=len(router.schedule(epoch)), desc=f"{mode} epoch {epoch}", disable=rank != 0)
-        while True:
-            started = time.perf_counter()
-            routed = next(steps, None)
-            if routed is None:
-                break
-            batch = routed.batch.to(device)
-            _synchronize(device)
-            routed_at = time.perf_counter()
-            loss = train_step(dmp, batch, dense, hot=routed.hot)
-            _synchronize(device)
-            kind = "hot" if routed.hot else "cold"
-            step_seconds[kind].append(time.perf_counter() - routed_at)
-            routing_seconds += routed_at - started
-            bar.update()
-            counts[f"{kind}_steps"] += 1
-            seen += batch.labels.numel() * world
-            step_index += 1
-            history["step"].append(step_index)
-            history["loss"].append(loss)
-            if step_index % 20 == 0:
-                bar.set_postfix(loss=f"{loss:.4f}")
+        total = len(router.schedule(epoch))
+        done = first_step if epoch == first_epoch else 0
+        bar = tqdm(total=total, initial=done, desc=f"{mode} epoch {epoch}", disable=rank != 0)
+        while done < total:
+            # the steps up to the next evaluation or checkpoint: a pipeline trains them all, then pauses
+            segment = islice(steps, _steps_to_pause(step_index, total - done, args))
+            for routed, loss, seconds, routing in runner.train(segment):
+                kind = "hot" if routed.hot else "cold"
+                step_seconds[kind].append(seconds)
+                routing_seconds += routing
+                bar.update()
+                counts[f"{kind}_steps"] += 1
+                seen += routed.batch.labels.numel() * world
+                step_index += 1
+                done += 1
+                history["step"].append(step_index)
+                history["loss"].append(loss)
+                if step_index % 20 == 0:
+                    bar.set_postfix(loss=f"{loss:.4f}")
             if args.eval_every and step_index % args.eval_every == 0:
-                result = evaluate(dmp, (b.to(device) for b in validation_batches))
+                result = evaluate(runner.paused(), (b.to(device) for b in validation_batches))
                 _record(history, step_index, result)
                 router.report_validation_loss(result["log_loss"])
             if args.checkpoint_dir and args.checkpoint_every and step_index % args.checkpoint_every == 0:
                 progress["step"] = step_index
                 position = {"router": router.state_dict(), "progress": progress}
-                checkpoints.save(step_index, dmp, dense, position)
+                checkpoints.save(step_index, runner.paused(), dense, position)
         bar.close()
         if not history["eval_step"] or history["eval_step"][-1] != step_index:
-            result = evaluate(dmp, (b.to(device) for b in validation_batches))
+            result = evaluate(runner.paused(), (b.to(device) for b in validation_batches))
             _record(history, step_index, result)
             router.report_validation_loss(result["log_loss"])
     all_steps = step_seconds["hot"] + step_seconds["cold"]
@@ -381,6 +397,70 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     if rank == 0:
         _write(metrics, Path(args.out))
     return metrics
+
+
+def _steps_to_pause(step_index: int, left: int, args: argparse.Namespace) -> int:
+    """Steps from ``step_index`` to the next evaluation or checkpoint, at most the ``left`` ones of
+    the epoch."""
+    pauses = [args.eval_every, args.checkpoint_every if args.checkpoint_dir else 0]
+    return min([left] + [every - step_index % every for every in pauses if every])
+
+
+class _StepRunner:
+    """Trains routed batches in the plain loop (``--pipeline none``) or on TorchRec's train pipeline
+    (``FAETrainPipeline`` for FAE, ``TrainPipelineSparseDist`` for a baseline), and yields per step the
+    routed batch, its loss, the step's seconds and the seconds spent getting its batch. A pipeline
+    reads ahead, so it is given the steps up to a pause; ``paused()`` is the model to evaluate or save
+    then (detached from the pipeline, which attaches it again on its next step)."""
+
+    def __init__(self, kind: str, model: nn.Module, optimizer, device: torch.device, fae: bool) -> None:
+        self.model, self.optimizer, self.device = model, optimizer, device
+        pipeline = FAETrainPipeline if fae else TrainPipelineSparseDist
+        self.pipeline = None if kind == "none" else pipeline(model, optimizer, device)
+
+    def train(self, routed: Iterator[RoutedBatch]) -> Iterator[tuple[RoutedBatch, float, float, float]]:
+        return self._plain(routed) if self.pipeline is None else self._pipelined(routed)
+
+    def paused(self) -> nn.Module:
+        return self.model if self.pipeline is None else self.pipeline.detach()
+
+    def _plain(self, routed: Iterator[RoutedBatch]) -> Iterator[tuple[RoutedBatch, float, float, float]]:
+        while True:
+            started = time.perf_counter()
+            step = next(routed, None)
+            if step is None:
+                return
+            batch = step.batch.to(self.device)
+            _synchronize(self.device)
+            routed_at = time.perf_counter()
+            loss = train_step(self.model, batch, self.optimizer, hot=step.hot)
+            _synchronize(self.device)
+            yield step, loss, time.perf_counter() - routed_at, routed_at - started
+
+    def _pipelined(self, routed: Iterator[RoutedBatch]) -> Iterator[tuple[RoutedBatch, float, float, float]]:
+        taken: deque[RoutedBatch] = deque()  # read by the pipeline, not yet trained
+        routing = [0.0]
+
+        def batches() -> Iterator[Batch]:
+            while True:
+                started = time.perf_counter()
+                step = next(routed, None)
+                routing[0] += time.perf_counter() - started
+                if step is None:
+                    return
+                taken.append(step)
+                yield step.batch
+
+        source = batches()
+        while True:
+            before, started = routing[0], time.perf_counter()
+            try:
+                output = self.pipeline.progress(source)
+            except StopIteration:
+                return
+            _synchronize(self.device)
+            spent = routing[0] - before
+            yield taken.popleft(), float(output[0]), time.perf_counter() - started - spent, spent
 
 
 def _resume_config(args: argparse.Namespace) -> dict:

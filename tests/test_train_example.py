@@ -140,3 +140,19 @@ def test_unlabelled_data_is_refused_naming_the_file(tmp_path):
     assert run.returncode == 2
     assert f"{test}: unlabelled data (39 fields per line" in run.stderr
     assert not (tmp_path / "metrics.json").exists()
+
+
+@pytest.mark.slow
+def test_the_pipeline_trains_what_the_plain_loop_trains(tmp_path):
+    """``--pipeline sparse`` (the default: FAETrainPipeline, pausing for evaluations) and the plain loop
+    take the same steps to the same model."""
+    common = ["--num-samples", "30000", "--eval-every", "10"]
+    for mode in ([], ["--baseline"]):
+        piped = _run(tmp_path / f"piped{len(mode)}", *common, *mode, launcher=(sys.executable,))
+        plain = _run(
+            tmp_path / f"plain{len(mode)}", *common, *mode, "--pipeline", "none", launcher=(sys.executable,)
+        )
+        assert (piped["hot_steps"], piped["cold_steps"]) == (plain["hot_steps"], plain["cold_steps"])
+        assert piped["history"]["eval_step"] == plain["history"]["eval_step"]
+        assert piped["history"]["loss"] == pytest.approx(plain["history"]["loss"], abs=1e-5)
+        assert piped["history"]["auc"] == pytest.approx(plain["history"]["auc"], abs=1e-5)
