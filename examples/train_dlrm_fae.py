@@ -24,6 +24,7 @@ import argparse
 import json
 import logging
 import os
+import resource
 import tempfile
 import time
 from collections import Counter, deque
@@ -273,8 +274,9 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     mode = args.baseline or "fae"
     budget = parse_bytes(args.budget)
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    ebc = EmbeddingBagCollection(tables)
-    sparse = ebc if args.baseline else FAEEmbeddingBagCollection.from_ebc(ebc, stats.hot_set(budget))
+    sparse = EmbeddingBagCollection(tables)
+    if not args.baseline:  # the split takes the rows over: one copy of the tables, not two
+        sparse = FAEEmbeddingBagCollection.from_ebc(sparse, stats.hot_set(budget))
     planner = _planner(mode, world, device, hbm_cap, stats, args.batch_size, budget)
     num_train = len(partition.hot) + len(partition.cold)
     model = DLRMTrain(
@@ -287,7 +289,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     )
     embedding_optimizer = EmbeddingOptimizer(EMBEDDING_OPTIMIZERS[args.optimizer], {"lr": args.lr})
     embedding_optimizer.apply(sparse)
-    full = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    full = model.state_dict()  # the unsharded weights, no copy: DMP shards into new storage
     sharders = get_default_sharders()
     try:
         plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
@@ -296,6 +298,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     logger.info("%s: plan kernels %s", mode, dict(_kernels(plan)))
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
     load_full_state_dict(dmp, full)  # the same initial weights on every rank
+    del full  # the unsharded tables go
     # data-parallel tables by the embedding optimizer's dense form, the dense layers by Adagrad
     dense = unfused_optimizer(
         dmp, embedding_optimizer, lambda params: torch.optim.Adagrad(params, lr=args.dense_lr)
@@ -385,6 +388,9 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         "hot_step_ms": _mean_ms(step_seconds["hot"]),
         "cold_step_ms": _mean_ms(step_seconds["cold"]),
         "routing_ms": 1000 * routing_seconds / len(all_steps),
+        # rank 0's peak resident memory, against the tables' own size (weights, fp32)
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20),
+        "tables_gib": sum(4 * c.num_embeddings * c.embedding_dim for c in tables) / (1 << 30),
         "final_auc": history["auc"][-1],
         "final_log_loss": history["log_loss"][-1],
         "history": history,

@@ -30,6 +30,7 @@ def test_fae_reaches_the_baseline_auc(tmp_path):
     assert fae["hot_step_ms"] > 0 and fae["cold_step_ms"] > 0 and fae["routing_ms"] > 0
     assert baseline["hot_step_ms"] is None and baseline["cold_step_ms"] > 0
     assert fae["train_inputs"] == baseline["train_inputs"]
+    assert fae["peak_rss_gib"] > fae["tables_gib"] > 0 and baseline["tables_gib"] == fae["tables_gib"]
     assert baseline["final_auc"] > 0.75, "the model learns"
     assert abs(fae["final_auc"] - baseline["final_auc"]) <= 0.003
     assert (tmp_path / "fae" / "out" / "curves.png").read_bytes()[:4] == b"\x89PNG"
