@@ -78,15 +78,21 @@ def _used_rows(batches, tables) -> dict[str, torch.Tensor]:
     return used
 
 
+def _setup(world_size: int):
+    """The synthetic data of a test of ``STEPS`` steps (32 inputs per rank), its tables (dim 8), a
+    profile and a hot set of 48 KiB."""
+    data = SyntheticCriteo(STEPS * 48 * world_size, batch_size=1024, scale=0.0005, seed=3)
+    tables = data.table_configs(8)
+    stats = AccessProfiler(tables, 0.3, seed=0, holdout_size=500).profile(data)
+    return data, tables, stats, stats.hot_set(48 << 10)
+
+
 def _same_training(
     rank: int, world_size: int, optimizer_name: str, constrained: bool, split_before: bool = False
 ) -> None:
     optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
     embedding = EmbeddingOptimizer(optimizer, kwargs)
-    data = SyntheticCriteo(STEPS * 48 * world_size, batch_size=1024, scale=0.0005, seed=3)
-    tables = data.table_configs(8)
-    stats = AccessProfiler(tables, 0.3, seed=0, holdout_size=500).profile(data)
-    hot_set = stats.hot_set(48 << 10)
+    data, tables, stats, hot_set = _setup(world_size)
     table_wise = {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in tables}
     constraints = table_wise if constrained else None
     topology = Topology(world_size=world_size, compute_device="cpu")

@@ -17,8 +17,7 @@ from torchrec.distributed.planner.types import Topology
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
-from fae_torchrec.data import SyntheticCriteo
+from fae_torchrec import FAEEmbeddingBagCollection
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
 from fae_torchrec.modules.state import gather_full_state_dict
 from fae_torchrec.train.optimizers import EmbeddingOptimizer
@@ -28,7 +27,7 @@ from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.step import train_step
 from planner import FAEShardingPlanner
 from tests.distributed import run_on_ranks
-from tests.test_equivalence import OPTIMIZERS, PREFIX, STEPS, _dlrm, _shard
+from tests.test_equivalence import OPTIMIZERS, PREFIX, STEPS, _dlrm, _setup, _shard
 
 CPU = torch.device("cpu")
 
@@ -59,10 +58,7 @@ def _count_calls(module, name: str) -> list:
 def _pipelined_training(rank: int, world_size: int, optimizer_name: str, first_hot: bool) -> None:
     optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
     embedding = EmbeddingOptimizer(optimizer, kwargs)
-    data = SyntheticCriteo(STEPS * 48 * world_size, batch_size=1024, scale=0.0005, seed=3)
-    tables = data.table_configs(8)
-    stats = AccessProfiler(tables, 0.3, seed=0, holdout_size=500).profile(data)
-    hot_set = stats.hot_set(48 << 10)
+    data, tables, stats, hot_set = _setup(world_size)
     topology = Topology(world_size=world_size, compute_device="cpu")
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(tables)
