@@ -264,7 +264,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         feature into the unsplit layout; MEAN tables divided by the bags' sizes over both parts."""
         pooled: dict[str, list[torch.Tensor]] = {}
         bag_sizes: dict[str, list[torch.Tensor]] = {}
-        stride = None
+        features, stride = self._layout.features, None
         for part, kjt in ((HOT, hot), (COLD, cold)):
             module = getattr(self, part)
             if module is None or kjt is None:
@@ -273,7 +273,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             looked_up = module(kjt).to_dict()
             lengths = kjt.lengths().view(len(self._part_keys[part]), -1)
             for row, index in enumerate(self._part_keys[part]):
-                feature = self._layout.features[index]
+                feature = features[index]
                 pooled.setdefault(feature, []).append(looked_up[feature])
                 bag_sizes.setdefault(feature, []).append(lengths[row])
         values = []
@@ -290,7 +290,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
                     value = value / size.clamp(min=1).unsqueeze(1).to(value.dtype)
                 values.append(value)
         return KeyedTensor(
-            keys=self._layout.features,
+            keys=features,
             values=torch.cat(values, dim=1),
             length_per_key=[c.embedding_dim for c in self._configs for _ in c.feature_names],
         )
