@@ -65,6 +65,22 @@ def _batch(kind: str, stride: int = 16, weighted: bool = False, seed: int = 0) -
     )
 
 
+def _split_pair(pooling=PoolingType.SUM, weighted=False):
+    """An EBC of the test tables with random weights, and its split by ``HOT_IDS``."""
+    tables = _tables(pooling)
+    ebc = _ebc(tables, weighted=weighted)
+    return ebc, FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
+
+
+def _assert_same_gradients(ebc, split):
+    """Each row's gradient in its part is the unsplit row's (a part not called has none: zero)."""
+    for config, pieces in split._pieces():
+        reference = ebc.embedding_bags[config.name].weight.grad
+        for ids, weight, _ in pieces:
+            grad = torch.zeros_like(weight) if weight.grad is None else weight.grad
+            torch.testing.assert_close(grad, reference[ids], rtol=0, atol=1e-5)
+
+
 def _assert_same(expected, actual):
     expected, actual = expected.to_dict(), actual.to_dict()
     assert expected.keys() == actual.keys()
@@ -75,9 +91,7 @@ def _assert_same(expected, actual):
 @pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])
 @pytest.mark.parametrize("kind", ["hot", "cold", "mixed"])
 def test_forward_equals_the_original_ebc(pooling, kind):
-    tables = _tables(pooling)
-    ebc = _ebc(tables)
-    split = FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
+    ebc, split = _split_pair(pooling)
     for seed in range(3):
         batch = _batch(kind, seed=seed)
         _assert_same(ebc(batch), split(batch))
@@ -85,9 +99,7 @@ def test_forward_equals_the_original_ebc(pooling, kind):
 
 @pytest.mark.parametrize("kind", ["hot", "cold", "mixed"])
 def test_weighted_forward_equals_the_original_ebc(kind):
-    tables = _tables()
-    ebc = _ebc(tables, weighted=True)
-    split = FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
+    ebc, split = _split_pair(weighted=True)
     batch = _batch(kind, weighted=True)
     _assert_same(ebc(batch), split(batch))
 
@@ -102,9 +114,7 @@ def test_tables_live_in_the_parts_that_hold_their_rows():
 
 
 def test_hot_only_step_never_calls_the_cold_part():
-    tables = _tables()
-    ebc = _ebc(tables)
-    split = FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
+    ebc, split = _split_pair()
     calls = []
     split.cold.register_forward_pre_hook(lambda module, args: calls.append(1))
     batch = _batch("hot")
@@ -117,22 +127,16 @@ def test_hot_only_step_never_calls_the_cold_part():
 
 
 def test_gradients_reach_each_row_in_its_part():
-    tables = _tables()
-    ebc = _ebc(tables)
-    split = FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
+    ebc, split = _split_pair()
     batch = _batch("mixed")
     ebc(batch).values().square().sum().backward()
     split(batch).values().square().sum().backward()
-    for config, pieces in split._pieces():
-        reference = ebc.embedding_bags[config.name].weight.grad
-        for ids, weight, _ in pieces:
-            torch.testing.assert_close(weight.grad, reference[ids], rtol=0, atol=1e-5)
+    _assert_same_gradients(ebc, split)
 
 
 def test_round_trip_to_the_original_layout_is_bit_identical():
     tables = _tables()
-    ebc = _ebc(tables)
-    split = FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
+    ebc, split = _split_pair()
     state = split.ebc_state_dict()
     assert state.keys() == ebc.state_dict().keys()
     for key, value in ebc.state_dict().items():
@@ -202,9 +206,7 @@ def test_split_features_remaps_like_the_hot_set():
 @pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])
 @pytest.mark.parametrize("kind", ["hot", "cold", "mixed"])
 def test_split_before_the_step_gives_the_same_embeddings_and_gradients(pooling, kind):
-    tables = _tables(pooling)
-    ebc = _ebc(tables)
-    split = FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
+    ebc, split = _split_pair(pooling)
     batch = _batch(kind)
     parts = split.split(batch)
     assert parts.is_hot == (kind == "hot") and (parts.cold.values().numel() == 0) == (kind == "hot")
@@ -215,11 +217,7 @@ def test_split_before_the_step_gives_the_same_embeddings_and_gradients(pooling, 
     assert len(calls) == (kind != "hot"), "a split hot batch never calls the cold part"
     ebc(batch).values().square().sum().backward()
     split(parts.to(torch.device("cpu"))).values().square().sum().backward()
-    for config, pieces in split._pieces():
-        for ids, weight, _ in pieces:
-            expected = ebc.embedding_bags[config.name].weight.grad[ids]
-            grad = torch.zeros_like(weight) if weight.grad is None else weight.grad  # a part not called
-            torch.testing.assert_close(grad, expected, rtol=0, atol=1e-5)
+    _assert_same_gradients(ebc, split)
 
 
 def test_a_batch_split_as_hot_carries_hot_ids_only():
