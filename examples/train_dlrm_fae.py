@@ -337,7 +337,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         history, counts = progress["history"], progress["counts"]
         first_epoch, first_step = position["router"]["epoch"], position["router"]["step"]
         logger.info("resumed at epoch %d, step %d", first_epoch, first_step)
-    runner = _StepRunner(args.pipeline, dmp, dense, device, fae=not args.baseline)
+    runner = _StepRunner(args.pipeline, dmp, dense, device, fae=fae is not None)
     # this run's wall times (after a resume: since it), in seconds: per hot and per cold step, and of
     # getting each step's batch from the router (onto the device, in the plain loop)
     seen, step_index, step_seconds, routing_seconds = 0, progress["step"], {"hot": [], "cold": []}, 0.0
