@@ -6,10 +6,14 @@ with the others, times three passes over it:
 
 * ``fae profile``: :class:`AccessProfiler` at ``--sample`` (FAE's 5% sample, holdout included);
 * ``naive full count``: the same profiler counting every input, i.e. profiling the whole data set;
-* ``classify``: :meth:`HotSet.is_hot_input` on every input, with the hot set for ``--budget``.
+* ``classify``: :meth:`HotSet.is_hot_input` on every input, with the hot set for ``--budget``;
+* ``partition``: :meth:`HotColdPartition.of` on every input (in memory, so that the figure is the
+  work, not the disk): classification, the offline remap of every id to its part id
+  (``HotSet.signed_part_ids``, which training then splits by sign) and the copy into the two parts.
 
-Throughputs are ids (or inputs) of the whole data over the slowest worker's wall time, and the
-last lines extrapolate linearly to Criteo Kaggle (45,840,617 inputs x 26 ids).
+Throughputs are ids (or inputs) of the whole data over the slowest worker's wall time, with the
+seconds per million inputs, and the last lines extrapolate linearly to Criteo Kaggle (45,840,617
+inputs x 26 ids).
 
     python benchmarks/bench_profile.py                  # 2 processes, 4M inputs
     python benchmarks/bench_profile.py --processes 1 --num-samples 1000000
@@ -32,7 +36,7 @@ def _worker(args: argparse.Namespace, rank: int, barrier, results) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from fae_torchrec import AccessProfiler, FeatureIds
+    from fae_torchrec import AccessProfiler, FeatureIds, HotColdPartition
     from fae_torchrec.data import SyntheticCriteo
     from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
     from fae_torchrec.units import parse_bytes
@@ -54,7 +58,8 @@ def _worker(args: argparse.Namespace, rank: int, barrier, results) -> None:
         return value
 
     timed("generate", lambda: sum(len(data.chunk(i)) for i in chunks))
-    batches = [data.chunk(i).to_batch(DEFAULT_CAT_NAMES) for i in chunks]
+    blocks = [data.chunk(i) for i in chunks]
+    batches = [block.to_batch(DEFAULT_CAT_NAMES) for block in blocks]
     for batch in batches:  # KJTs compute and cache their lengths on first use: keep it untimed
         FeatureIds.of(batch)
 
@@ -70,6 +75,7 @@ def _worker(args: argparse.Namespace, rank: int, barrier, results) -> None:
     hot_set = stats.hot_set(parse_bytes(args.budget))
     hot_set.hot_mask(0)  # build the lookup tables outside the timed pass
     hot = timed("classify", lambda: sum(int(hot_set.is_hot_input(b).sum()) for b in batches))
+    timed("partition", lambda: HotColdPartition.of(blocks, hot_set, DEFAULT_CAT_NAMES))
     results.put((rank, sum(b.labels.numel() for b in batches), hot, timings))
 
 
@@ -116,9 +122,12 @@ def main() -> None:
         f"data: {inputs:,} synthetic inputs x 26 ids, scale {args.scale}, dim {args.dim}; "
         f"{args.processes} process(es), budget {args.budget}, sample {args.sample:.0%}"
     )
-    print(f"{'pass':<18}{'seconds':>10}{'ids/s':>16}{'inputs/s':>16}")
+    print(f"{'pass':<18}{'seconds':>10}{'ids/s':>16}{'inputs/s':>16}{'s per 1M inputs':>18}")
     for name, seconds in wall.items():
-        print(f"{name:<18}{seconds:>10.2f}{ids / seconds:>16,.0f}{inputs / seconds:>16,.0f}")
+        print(
+            f"{name:<18}{seconds:>10.2f}{ids / seconds:>16,.0f}{inputs / seconds:>16,.0f}"
+            f"{1e6 * seconds / inputs:>18.3f}"
+        )
     print(f"generator: {inputs / wall['generate'] / args.processes:,.0f} samples/s per process")
     print(f"hot-input share at {args.budget}: {hot / inputs:.2%}")
     speedup = wall["naive full count"] / wall["fae profile"]
@@ -129,7 +138,8 @@ def main() -> None:
     print(
         f"extrapolated to Criteo Kaggle ({KAGGLE_INPUTS:,} inputs) on {args.processes} "
         f"process(es): FAE profile + classify {fae:.1f} s (target <= 30 s), "
-        f"naive full count + classify {naive:.1f} s"
+        f"naive full count + classify {naive:.1f} s; partition with the offline remap "
+        f"{wall['partition'] * scale:.1f} s"
     )
 
 

@@ -8,10 +8,12 @@ plain loop). Every figure is the example's own wall-clock measure of its trainin
 (``metrics.json``): samples/s, mean hot and cold step times, and the routing time (getting a step's
 batch from the router, which on the pipeline splits FAE's batches for the parts).
 
-FAE's machinery is what its steps do that the baseline's do not: the extra routing time (the split)
-and, in the plain loop, the remap inside FAE's forward, timed here on rank 0's batches of the first
-``--remap-steps`` steps (``FAEEmbeddingBagCollection.split``, rebuilt from the run's ``stats.npz`` and
-partition). Its share of a mean FAE step is printed against the goal of at most 2%.
+FAE's machinery is what its steps do that the baseline's do not: the extra routing time, which is the
+split of each batch for the parts (by sign, from the part ids the partition stored: the remap was done
+when it was written). Its share of a mean FAE step is printed against the goal of at most 2%, with the
+split timed alone on rank 0's batches of the first ``--split-steps`` steps (``FAEEmbeddingBagCollection
+.split``, rebuilt from the run's ``stats.npz`` and partition), beside the lookup remap it replaces.
+Peak RSS (rank 0's, both sides) is printed against the tables with their optimizer state.
 
 World size 1 is one process with torch's default threads; more ranks run under torchrun, which gives
 each rank one thread. Run it on an otherwise idle machine: a step whose threads wait on a core another
@@ -30,6 +32,8 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Iterator
+from functools import partial
 from itertools import islice
 from pathlib import Path
 
@@ -41,13 +45,25 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
 from benchmarks.common.example_runs import run_example
-from fae_torchrec import AccessStats, BatchRouter, FAEEmbeddingBagCollection, HotColdPartition, parse_bytes
+from fae_torchrec import (
+    AccessStats,
+    BatchRouter,
+    FAEEmbeddingBagCollection,
+    HotColdPartition,
+    RoutedBatch,
+    SplitFeatures,
+    parse_bytes,
+)
 from fae_torchrec.data import criteo_table_configs, scaled_table_sizes
 
 MODES = ("fae", "torchrec")
 #: The goal for FAE's machinery (what its steps do that the baseline's do not), as a share of a step.
 MACHINERY_GOAL = 0.02
+#: Peak RSS goals: FAE against the baseline, and either against the tables with optimizer state.
+RSS_GOAL_RATIO, RSS_GOAL_TABLES = 1.1, 2.0
 #: Cores kept busy by other processes (just before a run) above which the figures are distorted.
 BUSY_CORES = 0.3
 
@@ -66,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs of each mode per world size")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--remap-steps", type=int, default=200, help="steps whose remap is timed")
+    parser.add_argument("--split-steps", type=int, default=200, help="steps whose split is timed alone")
     parser.add_argument("--out", default="runs/bench_train", help="the runs go here")
     parser.add_argument("--figures", default="benchmarks/figures", help="bench_train.png goes here")
     args = parser.parse_args(argv)
@@ -74,8 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--world-sizes must be at least 1, got {args.world_sizes}")
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
-    if args.remap_steps < 1:
-        parser.error(f"--remap-steps must be at least 1, got {args.remap_steps}")
+    if args.split_steps < 1:
+        parser.error(f"--split-steps must be at least 1, got {args.split_steps}")
     return args
 
 
@@ -113,25 +129,36 @@ def mean_step_ms(metrics: dict) -> float:
     return total / (hot + cold)
 
 
-def remap_ms(args: argparse.Namespace, run: Path, world_size: int) -> float:
-    """Mean time of FAE's remap (``FAEEmbeddingBagCollection.split``) per step, on rank 0's batches
-    of the first ``--remap-steps`` steps of the FAE run in ``run``."""
+def split_ms(args: argparse.Namespace, run: Path, world_size: int) -> dict[str, float]:
+    """Mean time per step of FAE's split (``FAEEmbeddingBagCollection.split``) on rank 0's batches of
+    the first ``--split-steps`` steps of the FAE run in ``run``: by sign from the partition's part ids
+    (``part_ids``, what the router does) and by lookup from original ids (``lookup``, the remap the
+    module would do in its forward without them)."""
     tables = criteo_table_configs(scaled_table_sizes(args.scale), args.dim)
     stats = AccessStats.load(run / "stats.npz", tables)
     module = FAEEmbeddingBagCollection(tables, stats.hot_set(parse_bytes(args.budget)))
     partition = HotColdPartition.open(run / "partition-fae")
-    router = BatchRouter(partition, args.batch_size, world_size, 0, order=args.order, seed=args.seed)
-    seconds = []
-    for routed in islice(router.epoch(0), args.remap_steps):
+    seconds: dict[str, list[float]] = {"part_ids": [], "lookup": []}
+
+    def timed(kind: str, features: KeyedJaggedTensor, is_hot: bool, part_ids: bool) -> SplitFeatures:
         started = time.perf_counter()
-        module.split(routed.batch.sparse_features, routed.hot)
-        seconds.append(time.perf_counter() - started)
-    return 1000 * float(np.mean(seconds))
+        split = module.split(features, is_hot, part_ids)
+        seconds[kind].append(time.perf_counter() - started)
+        return split
+
+    def router(split=None) -> Iterator[RoutedBatch]:
+        routed = BatchRouter(partition, args.batch_size, world_size, 0, args.order, args.seed, split=split)
+        return islice(routed.epoch(0), args.split_steps)
+
+    for _ in router(partial(timed, "part_ids")):
+        pass
+    for routed in router():
+        timed("lookup", routed.batch.sparse_features, routed.hot, False)
+    return {kind: 1000 * float(np.mean(times)) for kind, times in seconds.items()}
 
 
-def explain_slower(world_size: int, fae: dict, baseline: dict, remap_in_step: bool) -> str:
-    """Why FAE trains slower than the baseline here, from the measured step times (``remap_in_step``:
-    the plain loop, where FAE's forward remaps; on the pipeline the router splits the batches)."""
+def explain_slower(world_size: int, fae: dict, baseline: dict) -> str:
+    """Why FAE trains slower than the baseline here, from the measured step times."""
     base, hot, cold = baseline["cold_step_ms"], fae["hot_step_ms"], fae["cold_step_ms"]
     share = fae["hot_steps"] / (fae["hot_steps"] + fae["cold_steps"])
     ratio = fae["samples_per_second"] / baseline["samples_per_second"]
@@ -139,27 +166,41 @@ def explain_slower(world_size: int, fae: dict, baseline: dict, remap_in_step: bo
     lines = [
         f"world size {world_size}: FAE is slower ({ratio:.2f}x the baseline's samples/s). A baseline step "
         f"takes {base:.1f} ms; FAE's cold steps {cold:.1f} ms ({cold / base:.2f}x: lookups in both parts"
-        f"{exchange}{', plus the remap' if remap_in_step else ''}) and its hot steps {hot:.1f} ms "
-        f"({hot / base:.2f}x), {share:.0%} of the steps hot."
+        f"{exchange}) and its hot steps {hot:.1f} ms ({hot / base:.2f}x), {share:.0%} of the steps hot."
     ]
-    where = "in the step" if remap_in_step else "in the routing, outside these step times"
-    remap = f"the remap alone takes {fae['remap_ms']:.1f} ms per step, {where}"
     if hot >= base:
         lines.append(
-            f"  Even a hot step is {hot - base:.1f} ms slower than a baseline step ({remap}): on CPU the "
-            "hot rows sit in the same memory as the cold rows, so a hot step saves no host-device traffic "
-            "(what FAE saves on a GPU), only the cold part's lookup, and that does not pay for the "
-            f"{'remap and the ' if remap_in_step else ''}split's extra kernels."
+            f"  Even a hot step is {hot - base:.1f} ms slower than a baseline step: on CPU the hot rows sit "
+            "in the same memory as the cold rows, so a hot step saves no host-device traffic (what FAE "
+            "saves on a GPU), only the cold part's lookup."
         )
     elif cold > base:
         lines.append(
-            f"  Hot steps save {base - hot:.1f} ms each, cold steps cost {cold - base:.1f} ms more "
-            f"({remap}); FAE would break even at {(cold - base) / (cold - hot):.0%} hot steps. On CPU a hot "
-            "step saves no host-device traffic, which is what FAE saves on a GPU."
+            f"  Hot steps save {base - hot:.1f} ms each, cold steps cost {cold - base:.1f} ms more; FAE "
+            f"would break even at {(cold - base) / (cold - hot):.0%} hot steps. On CPU a hot step saves no "
+            "host-device traffic, which is what FAE saves on a GPU."
         )
     else:
         lines.append("  Neither kind of step is slower than the baseline's: the difference is noise.")
     return "\n".join(lines)
+
+
+def memory_line(fae: dict, baseline: dict) -> str:
+    """Rank 0's peak RSS of both runs against the goals: FAE at most ``RSS_GOAL_RATIO`` x the baseline,
+    both at most ``RSS_GOAL_TABLES`` x the tables with their optimizer state."""
+    ratio = fae["peak_rss_gib"] / baseline["peak_rss_gib"]
+    tables = fae["tables_with_state_gib"]
+    worst = max(fae["peak_rss_gib"], baseline["peak_rss_gib"]) / tables
+    return (
+        f"peak RSS (rank 0): FAE {fae['peak_rss_gib']:.2f} GiB, baseline {baseline['peak_rss_gib']:.2f} "
+        f"GiB: {ratio:.2f}x (goal <= {RSS_GOAL_RATIO}x: {_verdict(ratio <= RSS_GOAL_RATIO)}); tables with "
+        f"optimizer state {tables:.2f} GiB, the larger peak {worst:.2f}x of it (goal <= {RSS_GOAL_TABLES}x: "
+        f"{_verdict(worst <= RSS_GOAL_TABLES)})"
+    )
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "NOT met"
 
 
 def plot(results: dict[int, dict[str, dict]], path: Path) -> None:
@@ -216,36 +257,41 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, dict]]:
         best = int(np.argsort(ratios)[len(ratios) // 2])  # the median repetition is reported in full
         fae, baseline = runs["fae"][best], runs["torchrec"][best]
         results[world_size] = {"fae": fae, "torchrec": baseline}
-        fae["remap_ms"] = remap_ms(args, out / f"ws{world_size}-fae-{best}", world_size)
-        extra_ms = (
-            fae["routing_ms"] - baseline["routing_ms"] + (fae["remap_ms"] if args.pipeline == "none" else 0.0)
-        )
+        fae["split_ms"] = split_ms(args, out / f"ws{world_size}-fae-{best}", world_size)
+        extra_ms = fae["routing_ms"] - baseline["routing_ms"]
         fae["machinery_share"] = extra_ms / mean_step_ms(fae)
         print(f"\nworld size {world_size} (the median of {args.repeats} repetitions by ratio)")
-        print(f"{'mode':<10}{'samples/s':>12}{'hot ms':>9}{'cold ms':>9}{'hot steps':>11}{'routing ms':>12}")
+        print(
+            f"{'mode':<10}{'samples/s':>12}{'hot ms':>9}{'cold ms':>9}{'hot steps':>11}{'routing ms':>12}"
+            f"{'peak RSS GiB':>14}"
+        )
         for mode, metrics in results[world_size].items():
             hot, cold = metrics["hot_step_ms"], metrics["cold_step_ms"]
             share = metrics["hot_steps"] / (metrics["hot_steps"] + metrics["cold_steps"])
             print(
                 f"{mode:<10}{metrics['samples_per_second']:>12,.0f}"
                 f"{'-' if hot is None else f'{hot:.1f}':>9}{'-' if cold is None else f'{cold:.1f}':>9}"
-                f"{share:>11.1%}{metrics['routing_ms']:>12.2f}"
+                f"{share:>11.1%}{metrics['routing_ms']:>12.2f}{metrics['peak_rss_gib']:>14.2f}"
             )
         print(
             "ratio FAE / torchrec samples/s per repetition: "
             + ", ".join(f"{r:.2f}x" for r in ratios)
             + f"; mean {np.mean(ratios):.2f}x, {sum(r >= 1 for r in ratios)} of {len(ratios)} at least 1.0x"
         )
-        verdict = "met" if fae["machinery_share"] <= MACHINERY_GOAL else "NOT met"
-        inside = f" + remap in the step {fae['remap_ms']:.2f} ms" if args.pipeline == "none" else ""
+        hot_ratio = (fae["hot_step_ms"] or float("nan")) / baseline["cold_step_ms"]
+        print(f"FAE hot step / baseline step: {hot_ratio:.2f}x (goal < 1.0x: {_verdict(hot_ratio < 1)})")
+        split, share = fae["split_ms"], fae["machinery_share"]
         print(
             f"FAE machinery: routing {fae['routing_ms']:.2f} ms - the baseline's "
-            f"{baseline['routing_ms']:.2f} ms{inside} = {extra_ms:.2f} ms, {fae['machinery_share']:.1%} of a "
-            f"{mean_step_ms(fae):.1f} ms step (goal <= {MACHINERY_GOAL:.0%}: {verdict}); the split alone "
-            f"takes {fae['remap_ms']:.2f} ms per step"
+            f"{baseline['routing_ms']:.2f} ms = {extra_ms:.2f} ms, {share:.1%} of a "
+            f"{mean_step_ms(fae):.1f} ms step (goal <= {MACHINERY_GOAL:.0%}: "
+            f"{_verdict(share <= MACHINERY_GOAL)}); the split alone takes {split['part_ids']:.2f} ms per "
+            f"step from the partition's part ids ({split['lookup']:.2f} ms by "
+            "looking original ids up, the remap it replaces)"
         )
+        print(memory_line(fae, baseline))
         if ratios[best] < 1:
-            print(explain_slower(world_size, fae, baseline, args.pipeline == "none"))
+            print(explain_slower(world_size, fae, baseline))
     figure = Path(args.figures) / "bench_train.png"
     figure.parent.mkdir(parents=True, exist_ok=True)
     plot(results, figure)

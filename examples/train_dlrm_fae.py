@@ -72,6 +72,7 @@ from fae_torchrec.arguments import (
 from fae_torchrec.data import SampleBlock, rebatch
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES, CriteoSource
 from fae_torchrec.data.sources import add_data_arguments, default_tables, open_source
+from fae_torchrec.tables import TableLayout
 from fae_torchrec.train.checkpoint import Checkpoints
 from fae_torchrec.train.evaluation import evaluate
 from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
@@ -303,11 +304,11 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     dense = unfused_optimizer(
         dmp, embedding_optimizer, lambda params: torch.optim.Adagrad(params, lr=args.dense_lr)
     )
-    fae = find_fae_module(dmp)  # FAE on the pipeline: the router splits the batches for the parts
-    split = fae.split if fae is not None and args.pipeline != "none" else None
+    fae = find_fae_module(dmp)  # FAE: the router splits the batches for the parts, by the part ids
     router = BatchRouter(
-        partition, args.batch_size, world, rank, order=args.order, seed=args.seed, split=split
-    )
+        partition, args.batch_size, world, rank, order=args.order, seed=args.seed,
+        split=None if fae is None else fae.split,
+    )  # fmt: skip
     validation_batches = _validation_batches(validation, args.batch_size, world, rank)
     logger.info(
         "%s: %d training inputs (%d hot, %.1f%%), %d validation inputs, %d ranks",
@@ -376,6 +377,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
             _record(history, step_index, result)
             router.report_validation_loss(result["log_loss"])
     all_steps = step_seconds["hot"] + step_seconds["cold"]
+    layout = TableLayout.of(tables)
     metrics = {
         "mode": mode,
         "world_size": world,
@@ -388,9 +390,12 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         "hot_step_ms": _mean_ms(step_seconds["hot"]),
         "cold_step_ms": _mean_ms(step_seconds["cold"]),
         "routing_ms": 1000 * routing_seconds / len(all_steps),
-        # rank 0's peak resident memory, against the tables' own size (weights, fp32)
+        # rank 0's peak resident memory, against the tables' size: weights, and with optimizer state
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20),
-        "tables_gib": sum(4 * c.num_embeddings * c.embedding_dim for c in tables) / (1 << 30),
+        "tables_gib": layout.num_rows @ layout.row_bytes() / (1 << 30),
+        "tables_with_state_gib": layout.num_rows
+        @ layout.row_bytes(EMBEDDING_OPTIMIZERS[args.optimizer])
+        / (1 << 30),
         "final_auc": history["auc"][-1],
         "final_log_loss": history["log_loss"][-1],
         "history": history,

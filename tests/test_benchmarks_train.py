@@ -22,7 +22,7 @@ def _script(path: str, *args: str) -> str:
 
 
 def _bench_train(tmp_path: Path, world_size: str, *extra: str) -> None:
-    out = _script("benchmarks/bench_train.py", *TINY, "--world-sizes", world_size, "--remap-steps", "20",
+    out = _script("benchmarks/bench_train.py", *TINY, "--world-sizes", world_size, "--split-steps", "20",
                   "--repeats", "2", "--out", str(tmp_path), "--figures", str(tmp_path), *extra)  # fmt: skip
     rows = dict(re.findall(r"^(fae|torchrec) +([\d,]+) ", out, flags=re.MULTILINE))
     assert set(rows) == {"fae", "torchrec"}, out
@@ -31,10 +31,14 @@ def _bench_train(tmp_path: Path, world_size: str, *extra: str) -> None:
     ratios = re.search(r"samples/s per repetition: ([\d.]+)x, ([\d.]+)x; mean ([\d.]+)x, (\d) of 2", out)
     assert ratios and all(float(value) > 0 for value in ratios.groups()[:3]), out
     machinery = re.search(
-        r"FAE machinery: routing ([\d.]+) ms - the baseline's ([\d.]+) ms(.*?) = (-?[\d.]+) ms", out
+        r"FAE machinery: routing ([\d.]+) ms - the baseline's ([\d.]+) ms = (-?[\d.]+) ms.*split alone takes "
+        r"([\d.]+) ms per step from the partition's part ids \(([\d.]+) ms by looking",
+        out,
     )
-    assert machinery and float(machinery[1]) > 0 and float(machinery[2]) > 0, out
-    assert ("remap in the step" in machinery[3]) == ("none" in extra), "the plain loop remaps in the step"
+    assert machinery and all(float(machinery[i]) > 0 for i in (1, 2, 4, 5)), out
+    memory = re.search(r"peak RSS \(rank 0\): FAE ([\d.]+) GiB, baseline ([\d.]+) GiB: ([\d.]+)x", out)
+    assert memory and float(memory[1]) > 0 and float(memory[2]) > 0, out
+    assert "FAE hot step / baseline step:" in out
     assert (tmp_path / "bench_train.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / f"ws{world_size}-fae-0" / "stats.npz").exists()
 

@@ -203,6 +203,43 @@ def test_split_features_remaps_like_the_hot_set():
         )
 
 
+def _part_ids(batch: KeyedJaggedTensor, hot_set: HotSet) -> KeyedJaggedTensor:
+    """``batch`` with its ids as signed part ids, as a partition stores them."""
+    table = {"a": "t_a", "b": "t_b", "c1": "t_c", "c2": "t_c", "d": "t_d"}
+    features = batch.to_dict()
+    values = [
+        hot_set.signed_part_ids(table[k], features[k].values().numpy(), feature=k) for k in batch.keys()
+    ]
+    return KeyedJaggedTensor(
+        keys=batch.keys(),
+        values=torch.from_numpy(np.concatenate(values)),
+        lengths=batch.lengths(),
+        weights=batch.weights_or_none(),
+    )
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("kind", ["hot", "cold", "mixed"])
+def test_a_split_by_the_sign_of_part_ids_equals_the_split_by_lookup(weighted, kind):
+    tables = _tables()
+    hot_set = _hot_set(tables)
+    split = FAEEmbeddingBagCollection(tables, hot_set, is_weighted=weighted)
+    for seed in range(3):
+        batch = _batch(kind, weighted=weighted, seed=seed)
+        for is_hot in {None, kind == "hot"}:
+            by_lookup, by_sign = (
+                split.split(batch, is_hot),
+                split.split(_part_ids(batch, hot_set), is_hot, True),
+            )
+            assert by_sign.is_hot == by_lookup.is_hot
+            for expected, actual in ((by_lookup.hot, by_sign.hot), (by_lookup.cold, by_sign.cold)):
+                assert actual.keys() == expected.keys()
+                for name in ("values", "lengths", "weights_or_none"):
+                    torch.testing.assert_close(getattr(actual, name)(), getattr(expected, name)())
+    with pytest.raises(ValueError, match="marked hot_only carries cold ids"):
+        split.split(_part_ids(_batch("mixed", weighted=weighted), hot_set), True, True)
+
+
 @pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])
 @pytest.mark.parametrize("kind", ["hot", "cold", "mixed"])
 def test_split_before_the_step_gives_the_same_embeddings_and_gradients(pooling, kind):

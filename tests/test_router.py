@@ -77,8 +77,13 @@ def test_partition_in_memory_and_on_disk(data, tmp_path):
     assert len(memory.hot) + len(memory.cold) == 6_000
     assert 0 < len(memory.hot) < 6_000
     for part in (HOT, COLD):
-        for field in ("dense", "ids", "labels"):
+        for field in ("dense", "ids", "labels", "part_ids"):
             assert np.array_equal(getattr(memory.part(part), field), getattr(disk.part(part), field))
+        # the offline remap: each id as its part numbers it, cold ones as ~id
+        block = disk.part(part)
+        for column, key in enumerate(DEFAULT_CAT_NAMES):
+            is_hot, new_ids = hot_set.remap(hot_set.layout.table_of(key), block.ids[:, column])
+            assert np.array_equal(block.part_ids[:, column], np.where(is_hot, new_ids, ~new_ids))
     assert hot_set.is_hot_input(disk.hot.feature_ids(DEFAULT_CAT_NAMES)).all()
     assert not hot_set.is_hot_input(disk.cold.feature_ids(DEFAULT_CAT_NAMES)).any()
     with pytest.raises(FileNotFoundError, match=r"partition\.json: missing"):

@@ -16,38 +16,41 @@ class SampleBlock:
     """``n`` inputs: dense features, ids and labels, input-major.
 
     ``ids`` has ``sum(ids_per_feature)`` columns; feature ``f`` owns ``ids_per_feature[f]`` of them,
-    in feature order (one column per feature for single-hot data).
+    in feature order (one column per feature for single-hot data). ``part_ids``, when given, holds
+    the same ids as FAE's parts number them (``HotSet.signed_part_ids``: what a partition stores, so
+    that training needs no remap).
     """
 
     dense: np.ndarray
     ids: np.ndarray
     labels: np.ndarray
     ids_per_feature: tuple[int, ...]
+    part_ids: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def slice(self, start: int, stop: int) -> SampleBlock:
-        return SampleBlock(
-            self.dense[start:stop],
-            self.ids[start:stop],
-            self.labels[start:stop],
-            self.ids_per_feature,
-        )
+        return self.select(slice(start, stop))
 
-    def select(self, inputs: np.ndarray) -> SampleBlock:
-        """The inputs where the boolean mask (or index array) ``inputs`` selects them."""
-        return SampleBlock(self.dense[inputs], self.ids[inputs], self.labels[inputs], self.ids_per_feature)
+    def select(self, inputs: np.ndarray | slice) -> SampleBlock:
+        """The inputs where the boolean mask, index array or slice ``inputs`` selects them."""
+        part_ids = None if self.part_ids is None else self.part_ids[inputs]
+        return SampleBlock(
+            self.dense[inputs], self.ids[inputs], self.labels[inputs], self.ids_per_feature, part_ids
+        )
 
     @staticmethod
     def concat(blocks: Sequence[SampleBlock]) -> SampleBlock:
         if len(blocks) == 1:
             return blocks[0]
+        part_ids = [b.part_ids for b in blocks]
         return SampleBlock(
             np.concatenate([b.dense for b in blocks]),
             np.concatenate([b.ids for b in blocks]),
             np.concatenate([b.labels for b in blocks]),
             blocks[0].ids_per_feature,
+            None if any(ids is None for ids in part_ids) else np.concatenate(part_ids),
         )
 
     def feature_ids(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
@@ -55,16 +58,20 @@ class SampleBlock:
         bounds = np.concatenate([[0], np.cumsum(self.ids_per_feature)])
         return {key: self.ids[:, bounds[f] : bounds[f + 1]] for f, key in enumerate(keys)}
 
-    def to_batch(self, keys: Sequence[str]) -> Batch:
-        """A TorchRec ``Batch`` whose ``KeyedJaggedTensor`` has one key per feature, in order."""
+    def to_batch(self, keys: Sequence[str], part_ids: bool = False) -> Batch:
+        """A TorchRec ``Batch`` whose ``KeyedJaggedTensor`` has one key per feature, in order; its
+        values are the ``part_ids`` when asked (for ``FAEEmbeddingBagCollection.split``)."""
         n = len(self)
         counts = np.asarray(self.ids_per_feature)
+        ids = self.part_ids if part_ids else self.ids
+        if ids is None:
+            raise ValueError("this block carries no part ids (a partition's blocks do)")
         if np.all(counts == 1):
-            values = np.require(self.ids.T, requirements=["C", "W"]).reshape(-1)
+            values = np.require(ids.T, requirements=["C", "W"]).reshape(-1)
         else:
             bounds = np.concatenate([[0], np.cumsum(counts)])
             values = np.concatenate(
-                [self.ids[:, bounds[f] : bounds[f + 1]].reshape(-1) for f in range(len(counts))]
+                [ids[:, bounds[f] : bounds[f + 1]].reshape(-1) for f in range(len(counts))]
             )
         return Batch(
             dense_features=torch.from_numpy(np.require(self.dense, requirements=["C", "W"])),

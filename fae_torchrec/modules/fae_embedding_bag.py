@@ -3,8 +3,9 @@
 Every row of every table lives in exactly one part: the hot rows of table ``t`` form table ``t_hot`` of
 the ``hot`` EBC (ids ``0..H-1``, in original id order) and the other rows form ``t_cold`` of the
 ``cold`` EBC. The forward takes the original ``KeyedJaggedTensor`` and remaps ids with one
-``searchsorted`` over the sorted hot ids of all tables, or takes them already remapped
-(``SplitFeatures``, made by ``split`` before the step, e.g. by the batch router), looks up both parts
+``searchsorted`` over the sorted hot ids of all tables, or takes them already split (``SplitFeatures``,
+made by ``split`` before the step, e.g. by the batch router from a partition's part ids, remapped when
+the partition was written), looks up both parts
 with SUM pooling and returns the ``KeyedTensor`` the unsplit EBC would return (MEAN tables are divided
 by the bag sizes at the end). Both parts are ordinary EBCs, so ``DistributedModelParallel`` shards each
 with TorchRec's own sharders and kernels.
@@ -81,6 +82,9 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             ]
             for part in sizes
         }
+        self._part_key_names = {part: [features[i] for i in keys] for part, keys in self._part_keys.items()}
+        self._dims = {f: c.embedding_dim for c in tables for f in c.feature_names}
+        self._mean_features = {f for c in tables if c.pooling == PoolingType.MEAN for f in c.feature_names}
         # Only tables with rows in both parts need a lookup: sorted global rows (table offset + id)
         # of their hot rows, then the total as a sentinel so that searchsorted lands on a valid index.
         # A table entirely hot (or cold) keeps its ids, with no memory spent on it.
@@ -177,8 +181,10 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             result.append((config, pieces))
         return result
 
-    def _split(self, features: KeyedJaggedTensor, parts: tuple[str, ...]) -> dict[str, KeyedJaggedTensor]:
-        values, lengths = features.values(), features.lengths()
+    def _remap(self, features: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each id of ``features`` (original ids, table order) as its id in its part, and whether it
+        is hot: one ``searchsorted`` over the sorted hot rows of all tables."""
+        values = features.values()
         device = values.device
         hot_rows, hot_offsets = self.hot_rows.to(device), self.hot_offsets.to(device)
         table = torch.repeat_interleave(
@@ -192,43 +198,92 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         hot_before = torch.where(
             kind == _SPLIT, position - hot_offsets[table], torch.where(kind == _ALL_HOT, values, 0)
         )
-        new_ids = torch.where(is_hot, hot_before, values - hot_before)
-        # ids kept per bag: differences of the running count at the bags' ends
-        ends = torch.cumsum(lengths, 0)
-        features_kept = len(self._layout.features)
-        result = {}
-        for part in parts:
-            if getattr(self, part) is None:
-                continue
-            mask = is_hot if part == HOT else ~is_hot
-            kept = torch.cat(
-                [mask.new_zeros(1, dtype=lengths.dtype), torch.cumsum(mask, 0, dtype=lengths.dtype)]
-            )
-            part_lengths = kept[ends] - kept[ends - lengths]
-            # a feature outside the part has no id in it, so the values need no reordering
-            keys = self._part_keys[part]
-            result[part] = KeyedJaggedTensor(
-                keys=[self._layout.features[i] for i in keys],
-                values=new_ids[mask],
-                lengths=part_lengths.view(features_kept, -1)[keys].reshape(-1),
-                weights=features.weights()[mask] if self._is_weighted else None,
-                stride=features.stride(),
-            )
-        if COLD not in parts and self.cold is not None and not bool(is_hot.all()):
-            raise ValueError("a batch marked hot_only carries cold ids")
-        return result
+        return torch.where(is_hot, hot_before, values - hot_before), is_hot
 
-    def split(self, features: KeyedJaggedTensor, is_hot: bool | None = None) -> SplitFeatures:
-        """``features`` (original ids) split into the parts' inputs, for ``forward`` to take as they
-        are: do it before the step, in the data path. With ``is_hot`` the batch must carry hot ids
-        only (``ValueError`` otherwise) and its cold input holds no id; None finds out."""
+    def _split(
+        self, features: KeyedJaggedTensor, parts: tuple[str, ...], part_ids: bool = False
+    ) -> dict[str, KeyedJaggedTensor]:
+        """The inputs of ``parts`` (those that exist) for ``features`` in table order, whose values
+        are original ids or, with ``part_ids``, signed part ids (``HotSet.signed_part_ids``).
+
+        Vectorised for the data path: one cumulative count of the hot ids places every id, hot ids
+        first, in one scatter (the order within each part is kept); single-id bags take their
+        lengths straight from the mask."""
+        if part_ids:
+            ids = features.values()
+            is_hot = ids >= 0
+        else:
+            ids, is_hot = self._remap(features)
+        lengths, weights = features.lengths(), features.weights_or_none()
+        if COLD not in parts:
+            if self.cold is not None and not bool(is_hot.all()):
+                raise ValueError("a batch marked hot_only carries cold ids")
+            return {} if self.hot is None else {HOT: self._part_input(HOT, ids, lengths, weights, features)}
+        hot_through = torch.cumsum(is_hot, 0)  # hot ids up to and including each id
+        num_hot = int(hot_through[-1]) if len(hot_through) else 0
+        # hot ids go to their running count - 1, cold ids after all hot ones, in order
+        cold_place = torch.arange(len(ids), device=ids.device) - hot_through + num_hot
+        place = cold_place + is_hot * (hot_through - 1 - cold_place)
+        ordered = torch.empty_like(ids).scatter_(0, place, ids)
+        if weights is not None:
+            weights = torch.empty_like(weights).scatter_(0, place, weights)
+        if len(lengths) == len(ids) and (len(lengths) == 0 or bool(lengths.min() >= 1)):
+            hot_lengths = is_hot.to(lengths.dtype)  # every bag holds one id
+        else:  # ids kept per bag: differences of the running count at the bags' ends
+            kept = torch.cat([hot_through.new_zeros(1), hot_through]).to(lengths.dtype)
+            ends = torch.cumsum(lengths, 0)
+            hot_lengths = kept[ends] - kept[ends - lengths]
+        cold_ids = ordered[num_hot:]
+        pieces = {
+            HOT: (ordered[:num_hot], hot_lengths, None if weights is None else weights[:num_hot]),
+            COLD: (
+                ~cold_ids if part_ids else cold_ids,
+                lengths - hot_lengths,
+                None if weights is None else weights[num_hot:],
+            ),
+        }
+        return {
+            part: self._part_input(part, *pieces[part], features)
+            for part in parts
+            if getattr(self, part) is not None
+        }
+
+    def _part_input(
+        self,
+        part: str,
+        values: torch.Tensor,
+        lengths: torch.Tensor,
+        weights: torch.Tensor | None,
+        features: KeyedJaggedTensor,
+    ) -> KeyedJaggedTensor:
+        """The ``KeyedJaggedTensor`` of ``part`` from its ids and per-bag lengths over all features
+        (a feature outside the part has no id in it, so only its lengths go)."""
+        keys, num_features = self._part_keys[part], len(self._layout.features)
+        if len(keys) < num_features:
+            lengths = lengths.view(num_features, -1)[keys].reshape(-1)
+        return KeyedJaggedTensor(
+            keys=self._part_key_names[part],
+            values=values,
+            lengths=lengths,
+            weights=weights,
+            stride=features.stride(),
+        )
+
+    def split(
+        self, features: KeyedJaggedTensor, is_hot: bool | None = None, part_ids: bool = False
+    ) -> SplitFeatures:
+        """``features`` split into the parts' inputs, for ``forward`` to take as they are: do it
+        before the step, in the data path. ``features`` carries original ids, looked up here, or with
+        ``part_ids`` the signed part ids a partition stores (``HotSet.signed_part_ids``), split by
+        sign with no lookup. With ``is_hot`` the batch must carry hot ids only (``ValueError``
+        otherwise) and its cold input holds no id; None finds out."""
         ordered = self._ordered(features)
-        parts = self._split(ordered, (HOT,) if is_hot else (HOT, COLD))
+        parts = self._split(ordered, (HOT,) if is_hot else (HOT, COLD), part_ids)
         cold = parts.get(COLD)
         if is_hot is None:
             is_hot = cold is None or cold.values().numel() == 0
         if is_hot and self.cold is not None:
-            keys = [self._layout.features[i] for i in self._part_keys[COLD]]
+            keys = self._part_key_names[COLD]
             cold = KeyedJaggedTensor(
                 keys=keys,
                 values=ordered.values()[:0],
@@ -261,38 +316,80 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
 
     def _pool(self, hot: KeyedJaggedTensor | None, cold: KeyedJaggedTensor | None) -> KeyedTensor:
         """The parts' lookups of their inputs (a part with no input is not called), summed per
-        feature into the unsplit layout; MEAN tables divided by the bags' sizes over both parts."""
-        pooled: dict[str, list[torch.Tensor]] = {}
-        bag_sizes: dict[str, list[torch.Tensor]] = {}
-        features, stride = self._layout.features, None
+        feature; MEAN tables divided by the bags' sizes over both parts.
+
+        The result keeps the key order of the first part looked up (a sharded EBC's order is its
+        own too), so a hot step returns the hot part's output as it is and a cold step adds the
+        cold part's output, aligned to it in a few slices, to it: no per-feature work."""
+        tracing = is_fx_symbolic_tracing()
+        outputs = []
         for part, kjt in ((HOT, hot), (COLD, cold)):
             module = getattr(self, part)
-            if module is None or kjt is None:
-                continue
-            stride = kjt.stride()
-            looked_up = module(kjt).to_dict()
-            lengths = kjt.lengths().view(len(self._part_keys[part]), -1)
-            for row, index in enumerate(self._part_keys[part]):
-                feature = features[index]
-                pooled.setdefault(feature, []).append(looked_up[feature])
-                bag_sizes.setdefault(feature, []).append(lengths[row])
-        values = []
-        for config in self._configs:
-            for feature in config.feature_names:
-                found = pooled.get(feature)
-                if found is None:  # a table whose rows are all in a part not looked up
-                    values.append(torch.zeros(stride, config.embedding_dim, device=self.hot_rows.device))
+            if module is not None and kjt is not None:
+                looked_up = module(kjt)
+                # under tracing (an analysis of the model by TorchRec's pipeline) keys are not known
+                keys = tuple(self._part_key_names[part] if tracing else looked_up.keys())
+                outputs.append((keys, looked_up.values(), part, kjt))
+        (keys, values, _, _), *rest = outputs
+        missing = tuple(f for f in self._layout.features if f not in keys)
+        if missing:  # features whose table has no row in the parts looked up: zeros
+            zeros = values.new_zeros(values.shape[0], sum(self._dims[f] for f in missing))
+            keys, values = keys + missing, torch.cat([values, zeros], dim=1)
+        for other_keys, other, _, _ in rest:
+            values = values + self._aligned(other, other_keys, keys)
+        if self._mean_features:
+            inputs = [(self._part_key_names[part], kjt) for _, _, part, kjt in outputs]
+            values = values / self._bag_sizes(keys, inputs, values)
+        return KeyedTensor(keys=list(keys), values=values, length_per_key=[self._dims[f] for f in keys])
+
+    def _aligned(self, values: torch.Tensor, keys: tuple[str, ...], order: tuple[str, ...]) -> torch.Tensor:
+        """``values`` (pooled, ``keys`` order) as columns in ``order``, zeros for keys it lacks: one
+        slice per run of keys consecutive in both orders."""
+        start = dict(zip(keys, np.cumsum([0] + [self._dims[f] for f in keys]).tolist(), strict=False))
+        pieces: list[list] = []  # [first column in values, or None for zeros; width]
+        for feature in order:
+            source, dim = start.get(feature), self._dims[feature]
+            if pieces:
+                begin, width = pieces[-1]
+                if (begin is None and source is None) or (begin is not None and source == begin + width):
+                    pieces[-1][1] += dim
                     continue
-                value = found[0] if len(found) == 1 else found[0] + found[1]
-                if config.pooling == PoolingType.MEAN:
-                    sizes = bag_sizes[feature]
-                    size = sizes[0] if len(sizes) == 1 else sizes[0] + sizes[1]
-                    value = value / size.clamp(min=1).unsqueeze(1).to(value.dtype)
-                values.append(value)
-        return KeyedTensor(
-            keys=features,
-            values=torch.cat(values, dim=1),
-            length_per_key=[c.embedding_dim for c in self._configs for _ in c.feature_names],
+            pieces.append([source, dim])
+        if len(pieces) == 1 and pieces[0] == [0, sum(self._dims[f] for f in keys)]:
+            return values
+        rows = values.shape[0]
+        return torch.cat(
+            [
+                values.new_zeros(rows, width) if begin is None else values[:, begin : begin + width]
+                for begin, width in pieces
+            ],
+            dim=1,
+        )
+
+    def _bag_sizes(
+        self,
+        keys: tuple[str, ...],
+        inputs: list[tuple[tuple[str, ...], KeyedJaggedTensor]],
+        values: torch.Tensor,
+    ) -> torch.Tensor:
+        """Per column of ``values`` (``keys`` order): the bag sizes over the parts' ``inputs`` (their
+        features and ``KeyedJaggedTensor``s) of a MEAN table's feature (at least 1), 1 for a SUM
+        table's."""
+        stride = values.shape[0]
+        sizes = {f: values.new_zeros(stride) for f in self._mean_features}
+        for part_keys, kjt in inputs:
+            lengths = kjt.lengths().view(-1, stride)
+            for row, feature in enumerate(part_keys):
+                if feature in sizes:
+                    sizes[feature] = sizes[feature] + lengths[row].to(values.dtype)
+        return torch.cat(
+            [
+                (sizes[f].clamp(min=1) if f in sizes else values.new_ones(stride))
+                .unsqueeze(1)
+                .expand(-1, self._dims[f])
+                for f in keys
+            ],
+            dim=1,
         )
 
     def _ordered(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:

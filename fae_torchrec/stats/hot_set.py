@@ -70,10 +70,6 @@ class HotSet:
             masks.append(mask)
         return masks
 
-    @cached_property
-    def _new_ids(self) -> list[np.ndarray]:
-        return [np.where(mask, np.cumsum(mask) - 1, np.cumsum(~mask) - 1) for mask in self._masks]
-
     def hot_mask(self, table: str | int) -> np.ndarray:
         """Boolean mask over all rows of ``table`` (name or index): True where the row is hot."""
         return self._masks[self.layout.index(table)]
@@ -83,10 +79,25 @@ class HotSet:
 
         Raises ``ValueError`` naming the table and the id when an id is not a row of the table.
         """
+        signed = self.signed_part_ids(table, ids)
+        is_hot = signed >= 0
+        return is_hot, np.where(is_hot, signed, ~signed)
+
+    def signed_part_ids(self, table: str | int, ids: np.ndarray, feature: str | None = None) -> np.ndarray:
+        """Original ``ids`` of ``table`` as ids in their part, in one signed array: hot id ``h`` as
+        ``h``, cold id ``c`` as ``~c`` (``-c - 1``). What a partition stores, so that training splits
+        a batch by sign instead of looking its ids up (``FAEEmbeddingBagCollection.split``).
+
+        A binary search in the table's hot ids (no array of the table's size). Raises ``ValueError``
+        naming the table (and ``feature``) and the id when an id is not a row of the table.
+        """
         index = self.layout.index(table)
         ids = np.asarray(ids)
-        self.layout.check_ids(index, ids)
-        return self._masks[index][ids], self._new_ids[index][ids]
+        self.layout.check_ids(index, ids.reshape(-1), feature=feature)
+        hot_ids = self.hot_ids[index]
+        hot_below = np.searchsorted(hot_ids, ids)  # hot rows below each id: its hot id if it is hot
+        is_hot = hot_ids[np.minimum(hot_below, len(hot_ids) - 1)] == ids if len(hot_ids) else False
+        return np.where(is_hot, hot_below, ~(ids - hot_below))
 
     def is_hot_input(self, data: BatchLike) -> np.ndarray:
         """Per input of a batch: True when every id it carries, in every feature, is hot.

@@ -1,8 +1,11 @@
 """FAE's offline step: a data set split once into its entirely-hot inputs and the others.
 
-Inputs keep their order within each part. A partition lives in memory or in a directory of ``.npy``
-files (``hot_dense.npy``, ``hot_ids.npy``, ``hot_labels.npy`` and the same for ``cold``), written
-chunk by chunk while the data streams past, and read back memory-mapped.
+Inputs keep their order within each part. Each input's ids are stored twice: as they are (``ids``)
+and as FAE's parts number them (``part_ids``, ``HotSet.signed_part_ids``), remapped here once so that
+training splits its batches by sign, with no lookup in the hot set (FAE's offline remap). A partition
+lives in memory or in a directory of ``.npy`` files (``hot_dense.npy``, ``hot_ids.npy``,
+``hot_part_ids.npy``, ``hot_labels.npy`` and the same for ``cold``), written chunk by chunk while the
+data streams past, and read back memory-mapped.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from tqdm import tqdm
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.stats.hot_set import COLD, HOT, PARTS, HotSet
 
-_FIELDS = ("dense", "ids", "labels")
+_FIELDS = ("dense", "ids", "labels", "part_ids")
 _HEADER_BYTES = 128
 
 
@@ -39,7 +42,7 @@ class HotColdPartition:
         """Partition in memory."""
         parts: dict[str, list[SampleBlock]] = {HOT: [], COLD: []}
         for block in blocks:
-            hot = hot_set.is_hot_input(block.feature_ids(keys))
+            block, hot = _with_part_ids(block, hot_set, keys)
             parts[HOT].append(block.select(hot))
             parts[COLD].append(block.select(~hot))
         if not parts[HOT]:
@@ -62,7 +65,7 @@ class HotColdPartition:
         ids_per_feature = None
         for block in tqdm(blocks, total=total, desc="partitioning", unit="block", leave=False):
             ids_per_feature = block.ids_per_feature
-            hot = hot_set.is_hot_input(block.feature_ids(keys))
+            block, hot = _with_part_ids(block, hot_set, keys)
             for part, chosen in ((HOT, block.select(hot)), (COLD, block.select(~hot))):
                 for field in _FIELDS:
                     array = getattr(chosen, field)
@@ -89,12 +92,30 @@ class HotColdPartition:
         ids_per_feature = tuple(json.loads(meta.read_text())["ids_per_feature"])
         blocks = {
             part: SampleBlock(
-                *(np.load(directory / f"{part}_{field}.npy", mmap_mode="r") for field in _FIELDS),
+                **{field: np.load(directory / f"{part}_{field}.npy", mmap_mode="r") for field in _FIELDS},
                 ids_per_feature=ids_per_feature,
             )
             for part in PARTS
         }
         return cls(blocks[HOT], blocks[COLD])
+
+
+def _with_part_ids(
+    block: SampleBlock, hot_set: HotSet, keys: Sequence[str]
+) -> tuple[SampleBlock, np.ndarray]:
+    """``block`` with its part ids, and which of its inputs are entirely hot (no negative part id)."""
+    layout = hot_set.layout
+    if sorted(keys) != sorted(layout.features):
+        raise ValueError(f"batch features do not match the tables: {list(keys)} against {layout.features}")
+    part_ids = np.concatenate(
+        [
+            hot_set.signed_part_ids(layout.table_of(key), ids, feature=key)
+            for key, ids in block.feature_ids(keys).items()
+        ],
+        axis=1,
+    )
+    block = SampleBlock(block.dense, block.ids, block.labels, block.ids_per_feature, part_ids)
+    return block, (part_ids >= 0).all(axis=1)
 
 
 class _NpyAppender:

@@ -36,9 +36,10 @@ class BatchRouter:
         seed: seed of the shuffled order (with the epoch).
         keys: the feature names of the ``KeyedJaggedTensor``.
         split: makes each batch's ``sparse_features`` a ``SplitFeatures`` before the step, given the
-            original features and whether the step is hot (an ``FAEEmbeddingBagCollection``'s
-            ``split``; under DMP the split module is still there, around its sharded parts). None
-            keeps the original ``KeyedJaggedTensor``, for the model to remap.
+            features, whether the step is hot and whether the features carry the partition's part
+            ids (an ``FAEEmbeddingBagCollection``'s ``split``; under DMP the split module is still
+            there, around its sharded parts). None keeps the original ``KeyedJaggedTensor``, for the
+            model to remap.
     """
 
     def __init__(
@@ -50,7 +51,7 @@ class BatchRouter:
         order: str = "shuffled",
         seed: int = 0,
         keys: Sequence[str] = DEFAULT_CAT_NAMES,
-        split: Callable[[KeyedJaggedTensor, bool], SplitFeatures] | None = None,
+        split: Callable[[KeyedJaggedTensor, bool, bool], SplitFeatures] | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range [0, {world_size})")
@@ -137,7 +138,11 @@ class BatchRouter:
         block = SampleBlock.concat(
             [self.partition.part(part).slice(start, stop) for part, start, stop in step.spans[self.rank]]
         )
-        batch = block.to_batch(self.keys)
-        if self.split is not None:
-            batch = Batch(batch.dense_features, self.split(batch.sparse_features, step.hot), batch.labels)
+        if self.split is None:
+            return RoutedBatch(epoch, index, step.hot, block.to_batch(self.keys))
+        part_ids = block.part_ids is not None  # remapped when the partition was written: split by sign
+        batch = block.to_batch(self.keys, part_ids=part_ids)
+        batch = Batch(
+            batch.dense_features, self.split(batch.sparse_features, step.hot, part_ids), batch.labels
+        )
         return RoutedBatch(epoch, index, step.hot, batch)
