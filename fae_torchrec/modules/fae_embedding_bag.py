@@ -209,21 +209,28 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         Vectorised for the data path: one cumulative count of the hot ids places every id, hot ids
         first, in one scatter (the order within each part is kept); single-id bags take their
         lengths straight from the mask."""
+        lengths, weights = features.lengths(), features.weights_or_none()
         if part_ids:
             ids = features.values()
-            is_hot = ids >= 0
+            is_hot = None if COLD not in parts else ids >= 0
+            all_hot = COLD not in parts and (len(ids) == 0 or bool(ids.min() >= 0))
         else:
             ids, is_hot = self._remap(features)
-        lengths, weights = features.lengths(), features.weights_or_none()
+            all_hot = COLD not in parts and bool(is_hot.all())
         if COLD not in parts:
-            if self.cold is not None and not bool(is_hot.all()):
+            if self.cold is not None and not all_hot:
                 raise ValueError("a batch marked hot_only carries cold ids")
             return {} if self.hot is None else {HOT: self._part_input(HOT, ids, lengths, weights, features)}
-        hot_through = torch.cumsum(is_hot, 0)  # hot ids up to and including each id
+        # int32 and in place: this runs on every batch, in the data path
+        hot_through = torch.cumsum(is_hot, 0, dtype=torch.int32)  # hot ids up to and including each id
         num_hot = int(hot_through[-1]) if len(hot_through) else 0
         # hot ids go to their running count - 1, cold ids after all hot ones, in order
-        cold_place = torch.arange(len(ids), device=ids.device) - hot_through + num_hot
-        place = cold_place + is_hot * (hot_through - 1 - cold_place)
+        cold_place = torch.arange(len(ids), dtype=torch.int32, device=ids.device) - hot_through
+        cold_place += num_hot
+        place = hot_through - 1
+        place -= cold_place
+        place *= is_hot
+        place = (place + cold_place).long()
         ordered = torch.empty_like(ids).scatter_(0, place, ids)
         if weights is not None:
             weights = torch.empty_like(weights).scatter_(0, place, weights)
