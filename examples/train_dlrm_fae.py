@@ -57,7 +57,7 @@ from fae_torchrec import (
     AccessStats,
     FAEEmbeddingBagCollection,
     HotSet,
-    load_full_state_dict,
+    load_initial_tables,
     parse_bytes,
 )
 from fae_torchrec.arguments import (
@@ -274,10 +274,14 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     tables, stats, validation, partition = prepare_data(args, rank)
     mode = args.baseline or "fae"
     budget = parse_bytes(args.budget)
-    torch.manual_seed(args.seed)  # the same initial weights on every rank
-    sparse = EmbeddingBagCollection(tables)
-    if not args.baseline:  # the split takes the rows over: one copy of the tables, not two
-        sparse = FAEEmbeddingBagCollection.from_ebc(sparse, stats.hot_set(budget))
+    torch.manual_seed(args.seed)  # the same dense layers on every rank
+    # the tables are made in their shards (load_initial_tables): here they take no memory
+    meta = torch.device("meta")
+    sparse = (
+        EmbeddingBagCollection(tables, device=meta)
+        if args.baseline
+        else FAEEmbeddingBagCollection(tables, stats.hot_set(budget), device=meta)
+    )
     planner = _planner(mode, world, device, hbm_cap, stats, args.batch_size, budget)
     num_train = len(partition.hot) + len(partition.cold)
     model = DLRMTrain(
@@ -290,7 +294,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     )
     embedding_optimizer = EmbeddingOptimizer(EMBEDDING_OPTIMIZERS[args.optimizer], {"lr": args.lr})
     embedding_optimizer.apply(sparse)
-    full = model.state_dict()  # the unsharded weights, no copy: DMP shards into new storage
+    del sparse  # DMP replaces it (or its parts) by sharded modules
     sharders = get_default_sharders()
     try:
         plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
@@ -298,8 +302,8 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         raise PlannerError(f"--hbm-cap {args.hbm_cap or 'default'}: {error}", error.error_type) from error
     logger.info("%s: plan kernels %s", mode, dict(_kernels(plan)))
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
-    load_full_state_dict(dmp, full)  # the same initial weights on every rank
-    del full  # the unsharded tables go
+    # the same initial tables on every rank and in both layouts, made a block at a time in the shards
+    load_initial_tables(model.model.sparse_arch.embedding_bag_collection, tables, args.seed)
     # data-parallel tables by the embedding optimizer's dense form, the dense layers by Adagrad
     dense = unfused_optimizer(
         dmp, embedding_optimizer, lambda params: torch.optim.Adagrad(params, lr=args.dense_lr)

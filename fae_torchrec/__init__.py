@@ -16,6 +16,7 @@ from fae_torchrec.modules import (
     SplitFeatures,
     gather_full_state_dict,
     load_full_state_dict,
+    load_initial_tables,
     part_table_name,
 )
 from fae_torchrec.stats import (
@@ -74,6 +75,7 @@ __all__ = [
     "gather_full_state_dict",
     "hot_share_curve",
     "load_full_state_dict",
+    "load_initial_tables",
     "make_schedule",
     "measure_hot_share",
     "parse_bytes",

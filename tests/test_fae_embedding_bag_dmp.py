@@ -1,15 +1,24 @@
 """The split module under DistributedModelParallel: 2 gloo ranks on CPU, the plan from
-FAEShardingPlanner.collective_plan; outputs equal the unsplit EBC's on hot, cold and mixed batches."""
+FAEShardingPlanner.collective_plan; outputs equal the unsplit EBC's on hot, cold and mixed batches, and
+initial tables made in the shards are the same in every layout."""
 
 import pytest
 import torch
 import torch.distributed as dist
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import Topology
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.modules.embedding_configs import PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, load_full_state_dict
+from fae_torchrec import (
+    AccessProfiler,
+    FAEEmbeddingBagCollection,
+    gather_full_state_dict,
+    load_full_state_dict,
+    load_initial_tables,
+)
+from fae_torchrec.modules import state
 from planner import FAEShardingPlanner
 from tests.distributed import run_on_ranks
 from tests.test_fae_embedding_bag import _batch, _ebc, _hot_set, _tables
@@ -46,3 +55,54 @@ def _sharded_forward_matches(rank: int, world_size: int, pooling: PoolingType, w
 )
 def test_sharded_forward_matches_the_original_ebc(tmp_path, pooling, weighted):
     run_on_ranks(_sharded_forward_matches, 2, tmp_path, pooling, weighted)
+
+
+def _initial_tables_in_every_layout(rank: int, world_size: int) -> None:
+    state.INIT_BLOCK_ROWS = 7  # several blocks per table, some across shard boundaries
+    tables = _tables()
+    reference = EmbeddingBagCollection(tables)
+    load_initial_tables(reference, tables, seed=5)
+    expected = reference.state_dict()
+    unsharded = FAEEmbeddingBagCollection(tables, _hot_set(tables))
+    load_initial_tables(unsharded, tables, seed=5)
+    _assert_tables(unsharded.ebc_state_dict(), expected)
+    other_seed = EmbeddingBagCollection(tables)
+    load_initial_tables(other_seed, tables, seed=6)
+    assert not torch.equal(
+        other_seed.state_dict()["embedding_bags.t_c.weight"], expected["embedding_bags.t_c.weight"]
+    )
+
+    meta, sharders = torch.device("meta"), [EmbeddingBagCollectionSharder()]
+    topology = Topology(world_size=world_size, compute_device="cpu")
+    # the baseline forced onto every sharding type TorchRec allows on CPU (column offsets), FAE on its
+    # planner's choice
+    kinds = {"t_a": "table_wise", "t_b": "column_wise", "t_c": "table_column_wise", "t_d": "data_parallel"}
+    constraints = {name: ParameterConstraints(sharding_types=[kind]) for name, kind in kinds.items()}
+    baseline = EmbeddingBagCollection(tables, device=meta)
+    plan = EmbeddingShardingPlanner(topology, constraints=constraints).collective_plan(
+        baseline, sharders, dist.GroupMember.WORLD
+    )
+    assert {s.sharding_type for s in plan.plan[""].values()} == set(kinds.values())
+    sharded = DistributedModelParallel(baseline, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    load_initial_tables(sharded.module, tables, seed=5)
+    _assert_tables(gather_full_state_dict(sharded), expected)
+
+    split = FAEEmbeddingBagCollection(tables, _hot_set(tables), device=meta)
+    stats = AccessProfiler(tables, sample_fraction=0.5, seed=0, holdout_size=100).profile(
+        _batch("mixed", seed=100 + s) for s in range(20)
+    )
+    planner = FAEShardingPlanner(topology, stats, batch_size=16)
+    plan = planner.collective_plan(split, sharders, dist.GroupMember.WORLD)
+    sharded = DistributedModelParallel(split, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    load_initial_tables(sharded.module, tables, seed=5)
+    _assert_tables(split.ebc_state_dict(gather_full_state_dict(sharded)), expected)
+
+
+def _assert_tables(actual: dict, expected: dict) -> None:
+    for name, value in expected.items():
+        assert torch.equal(actual[name], value), name
+
+
+@pytest.mark.slow
+def test_initial_tables_are_the_same_in_every_layout(tmp_path):
+    run_on_ranks(_initial_tables_in_every_layout, 2, tmp_path)

@@ -4,12 +4,13 @@ and full state dicts in and out of its DMP shards (``state``). ``planner/`` plac
 
 from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection, part_table_name
 from fae_torchrec.modules.split_features import SplitFeatures
-from fae_torchrec.modules.state import gather_full_state_dict, load_full_state_dict
+from fae_torchrec.modules.state import gather_full_state_dict, load_full_state_dict, load_initial_tables
 
 __all__ = [
     "FAEEmbeddingBagCollection",
     "SplitFeatures",
     "gather_full_state_dict",
     "load_full_state_dict",
+    "load_initial_tables",
     "part_table_name",
 ]

@@ -146,6 +146,20 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             result[f"embedding_bags.{config.name}.weight"] = full
         return result
 
+    def row_ranges(self, table: str, start: int, stop: int) -> list[tuple[str, int, torch.Tensor]]:
+        """Where rows ``start:stop`` of ``table`` (original ids) live: per part holding any of them,
+        the part weight's name in this module's state dict, the part row of the first of them and
+        a mask of those in the part (consecutive part rows: both parts keep the original order)."""
+        hot = self._hot_ids()[self._layout.index(table)]
+        low, high = (int(i) for i in torch.searchsorted(hot, torch.tensor([start, stop])))
+        is_hot = torch.zeros(stop - start, dtype=torch.bool)
+        is_hot[hot[low:high] - start] = True
+        ranges = []
+        for part, first, mask in ((HOT, low, is_hot), (COLD, start - low, ~is_hot)):
+            if bool(mask.any()):
+                ranges.append((f"{part}.embedding_bags.{part_table_name(table, part)}.weight", first, mask))
+        return ranges
+
     def hot_set(self) -> HotSet:
         """The split this module was built with."""
         return HotSet(tuple(self._configs), tuple(ids.numpy() for ids in self._hot_ids()))

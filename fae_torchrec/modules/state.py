@@ -1,13 +1,21 @@
-"""Full (unsharded) state dicts in and out of modules sharded by ``DistributedModelParallel``."""
+"""Full (unsharded) state dicts in and out of modules sharded by ``DistributedModelParallel``, and
+initial tables made where they live."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection
+
+#: Rows of a table made at once by :func:`load_initial_tables`, each block from its own seed.
+INIT_BLOCK_ROWS = 1 << 20
 
 
 def load_full_state_dict(module: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -46,6 +54,47 @@ def gather_full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
         else:
             full[name] = local.detach().cpu().clone()
     return full
+
+
+def load_initial_tables(module: nn.Module, tables: Sequence[EmbeddingBagConfig], seed: int) -> None:
+    """Set every table of ``module`` to its initial weights, a block of rows at a time, straight
+    into the rows this rank holds: no full copy of the tables is made.
+
+    ``module`` is an ``EmbeddingBagCollection`` or an ``FAEEmbeddingBagCollection`` (whose parts get
+    each row where it lives), sharded by ``DistributedModelParallel`` (build it on the ``meta``
+    device, so that the only copy of the tables is the shards) or not. A block of ``INIT_BLOCK_ROWS``
+    rows is drawn by the table's ``init_fn`` under a seed made of ``seed``, the table's index and the
+    block's, so every rank and both layouts (FAE and the unsplit baseline) get the same tables.
+    """
+    state = module.state_dict()
+    with torch.no_grad():
+        for index, config in enumerate(tables):
+            for start in range(0, config.num_embeddings, INIT_BLOCK_ROWS):
+                stop = min(start + INIT_BLOCK_ROWS, config.num_embeddings)
+                rows = torch.empty(stop - start, config.embedding_dim, dtype=torch.float32)
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(int(np.random.SeedSequence([seed, index, start]).generate_state(1)[0]))
+                    config.init_fn(rows)
+                if isinstance(module, FAEEmbeddingBagCollection):
+                    for name, first, chosen in module.row_ranges(config.name, start, stop):
+                        _copy_rows(state[name], first, rows[chosen])
+                else:
+                    _copy_rows(state[f"embedding_bags.{config.name}.weight"], start, rows)
+
+
+def _copy_rows(local: torch.Tensor, first: int, rows: torch.Tensor) -> None:
+    """Copy ``rows`` into rows ``first:`` of a table's weight: the parts of them in this rank's
+    shards (any row and column offsets) for a ``ShardedTensor``, all of them for a plain tensor."""
+    if not isinstance(local, ShardedTensor):
+        local[first : first + len(rows)].copy_(rows)
+        return
+    for shard in local.local_shards():
+        (row, column), (height, width) = shard.metadata.shard_offsets, shard.tensor.shape
+        begin, end = max(first, row), min(first + len(rows), row + height)
+        if begin < end:
+            shard.tensor[begin - row : end - row].copy_(
+                rows[begin - first : end - first, column : column + width]
+            )
 
 
 def _shard_index(shard) -> tuple[slice, ...]:
