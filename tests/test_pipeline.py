@@ -1,5 +1,8 @@
 """FAE on TorchRec's train pipeline: ``FAETrainPipeline`` trains the model the plain loop and the
 pipelined baseline train, and a hot step starts no input distribution and no lookup of the cold part.
+``FAEPrefetchTrainPipeline`` (TorchRec's prefetch pipeline, CUDA only) is checked as far as a CPU can
+run it: it fills with TorchRec's stages and leaves the cold part out of hot batches, and FAE's planner
+gives every cold cache the ``prefetch_pipeline`` asked for in the constraints (a CUDA dry run).
 
 Three models from the same initial weights, on the same batches in the same order (24 steps, hot and
 cold interleaved), under DistributedModelParallel on gloo: the unsplit DLRM on TorchRec's stock
@@ -12,9 +15,12 @@ import itertools
 
 import pytest
 import torch
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
-from torchrec.distributed.planner.types import Topology
-from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.distributed.planner.types import ParameterConstraints, Topology
+from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.train_pipeline import PrefetchTrainPipelineSparseDist, TrainPipelineSparseDist
+from torchrec.distributed.types import CacheParams
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from fae_torchrec import FAEEmbeddingBagCollection
@@ -22,7 +28,7 @@ from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
 from fae_torchrec.modules.state import gather_full_state_dict
 from fae_torchrec.train.optimizers import EmbeddingOptimizer
 from fae_torchrec.train.partition import HotColdPartition
-from fae_torchrec.train.pipeline import FAETrainPipeline
+from fae_torchrec.train.pipeline import FAEPrefetchTrainPipeline, FAETrainPipeline
 from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.step import train_step
 from planner import FAEShardingPlanner
@@ -135,3 +141,55 @@ def test_pipelined_fae_trains_the_baseline_model(tmp_path, world_size, optimizer
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_a_first_hot_batch_creates_the_cold_input_dist(tmp_path, world_size):
     run_on_ranks(_pipelined_training, world_size, tmp_path, "rowwise_adagrad", True)
+
+
+def _prefetch_pipeline_fills(rank: int, world_size: int) -> None:
+    _, tables, stats, hot_set = _setup(world_size)
+    data = _setup(world_size)[0]
+    torch.manual_seed(0)
+    model = _dlrm(FAEEmbeddingBagCollection(tables, hot_set))
+    planner = FAEShardingPlanner(
+        Topology(world_size=world_size, compute_device="cpu"), stats, batch_size=32, hot_budget_bytes=48 << 10
+    )
+    dmp, optimizer, _ = _shard(model, planner, EmbeddingOptimizer(torch.optim.SGD, {"lr": 0.1}))
+    split = dmp.module.model.sparse_arch.embedding_bag_collection
+    router = BatchRouter(HotColdPartition.of(data.blocks(), hot_set, DEFAULT_CAT_NAMES), 32, world_size, rank,
+                         split=split.split)  # fmt: skip
+    routed = list(router.epoch(0))
+    for kinds in ([False, True], [True, True], [True, False]):  # the first two batches of a fill
+        batches = [next(r for r in routed if r.hot == kind).batch for kind in kinds]
+        pipeline = FAEPrefetchTrainPipeline(dmp, optimizer, CPU)
+        assert isinstance(pipeline, PrefetchTrainPipelineSparseDist)
+        input_dists = _count_calls(split.cold, "input_dist")
+        pipeline.fill_pipeline(iter(batches))  # TorchRec's stages up to the first step's forward
+        assert len(pipeline.batches) == 2
+        assert len(input_dists) == 1 + (not kinds[1]), "the first batch, and the second if it is cold"
+        del split.cold.input_dist  # the module's own method again
+        pipeline.detach()
+
+
+@pytest.mark.slow
+def test_the_prefetch_pipeline_leaves_the_cold_part_out_of_hot_batches(tmp_path):
+    run_on_ranks(_prefetch_pipeline_fills, 2, tmp_path)
+
+
+def test_cold_caches_get_the_prefetch_pipeline_asked_for():
+    """A CUDA dry run: ``CacheParams(prefetch_pipeline=True)`` in the constraints reaches every cold
+    part that FAE's planner puts in a UVM cache, which is what ``FAEPrefetchTrainPipeline`` needs."""
+    _, tables, stats, _ = _setup(1)
+    constraints = {
+        t.name: ParameterConstraints(cache_params=CacheParams(prefetch_pipeline=True)) for t in tables
+    }
+    topology = Topology(world_size=1, compute_device="cuda", hbm_cap=512 << 10)
+    planner = FAEShardingPlanner(
+        topology, stats, batch_size=32, constraints=constraints, hot_budget_bytes=16 << 10
+    )
+    module = planner.meta_module(planner.choose_hot_set())
+    plan = planner.plan(module, get_default_sharders())
+    cached = [
+        p
+        for p in plan.plan["cold"].values()
+        if p.compute_kernel == EmbeddingComputeKernel.FUSED_UVM_CACHING.value
+    ]
+    assert cached, "some cold part is in a UVM cache"
+    assert all(p.cache_params.prefetch_pipeline for p in cached)

@@ -8,7 +8,7 @@ from fae_torchrec.train.checkpoint import CheckpointError, Checkpoints
 from fae_torchrec.train.evaluation import evaluate
 from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
-from fae_torchrec.train.pipeline import FAETrainPipeline
+from fae_torchrec.train.pipeline import FAEPrefetchTrainPipeline, FAETrainPipeline
 from fae_torchrec.train.router import BatchRouter, RoutedBatch
 from fae_torchrec.train.schedule import ORDERS, Step, make_schedule
 from fae_torchrec.train.step import train_step
@@ -19,6 +19,7 @@ __all__ = [
     "CheckpointError",
     "Checkpoints",
     "EmbeddingOptimizer",
+    "FAEPrefetchTrainPipeline",
     "FAETrainPipeline",
     "HotColdPartition",
     "RoutedBatch",
