@@ -43,10 +43,10 @@ import torchrec
 from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner.types import PlannerError, Topology
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
-from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
-from torchrec.distributed.types import ShardingPlan, ShardingPlanner
+from torchrec.distributed.train_pipeline import PrefetchTrainPipelineSparseDist, TrainPipelineSparseDist
+from torchrec.distributed.types import CacheParams, ShardingPlan, ShardingPlanner
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -77,7 +77,7 @@ from fae_torchrec.train.checkpoint import Checkpoints
 from fae_torchrec.train.evaluation import evaluate
 from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
-from fae_torchrec.train.pipeline import FAETrainPipeline
+from fae_torchrec.train.pipeline import FAEPrefetchTrainPipeline, FAETrainPipeline
 from fae_torchrec.train.router import BatchRouter, RoutedBatch
 from fae_torchrec.train.schedule import ORDERS
 from fae_torchrec.train.step import find_fae_module, train_step
@@ -88,8 +88,8 @@ logger = logging.getLogger("train_dlrm_fae")
 
 #: Inputs per block when the data is streamed.
 BLOCK = 4096
-#: ``--pipeline``: TorchRec's train pipeline, or a plain loop.
-PIPELINES = ("sparse", "none")
+#: ``--pipeline``: TorchRec's train pipeline, its prefetch pipeline (CUDA), or a plain loop.
+PIPELINES = ("sparse", "prefetch", "none")
 #: The baselines ``--baseline`` names, each planned by its ``planner.baseline`` planner.
 BASELINES = ("torchrec", "scaleup", "hbm")
 EMBEDDING_OPTIMIZERS = {
@@ -125,9 +125,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--pipeline",
         choices=PIPELINES,
-        default="sparse",
         help="sparse: TorchRec's TrainPipelineSparseDist (FAETrainPipeline for FAE), which overlaps the "
-        "next batch's input distribution with the step; none: a plain loop",
+        "next batch's input distribution with the step; prefetch (CUDA only): TorchRec's "
+        "PrefetchTrainPipelineSparseDist (FAEPrefetchTrainPipeline), which also fetches the next "
+        "batch's cache misses, with every UVM cache planned for it (CacheParams(prefetch_pipeline=True)); "
+        "none: a plain loop (default: prefetch on CUDA, sparse on CPU)",
     )
     parser.add_argument("--optimizer", choices=sorted(EMBEDDING_OPTIMIZERS), default="rowwise_adagrad")
     parser.add_argument("--lr", type=positive_float, default=0.05, help="embedding learning rate")
@@ -267,6 +269,11 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         raise ValueError(
             "--optimizer adam: FBGEMM has no fused Adam on CPU; use it on GPU, or another optimizer"
         )
+    if args.pipeline == "prefetch" and device.type != "cuda":
+        raise ValueError(
+            "--pipeline prefetch: TorchRec's prefetch pipeline runs on CUDA only; use --pipeline sparse here"
+        )
+    args.pipeline = args.pipeline or ("prefetch" if device.type == "cuda" else "sparse")
     hbm_cap = parse_bytes(args.hbm_cap) if args.hbm_cap is not None else None
     if hbm_cap is not None and device.type == "cpu":
         logger.warning("--hbm-cap %s ignored: there is no device memory to cap on CPU", args.hbm_cap)
@@ -282,7 +289,9 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         if args.baseline
         else FAEEmbeddingBagCollection(tables, stats.hot_set(budget), device=meta)
     )
-    planner = _planner(mode, world, device, hbm_cap, stats, args.batch_size, budget)
+    planner = _planner(
+        mode, world, device, hbm_cap, stats, args.batch_size, budget, args.pipeline == "prefetch"
+    )
     num_train = len(partition.hot) + len(partition.cold)
     model = DLRMTrain(
         DLRM(
@@ -423,15 +432,19 @@ def _steps_to_pause(step_index: int, left: int, args: argparse.Namespace) -> int
 
 class _StepRunner:
     """Trains routed batches in the plain loop (``--pipeline none``) or on TorchRec's train pipeline
-    (``FAETrainPipeline`` for FAE, ``TrainPipelineSparseDist`` for a baseline), and yields per step the
+    (``FAETrainPipeline`` for FAE, ``TrainPipelineSparseDist`` for a baseline) or prefetch pipeline
+    (``FAEPrefetchTrainPipeline``, ``PrefetchTrainPipelineSparseDist``), and yields per step the
     routed batch, its loss, the step's seconds and the seconds spent getting its batch. A pipeline
     reads ahead, so it is given the steps up to a pause; ``paused()`` is the model to evaluate or save
     then (detached from the pipeline, which attaches it again on its next step)."""
 
     def __init__(self, kind: str, model: nn.Module, optimizer, device: torch.device, fae: bool) -> None:
         self.model, self.optimizer, self.device = model, optimizer, device
-        pipeline = FAETrainPipeline if fae else TrainPipelineSparseDist
-        self.pipeline = None if kind == "none" else pipeline(model, optimizer, device)
+        pipeline = {
+            "sparse": FAETrainPipeline if fae else TrainPipelineSparseDist,
+            "prefetch": FAEPrefetchTrainPipeline if fae else PrefetchTrainPipelineSparseDist,
+        }
+        self.pipeline = None if kind == "none" else pipeline[kind](model, optimizer, device)
 
     def train(self, routed: Iterator[RoutedBatch]) -> Iterator[tuple[RoutedBatch, float, float, float]]:
         return self._plain(routed) if self.pipeline is None else self._pipelined(routed)
@@ -494,19 +507,27 @@ def _planner(
     stats: AccessStats,
     batch_size: int,
     budget: int,
+    prefetch: bool,
 ) -> ShardingPlanner:
     """The planner of ``mode``: FAE's, or the baseline's from ``planner.baseline``. On CUDA ``hbm``
-    may use the device's whole memory, the others ``hbm_cap`` (TorchRec's default when None)."""
+    may use the device's whole memory, the others ``hbm_cap`` (TorchRec's default when None). With
+    ``prefetch`` every UVM cache is planned for TorchRec's prefetch pipeline."""
     if mode == "hbm" and device.type == "cuda":
         hbm_cap = torch.cuda.get_device_properties(device).total_memory
     topology = Topology(world_size=world, compute_device=device.type, hbm_cap=hbm_cap)
+    pipelined = CacheParams(prefetch_pipeline=True) if prefetch else None
+    constraints = (
+        {t.name: ParameterConstraints(cache_params=pipelined) for t in stats.tables} if prefetch else None
+    )
     if mode == "fae":
-        return FAEShardingPlanner(topology, stats, batch_size=batch_size, hot_budget_bytes=budget)
+        return FAEShardingPlanner(
+            topology, stats, batch_size=batch_size, constraints=constraints, hot_budget_bytes=budget
+        )
     if mode == "scaleup":
-        return scaleup_planner(topology, stats, batch_size)
+        return scaleup_planner(topology, stats, batch_size, prefetch_pipeline=prefetch)
     if mode == "hbm":
-        return hbm_planner(topology, list(stats.tables), batch_size)
-    return default_planner(topology, batch_size)
+        return hbm_planner(topology, list(stats.tables), batch_size)  # no cache to prefetch into
+    return default_planner(topology, batch_size, constraints)
 
 
 def _kernels(plan: ShardingPlan) -> Counter[str]:

@@ -49,12 +49,16 @@ class BaselinePlan:
         return Counter(option.compute_kernel for option in self.options)
 
 
-def default_planner(topology: Topology, batch_size: int) -> EmbeddingShardingPlanner:
-    """(a) TorchRec's default planner (with the enumerator's choices in a fixed order)."""
+def default_planner(
+    topology: Topology, batch_size: int, constraints: dict[str, ParameterConstraints] | None = None
+) -> EmbeddingShardingPlanner:
+    """(a) TorchRec's default planner (with the enumerator's choices in a fixed order), with the
+    user's ``constraints`` if any (such as ``CacheParams(prefetch_pipeline=True)``)."""
     return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=batch_size,
-        enumerator=OrderedEnumerator(topology, batch_size),
+        enumerator=OrderedEnumerator(topology, batch_size, constraints),
+        constraints=constraints,
         stats=[],
         debug=False,
     )

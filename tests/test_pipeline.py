@@ -31,7 +31,7 @@ from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.pipeline import FAEPrefetchTrainPipeline, FAETrainPipeline
 from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.step import train_step
-from planner import FAEShardingPlanner
+from planner import FAEShardingPlanner, default_planner
 from tests.distributed import run_on_ranks
 from tests.test_equivalence import OPTIMIZERS, PREFIX, STEPS, _dlrm, _setup, _shard
 
@@ -175,7 +175,8 @@ def test_the_prefetch_pipeline_leaves_the_cold_part_out_of_hot_batches(tmp_path)
 
 def test_cold_caches_get_the_prefetch_pipeline_asked_for():
     """A CUDA dry run: ``CacheParams(prefetch_pipeline=True)`` in the constraints reaches every cold
-    part that FAE's planner puts in a UVM cache, which is what ``FAEPrefetchTrainPipeline`` needs."""
+    part that FAE's planner puts in a UVM cache, which is what ``FAEPrefetchTrainPipeline`` needs, and
+    every UVM cache of TorchRec's default plan of the unsplit tables."""
     _, tables, stats, _ = _setup(1)
     constraints = {
         t.name: ParameterConstraints(cache_params=CacheParams(prefetch_pipeline=True)) for t in tables
@@ -193,3 +194,13 @@ def test_cold_caches_get_the_prefetch_pipeline_asked_for():
     ]
     assert cached, "some cold part is in a UVM cache"
     assert all(p.cache_params.prefetch_pipeline for p in cached)
+    # the baseline the example pairs with it: TorchRec's default planner, given the same constraints
+    baseline = default_planner(topology, 32, constraints).plan(
+        EmbeddingBagCollection(tables, device=torch.device("meta")), get_default_sharders()
+    )
+    cached = [
+        p
+        for p in baseline.plan[""].values()
+        if p.compute_kernel == EmbeddingComputeKernel.FUSED_UVM_CACHING.value
+    ]
+    assert cached and all(p.cache_params.prefetch_pipeline for p in cached)

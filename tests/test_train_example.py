@@ -111,6 +111,17 @@ def test_statistics_without_holdout_are_refused_by_the_planner(tmp_path):
     assert "the statistics have no holdout inputs" in run.stderr and "Traceback" not in run.stderr
 
 
+def test_the_prefetch_pipeline_is_refused_without_cuda(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--out", str(tmp_path), "--num-samples", "3000", "--scale", "0.001",
+         "--pipeline", "prefetch"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "--pipeline prefetch: TorchRec's prefetch pipeline runs on CUDA only" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
 def test_too_little_data_for_a_validation_set_is_a_clear_error(tmp_path):
     run = subprocess.run(
         [sys.executable, str(EXAMPLE), "--out", str(tmp_path), "--num-samples", "9", "--scale", "0.001"],
