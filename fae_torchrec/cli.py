@@ -75,7 +75,7 @@ def _table_report(stats: AccessStats, hot_set: HotSet, optimizer: type | None) -
     lines = [f"{'table':<12}{'rows':>12}{'hot rows':>12}{'hot bytes':>12}{'accesses covered':>18}"]
     total_hot = total_covered = 0
     for config, counts, ids, size in zip(stats.tables, stats.counts, hot_set.hot_ids, row_bytes, strict=True):
-        covered = int(counts[ids].sum())
+        covered = int(counts.sum() if len(ids) == len(counts) else counts[ids].sum())  # all hot: no gather
         share = covered / counts.sum() if counts.sum() else float("nan")
         total_hot += len(ids)
         total_covered += covered

@@ -1,5 +1,6 @@
 """Cold-table load factors: caches and whole cold parts in HBM within the budget, as TorchRec counts it."""
 
+import numpy as np
 import pytest
 
 from fae_torchrec import AccessProfiler
@@ -9,6 +10,7 @@ from planner.cache_sizing import (
     CACHE_SLOT_AUX_BYTES,
     LOAD_FACTOR_RANGE,
     cache_load_factors,
+    seen_cold_counts,
 )
 from planner.constraints import cold_cache_statistics
 
@@ -62,3 +64,12 @@ def test_without_whole_parts_every_cold_table_gets_a_cache(cold_tables):
     tight = cache_load_factors(stats, hot_set, 0.0, caches)
     floors = {n: min(max(caches[n].minimum_load_factor, LOW), HIGH) for n in tight}
     assert tight == pytest.approx(floors), "no budget: every cache holds one batch's distinct rows"
+
+
+def test_seen_cold_counts_match_the_dense_hot_masks(cold_tables):
+    stats, hot_set, _ = cold_tables
+    for t, cold in enumerate(seen_cold_counts(stats, hot_set)):
+        counts = stats.counts[t]
+        assert np.array_equal(cold, counts[(counts > 0) & ~hot_set.hot_mask(t)])
+    everything = stats.hot_set(stats.ranking().total_bytes)
+    assert all(len(cold) == 0 for cold in seen_cold_counts(stats, everything))

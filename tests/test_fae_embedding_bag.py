@@ -236,6 +236,9 @@ def test_a_split_by_the_sign_of_part_ids_equals_the_split_by_lookup(weighted, ki
                 assert actual.keys() == expected.keys()
                 for name in ("values", "lengths", "weights_or_none"):
                     torch.testing.assert_close(getattr(actual, name)(), getattr(expected, name)())
+                for kjt in (actual, expected):  # given, not computed: it must be the lengths' sums
+                    sums = kjt.lengths().view(len(kjt.keys()), -1).sum(1).tolist()
+                    assert kjt.length_per_key() == sums
     with pytest.raises(ValueError, match="marked hot_only carries cold ids"):
         split.split(_part_ids(_batch("mixed", weighted=weighted), hot_set), True, True)
 

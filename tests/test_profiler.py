@@ -6,8 +6,9 @@ import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from fae_torchrec import AccessProfiler, AccessStats
+from fae_torchrec import AccessProfiler, AccessStats, HotSet
 from fae_torchrec.data import SyntheticCriteo
+from fae_torchrec.stats.paged import read_paged
 
 
 def _kjt(a, b, c1, c2) -> KeyedJaggedTensor:
@@ -121,3 +122,67 @@ def test_empty_data_and_bad_arguments(small_tables):
         AccessProfiler(small_tables, holdout_size=-1)
     with pytest.raises(ValueError, match="unique"):
         AccessProfiler([small_tables[0], small_tables[0]])
+
+
+def test_stats_are_a_read_only_snapshot_that_later_updates_leave_alone(small_tables):
+    profiler = AccessProfiler(small_tables, sample_fraction=1.0, holdout_size=0)
+    profiler.update({"a": [1], "b": [2], "c1": [3], "c2": [3]})
+    first = profiler.stats()
+    with pytest.raises(ValueError, match="read-only"):
+        first.counts[0][1] = 5
+    profiler.update({"a": [1, 1], "b": [2, 0], "c1": [4, 4], "c2": [4, 4]})
+    second = profiler.stats()
+    assert first.counts[0][1] == 1 and first.counts[2][[3, 4]].tolist() == [2, 0]
+    assert second.counts[0][1] == 3 and second.counts[2][[3, 4]].tolist() == [2, 4]
+    assert all(c.dtype == np.int64 for c in second.counts)
+
+
+@pytest.fixture(scope="module")
+def profiled():
+    data = SyntheticCriteo(20_000, batch_size=4096, scale=0.001, seed=4)
+    return AccessProfiler(data.table_configs(), 0.1, seed=0, holdout_size=500).profile(data)
+
+
+def test_ranking_and_hot_rows_match_dense_arrays_of_every_row(profiled):
+    """The ranking and the hot-row lookups work table by table; a dense array over every row of every
+    table, as they were once computed, gives the same answers."""
+    ranking = profiled.ranking()
+    counts = np.concatenate(profiled.counts)
+    seen = np.flatnonzero(counts)
+    assert np.array_equal(ranking.rows, seen[np.argsort(-counts[seen], kind="stable")])
+    rows = profiled.holdout.rows
+    for budget in (0, 1 << 12, 1 << 16, ranking.total_bytes):
+        hot_set = ranking.hot_set(budget)
+        masks = [hot_set.hot_mask(t) for t in range(len(profiled.tables))]
+        assert np.array_equal(hot_set.is_hot_row(rows), np.concatenate(masks)[rows])
+        for t, mask in enumerate(masks):
+            ids = np.arange(len(mask))
+            assert np.array_equal(hot_set.is_hot(t, ids), mask)
+
+
+def test_everything_shares_one_read_only_arange(small_tables):
+    hot_set = HotSet.everything(small_tables)
+    for config, ids in zip(small_tables, hot_set.hot_ids, strict=True):
+        assert np.array_equal(ids, np.arange(config.num_embeddings)) and ids.dtype == np.int64
+        assert not ids.flags.writeable
+    assert all(ids.base is hot_set.hot_ids[2].base for ids in hot_set.hot_ids)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint16, ">i8"])
+def test_count_members_are_read_as_np_load_reads_them(tmp_path, dtype):
+    """Counts are read chunk by chunk, writing only their non-zero entries (also across chunk ends)."""
+    counts = np.zeros(300_000, dtype=dtype)
+    counts[[0, 131_071, 131_072, 262_143, 299_999]] = [1, 2, 3, 4, 5]
+    np.savez_compressed(tmp_path / "c.npz", counts_0=counts, other=np.arange(3.0))
+    with np.load(tmp_path / "c.npz") as npz, npz.zip.open("counts_0.npy") as member:
+        read = read_paged(member)
+    assert read.dtype == counts.dtype and np.array_equal(read, counts) and read.flags.writeable
+    with np.load(tmp_path / "c.npz") as npz, npz.zip.open("other.npy") as member:
+        assert read_paged(member) is None, "not integers: left to np.load"
+
+
+def test_loaded_counts_equal_the_saved_ones(tmp_path, profiled):
+    profiled.save(tmp_path / "stats.npz")
+    loaded = AccessStats.load(tmp_path / "stats.npz")
+    for saved, read in zip(profiled.counts, loaded.counts, strict=True):
+        assert read.dtype == saved.dtype and np.array_equal(read, saved) and read.flags.writeable

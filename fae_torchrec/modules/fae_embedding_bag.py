@@ -234,7 +234,9 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         if COLD not in parts:
             if self.cold is not None and not all_hot:
                 raise ValueError("a batch marked hot_only carries cold ids")
-            return {} if self.hot is None else {HOT: self._part_input(HOT, ids, lengths, weights, features)}
+            if self.hot is None:
+                return {}
+            return {HOT: self._part_input(HOT, ids, lengths, weights, features.length_per_key(), features)}
         # int32 and in place: this runs on every batch, in the data path
         hot_through = torch.cumsum(is_hot, 0, dtype=torch.int32)  # hot ids up to and including each id
         num_hot = int(hot_through[-1]) if len(hot_through) else 0
@@ -255,12 +257,22 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             ends = torch.cumsum(lengths, 0)
             hot_lengths = kept[ends] - kept[ends - lengths]
         cold_ids = ordered[num_hot:]
+        # ids per feature in each part, given to the parts' inputs: TorchRec's input distribution
+        # needs them, and finding them from the lengths there costs more than the whole split here
+        hot_per_feature = hot_lengths.view(len(self._layout.features), -1).sum(1).tolist()
+        cold_per_feature = [n - h for n, h in zip(features.length_per_key(), hot_per_feature, strict=True)]
         pieces = {
-            HOT: (ordered[:num_hot], hot_lengths, None if weights is None else weights[:num_hot]),
+            HOT: (
+                ordered[:num_hot],
+                hot_lengths,
+                None if weights is None else weights[:num_hot],
+                hot_per_feature,
+            ),
             COLD: (
                 ~cold_ids if part_ids else cold_ids,
                 lengths - hot_lengths,
                 None if weights is None else weights[num_hot:],
+                cold_per_feature,
             ),
         }
         return {
@@ -275,10 +287,11 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         values: torch.Tensor,
         lengths: torch.Tensor,
         weights: torch.Tensor | None,
+        per_feature: list[int],
         features: KeyedJaggedTensor,
     ) -> KeyedJaggedTensor:
-        """The ``KeyedJaggedTensor`` of ``part`` from its ids and per-bag lengths over all features
-        (a feature outside the part has no id in it, so only its lengths go)."""
+        """The ``KeyedJaggedTensor`` of ``part`` from its ids, per-bag lengths and ids per feature
+        over all features (a feature outside the part has no id in it, so only its lengths go)."""
         keys, num_features = self._part_keys[part], len(self._layout.features)
         if len(keys) < num_features:
             lengths = lengths.view(num_features, -1)[keys].reshape(-1)
@@ -288,6 +301,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             lengths=lengths,
             weights=weights,
             stride=features.stride(),
+            length_per_key=[per_feature[i] for i in keys],
         )
 
     def split(

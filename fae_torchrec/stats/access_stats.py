@@ -15,6 +15,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from fae_torchrec.stats.holdout import Holdout
 from fae_torchrec.stats.hot_set import HotSet
+from fae_torchrec.stats.paged import read_paged
 from fae_torchrec.stats.ranking import RowRanking
 from fae_torchrec.tables import TableLayout
 
@@ -164,13 +165,25 @@ def _read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
                 raise ValueError("not an npz (zip) file")
             file.seek(0)
             with np.load(file, allow_pickle=False) as npz:
-                return {key: npz[key] for key in npz.files}
+                return {key: _read_member(npz, key) for key in npz.files}
     except FileNotFoundError:
         raise
     except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error) as error:
         raise ValueError(
             f"{path}: not a statistics file written by `fae-torchrec profile`, or damaged: {error}"
         ) from error
+
+
+def _read_member(npz: np.lib.npyio.NpzFile, key: str) -> np.ndarray:
+    """Array ``key`` of ``npz``; count arrays (one entry per row of a table) go into memory that
+    grows with their non-zero entries (``read_paged``), the others are read as ``np.load`` reads."""
+    name = f"{key}.npy"
+    if key.startswith("counts_") and name in npz.zip.namelist():
+        with npz.zip.open(name) as member:
+            counts = read_paged(member)
+        if counts is not None:
+            return counts
+    return npz[key]
 
 
 def _array(path: str | os.PathLike, data: dict[str, np.ndarray], key: str) -> np.ndarray:

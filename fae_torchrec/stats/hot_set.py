@@ -36,12 +36,16 @@ class HotSet:
         for config, ids in zip(self.tables, self.hot_ids, strict=True):
             if ids.ndim != 1 or (len(ids) and (ids[0] < 0 or ids[-1] >= config.num_embeddings)):
                 raise ValueError(f"table {config.name}: hot ids outside [0, {config.num_embeddings})")
-            if np.any(np.diff(ids) <= 0):
+            if np.any(ids[1:] <= ids[:-1]):  # no np.diff: an int64 array of the table's size
                 raise ValueError(f"table {config.name}: hot ids must be sorted and unique")
 
     @classmethod
     def everything(cls, tables: Sequence[EmbeddingBagConfig]) -> HotSet:
-        return cls(tuple(tables), tuple(np.arange(t.num_embeddings) for t in tables))
+        """Every row hot. Each table's ids ``0..n-1`` are a read-only prefix of one ``arange`` as
+        long as the largest table: the memory of one table, not of all."""
+        ids = np.arange(max((t.num_embeddings for t in tables), default=0))
+        ids.flags.writeable = False
+        return cls(tuple(tables), tuple(ids[: t.num_embeddings] for t in tables))
 
     @cached_property
     def layout(self) -> TableLayout:
@@ -73,6 +77,26 @@ class HotSet:
     def hot_mask(self, table: str | int) -> np.ndarray:
         """Boolean mask over all rows of ``table`` (name or index): True where the row is hot."""
         return self._masks[self.layout.index(table)]
+
+    def is_hot(self, table: str | int, ids: np.ndarray) -> np.ndarray:
+        """For ``ids`` of ``table`` (rows of it, not checked): whether each is hot. A binary search in
+        the table's hot ids, so no mask of the table's size is built."""
+        index = self.layout.index(table)
+        hot_ids = self.hot_ids[index]
+        ids = np.asarray(ids)
+        if len(hot_ids) in (0, self.tables[index].num_embeddings):
+            return np.full(ids.shape, len(hot_ids) > 0)
+        return hot_ids[np.minimum(np.searchsorted(hot_ids, ids), len(hot_ids) - 1)] == ids
+
+    def is_hot_row(self, rows: np.ndarray) -> np.ndarray:
+        """For global rows (table offset + id, as a holdout stores them): whether each is hot."""
+        rows = np.asarray(rows)
+        tables = self.layout.table_of_rows(rows)
+        hot = np.zeros(rows.shape, dtype=bool)
+        for t, offset in enumerate(self.layout.row_offsets[:-1]):
+            in_table = tables == t
+            hot[in_table] = self.is_hot(t, rows[in_table] - offset)
+        return hot
 
     def remap(self, table: str | int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For original ``ids`` of ``table``: whether each is hot, and its id in its part.

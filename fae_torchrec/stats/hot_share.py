@@ -62,8 +62,9 @@ def _holdout_size(holdout: Holdout) -> int:
 
 
 def holdout_rows_hot(stats: AccessStats, hot_set: HotSet) -> np.ndarray:
-    """For each row the holdout inputs look up, whether ``hot_set`` makes it hot."""
-    return np.concatenate([hot_set.hot_mask(t) for t in range(len(stats.tables))])[stats.holdout.rows]
+    """For each row the holdout inputs look up, whether ``hot_set`` makes it hot (binary searches:
+    no mask over every row of every table)."""
+    return hot_set.is_hot_row(stats.holdout.rows)
 
 
 def holdout_cold_inputs(stats: AccessStats, row_hot: np.ndarray) -> np.ndarray:

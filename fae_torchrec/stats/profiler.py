@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from fae_torchrec.stats.access_stats import AccessStats, Holdout
 from fae_torchrec.stats.feature_ids import BatchLike, FeatureIds
+from fae_torchrec.stats.paged import paged_copy, paged_zeros
 from fae_torchrec.tables import TableLayout
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,10 @@ class AccessProfiler:
         self.layout = TableLayout.of(tables)
         self.sample_fraction = sample_fraction
         self._rng = np.random.default_rng(seed)
-        self._counts = [np.zeros(n, dtype=np.int64) for n in self.layout.num_rows]
+        # Counts of every row, in memory paged in as rows are counted (a small profile of large
+        # tables costs little); ``stats`` shares them until the next ``update``.
+        self._counts = [paged_zeros(int(n), np.int64) for n in self.layout.num_rows]
+        self._counts_shared = False
         self._offsets = np.concatenate([[0], np.cumsum(self.layout.num_rows)])
         self._holdout = _BottomK(holdout_size)
         self.num_inputs = 0
@@ -56,6 +60,9 @@ class AccessProfiler:
         ids.check(self.layout)
         draw = self._rng.random(ids.stride)
         sampled = draw < self.sample_fraction
+        if self._counts_shared:  # statistics handed out hold these arrays: count on in copies
+            self._counts = [paged_copy(c) for c in self._counts]
+            self._counts_shared = False
         for key, values in ids.subset(sampled).values.items():
             np.add.at(self._counts[self.layout.table_of(key)], values, 1)
         held = self._holdout.wants(draw, ~sampled)
@@ -76,7 +83,11 @@ class AccessProfiler:
         return self.stats()
 
     def stats(self) -> AccessStats:
-        """The statistics so far. Raises ``ValueError`` when no input was sampled."""
+        """The statistics so far. Raises ``ValueError`` when no input was sampled.
+
+        Their counts are read-only views of the profiler's own arrays, not copies (the arrays span
+        every row of every table); a later ``update`` counts on in copies, so they never change.
+        """
         if self.num_sampled == 0:
             raise ValueError(
                 f"no input was sampled: {self.num_inputs} inputs seen at sample fraction "
@@ -89,13 +100,22 @@ class AccessProfiler:
             100.0 * self.num_sampled / self.num_inputs,
             self._holdout.held,
         )
-        return AccessStats(
+        stats = AccessStats(
             tables=self.layout.configs,
-            counts=tuple(c.copy() for c in self._counts),
+            counts=tuple(_read_only(c) for c in self._counts),
             num_inputs=self.num_inputs,
             num_sampled=self.num_sampled,
             holdout=self._holdout.holdout(),
         )
+        self._counts_shared = True
+        return stats
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """A view of ``array`` that cannot be written through."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 class _BottomK:

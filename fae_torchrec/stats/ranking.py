@@ -29,9 +29,14 @@ class RowRanking:
 
     @cached_property
     def rows(self) -> np.ndarray:
-        counts = np.concatenate(self.counts)
-        seen = np.flatnonzero(counts)
-        return seen[np.argsort(-counts[seen], kind="stable")]
+        """Global rows seen in the sample, most accessed first. Gathered table by table: the counts
+        of all tables are never concatenated into one array of every row."""
+        seen = [np.flatnonzero(counts) for counts in self.counts]
+        rows = np.concatenate(
+            [ids + offset for ids, offset in zip(seen, self.layout.row_offsets, strict=False)]
+        )
+        seen_counts = np.concatenate([counts[ids] for counts, ids in zip(self.counts, seen, strict=True)])
+        return rows[np.argsort(-seen_counts, kind="stable")]
 
     @cached_property
     def tables(self) -> np.ndarray:
