@@ -371,11 +371,27 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             zeros = values.new_zeros(values.shape[0], sum(self._dims[f] for f in missing))
             keys, values = keys + missing, torch.cat([values, zeros], dim=1)
         for other_keys, other, _, _ in rest:
-            values = values + self._aligned(other, other_keys, keys)
+            values = self._add(values, keys, other, other_keys)
         if self._mean_features:
             inputs = [(self._part_key_names[part], kjt) for _, _, part, kjt in outputs]
             values = values / self._bag_sizes(keys, inputs, values)
         return KeyedTensor(keys=list(keys), values=values, length_per_key=[self._dims[f] for f in keys])
+
+    def _add(
+        self, values: torch.Tensor, keys: tuple[str, ...], other: torch.Tensor, other_keys: tuple[str, ...]
+    ) -> torch.Tensor:
+        """``values`` (pooled, ``keys`` order, every feature) plus ``other`` (``other_keys`` order)
+        feature by feature: one ``index_add`` over features when all tables have one dimension (as
+        DLRM's interaction needs), else ``other`` aligned to ``keys`` in slices."""
+        dims = {self._dims[f] for f in keys}
+        if len(dims) > 1:
+            return values + self._aligned(other, other_keys, keys)
+        (dim,) = dims
+        position = {f: i for i, f in enumerate(keys)}
+        index = torch.tensor([position[f] for f in other_keys], device=values.device)
+        rows = values.shape[0]
+        summed = values.view(rows, len(keys), dim).index_add(1, index, other.view(rows, len(other_keys), dim))
+        return summed.view(rows, -1)
 
     def _aligned(self, values: torch.Tensor, keys: tuple[str, ...], order: tuple[str, ...]) -> torch.Tensor:
         """``values`` (pooled, ``keys`` order) as columns in ``order``, zeros for keys it lacks: one
