@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--num-samples", type=int, default=2_000_000, help="synthetic inputs")
-    parser.add_argument("--scale", type=float, default=0.5, help="table sizes = Criteo Kaggle's x scale")
+    parser.add_argument("--scale", type=float, default=1.0, help="table sizes = Criteo Kaggle's x scale")
     parser.add_argument("--dim", type=int, default=16, help="embedding dimension")
     parser.add_argument("--batch-size", type=int, default=2048, help="per-rank batch size")
     parser.add_argument("--budget", default="16MiB", help="FAE's hot-row budget")

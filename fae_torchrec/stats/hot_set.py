@@ -81,12 +81,16 @@ class HotSet:
     def is_hot(self, table: str | int, ids: np.ndarray) -> np.ndarray:
         """For ``ids`` of ``table`` (rows of it, not checked): whether each is hot. A binary search in
         the table's hot ids, so no mask of the table's size is built."""
-        index = self.layout.index(table)
+        return self._search(self.layout.index(table), np.asarray(ids))[1]
+
+    def _search(self, index: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For ``ids`` of table ``index``: the hot rows below each (its hot id if it is hot), and
+        whether it is hot."""
         hot_ids = self.hot_ids[index]
-        ids = np.asarray(ids)
-        if len(hot_ids) in (0, self.tables[index].num_embeddings):
-            return np.full(ids.shape, len(hot_ids) > 0)
-        return hot_ids[np.minimum(np.searchsorted(hot_ids, ids), len(hot_ids) - 1)] == ids
+        if len(hot_ids) in (0, self.tables[index].num_embeddings):  # no row hot, or every row
+            return (ids if len(hot_ids) else np.zeros_like(ids)), np.full(ids.shape, len(hot_ids) > 0)
+        below = np.searchsorted(hot_ids, ids)
+        return below, hot_ids[np.minimum(below, len(hot_ids) - 1)] == ids
 
     def is_hot_row(self, rows: np.ndarray) -> np.ndarray:
         """For global rows (table offset + id, as a holdout stores them): whether each is hot."""
@@ -118,9 +122,7 @@ class HotSet:
         index = self.layout.index(table)
         ids = np.asarray(ids)
         self.layout.check_ids(index, ids.reshape(-1), feature=feature)
-        hot_ids = self.hot_ids[index]
-        hot_below = np.searchsorted(hot_ids, ids)  # hot rows below each id: its hot id if it is hot
-        is_hot = hot_ids[np.minimum(hot_below, len(hot_ids) - 1)] == ids if len(hot_ids) else False
+        hot_below, is_hot = self._search(index, ids)
         return np.where(is_hot, hot_below, ~(ids - hot_below))
 
     def is_hot_input(self, data: BatchLike) -> np.ndarray:
