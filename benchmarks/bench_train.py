@@ -19,7 +19,7 @@ World size 1 is one process with torch's default threads; more ranks run under t
 each rank one thread. Run it on an otherwise idle machine: a step whose threads wait on a core another
 process keeps busy can take many times as long (the script warns when it sees one).
 
-    python benchmarks/bench_train.py                  # world sizes 1 and 2, 3 repeats: ~11 min on 2 cores
+    python benchmarks/bench_train.py                  # world sizes 1 and 2, 3 repeats: ~14 min on 2 cores
     python benchmarks/bench_train.py --world-sizes 1 --num-samples 200000 --scale 0.05
 
 Prints a table per world size, the ratios FAE / baseline, the machinery share and, where FAE is slower,
