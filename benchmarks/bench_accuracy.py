@@ -8,6 +8,7 @@ to ``bench_accuracy.png`` in ``--figures``::
 
     python benchmarks/bench_accuracy.py                            # 10 seeds, 300,000 inputs each
     python benchmarks/bench_accuracy.py --num-samples 600000       # the next doubling
+    python benchmarks/bench_accuracy.py --label-gap -1.0           # hot inputs click less (planted)
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=positive_int, default=10, help="seeds 0..N-1, one pair each")
     parser.add_argument("--num-samples", type=positive_int, default=300_000, help="synthetic inputs")
     parser.add_argument("--order", choices=ORDERS, default="shuffled", help="FAE's hot/cold step order")
+    parser.add_argument(
+        "--label-gap", type=float, default=0.0, help="the example's --label-gap: a planted label gap"
+    )
     parser.add_argument("--out", default="runs/bench_accuracy", help="the runs go here")
     parser.add_argument("--figures", default="benchmarks/figures", help="bench_accuracy.png goes here")
     return parser.parse_args(argv)
@@ -74,12 +78,19 @@ def main(argv: list[str] | None = None) -> dict[str, np.ndarray]:
     args = parse_args(argv)
     started = time.perf_counter()
     print(
-        f"data: {args.num_samples:,} synthetic inputs per run, FAE order {args.order}, "
-        f"seeds 0-{args.seeds - 1}"
+        f"data: {args.num_samples:,} synthetic inputs per run, label gap {args.label_gap}, FAE order "
+        f"{args.order}, seeds 0-{args.seeds - 1}"
     )
     runs: dict[str, list[dict]] = {"fae": [], "baseline": []}
     for seed in tqdm(range(args.seeds), desc="seeds", unit="pair"):
-        common = ["--num-samples", str(args.num_samples), "--seed", str(seed)]
+        common = [
+            "--num-samples",
+            str(args.num_samples),
+            "--seed",
+            str(seed),
+            "--label-gap",
+            str(args.label_gap),
+        ]
         for mode, extra in (("fae", ["--order", args.order]), ("baseline", ["--baseline"])):
             out = Path(args.out) / f"{mode}-{seed}"
             runs[mode].append(run_example([*common, *extra], out))

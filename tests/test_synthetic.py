@@ -3,8 +3,9 @@ import pytest
 import torch
 from torchrec.datasets.utils import Batch
 
-from fae_torchrec import FeatureIds
+from fae_torchrec import AccessProfiler, FeatureIds
 from fae_torchrec.data import KAGGLE_TABLE_SIZES, SyntheticCriteo, scaled_table_sizes
+from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
 from fae_torchrec.data.synthetic import CHUNK_SIZE
 
 
@@ -67,6 +68,31 @@ def test_multi_hot_carries_several_ids_per_feature():
 def test_click_rate_is_calibrated(seed, scale):
     data = SyntheticCriteo(CHUNK_SIZE, scale=scale, seed=seed, ctr=0.3)
     assert np.mean(data.chunk(0).labels) == pytest.approx(0.3, abs=0.01)
+
+
+def test_a_planted_label_gap_makes_fae_hot_inputs_click_less():
+    """``label_gap`` changes labels only; inputs that FAE's hot set makes entirely hot then click at
+    another rate than the rest (by about the gap), while the click rate stays calibrated."""
+    rates = {}
+    for gap in (0.0, -1.0):
+        data = SyntheticCriteo(4 * CHUNK_SIZE, scale=0.1, seed=4, label_gap=gap)
+        blocks = list(data.blocks())
+        if gap == 0.0:
+            tables = data.table_configs(16)
+            stats = AccessProfiler(tables, 0.05, seed=0, holdout_size=1000).profile(data)
+            hot_set = stats.hot_set(1 << 20)
+            ids = np.concatenate([b.ids for b in blocks])
+            hot = np.concatenate([hot_set.is_hot_input(b.to_batch(DEFAULT_CAT_NAMES)) for b in blocks])
+            assert 0.1 < hot.mean() < 0.9
+        assert np.array_equal(np.concatenate([b.ids for b in blocks]), ids), (
+            "the ids do not depend on the gap"
+        )
+        labels = np.concatenate([b.labels for b in blocks])
+        assert labels.mean() == pytest.approx(0.25, abs=0.01)
+        rates[gap] = labels[hot].mean() - labels[~hot].mean()
+    assert rates[-1.0] < rates[0.0] - 0.05, rates
+    with pytest.raises(ValueError, match="popular_rows"):
+        SyntheticCriteo(10, popular_rows=0)
 
 
 def test_labels_are_learnable():

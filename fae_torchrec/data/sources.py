@@ -33,6 +33,13 @@ def add_data_arguments(parser: argparse.ArgumentParser, num_samples: int, scale:
     parser.add_argument("--seed", type=non_negative_int, default=0, help="synthetic data seed")
     parser.add_argument("--ids-per-feature", type=positive_int, default=1, help="synthetic multi-hot")
     parser.add_argument(
+        "--label-gap",
+        type=float,
+        default=0.0,
+        help="synthetic: logit added to inputs whose every id is among its table's 10,000 most popular "
+        "rows (the inputs FAE makes hot click at another rate, as on real Criteo rows; default 0)",
+    )
+    parser.add_argument(
         "--tables",
         metavar="|".join(TABLE_SETS) + "|FILE",
         help="table sizes: Criteo Kaggle's (kaggle), TorchRec's Criteo Terabyte sizes (terabyte), the "
@@ -88,6 +95,7 @@ def open_source(
             seed=args.seed,
             ids_per_feature=args.ids_per_feature,
             table_sizes=sizes,
+            label_gap=args.label_gap,
         )
         return data, len(data)
     if kind == "criteo-tsv":

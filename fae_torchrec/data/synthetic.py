@@ -87,6 +87,11 @@ class SyntheticCriteo(CriteoSource):
         sparse_signal: weight of each feature's row effect in the planted logit.
         ctr: share of positive labels the planted model is calibrated to (Criteo Kaggle: 25.6%).
         table_sizes: rows per categorical feature before ``scale`` (default: Criteo Kaggle's).
+        label_gap: logit added to the inputs whose every id is among the ``popular_rows`` most popular
+            rows of its table: the inputs FAE finds entirely hot click at another rate than the rest,
+            as on real Criteo rows (where they click less often). 0 plants no gap.
+        popular_rows: how many of each table's most popular rows make an input popular for
+            ``label_gap`` (every row of a smaller table).
     """
 
     def __init__(
@@ -102,6 +107,8 @@ class SyntheticCriteo(CriteoSource):
         sparse_signal: float = 0.6,
         ctr: float = 0.25,
         table_sizes: Sequence[int] = KAGGLE_TABLE_SIZES,
+        label_gap: float = 0.0,
+        popular_rows: int = 10_000,
     ) -> None:
         if num_samples < 0:
             raise ValueError(f"num_samples must be non-negative, got {num_samples}")
@@ -115,7 +122,10 @@ class SyntheticCriteo(CriteoSource):
             raise ValueError(f"correlation must be in [0, 1], got {correlation}")
         if not 0.0 < ctr < 1.0:
             raise ValueError(f"ctr must be in (0, 1), got {ctr}")
+        if popular_rows <= 0:
+            raise ValueError(f"popular_rows must be positive, got {popular_rows}")
         self.correlation = correlation
+        self.label_gap, self.popular_rows = label_gap, popular_rows
         rng = np.random.default_rng([seed, 1 << 32])
         self._dense_weights = rng.normal(0.0, 0.4, INT_FEATURE_COUNT).astype(np.float32)
         self._dense_mu = rng.uniform(0.0, 3.0, INT_FEATURE_COUNT)
@@ -166,11 +176,15 @@ class SyntheticCriteo(CriteoSource):
         uniform = rng.random((n, bounds[-1]))
         shared = rng.random((n, bounds[-1])) < self.correlation
         uniform[shared] = np.broadcast_to(rng.random((n, 1)), uniform.shape)[shared]
+        popular = np.ones(n, dtype=bool)
         for f, plan in enumerate(self._tables):
             cols = slice(bounds[f], bounds[f + 1])
             ranks = _power_law_ranks(uniform[:, cols], plan.num_rows, plan.exponent)
+            popular &= (ranks < self.popular_rows).all(axis=1)
             ids[:, cols] = (ranks * plan.multiplier + plan.offset) % plan.num_rows
             logit += np.float32(plan.weight) * _row_effect(ids[:, cols], plan.salt).mean(axis=1)
+        if self.label_gap:
+            logit += np.float32(self.label_gap) * popular
         return dense, ids, logit
 
     def __len__(self) -> int:
