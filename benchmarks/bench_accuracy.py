@@ -9,11 +9,16 @@ to ``bench_accuracy.png`` in ``--figures``::
     python benchmarks/bench_accuracy.py                            # 10 seeds, 300,000 inputs each
     python benchmarks/bench_accuracy.py --num-samples 600000       # the next doubling
     python benchmarks/bench_accuracy.py --label-gap -1.0           # hot inputs click less (planted)
+    python benchmarks/bench_accuracy.py --data criteo-tsv ROWS --example-args "--sample 0.25 --budget 1MiB"
+
+Real rows are read from where they are (never copied into the repository); each seed then varies the
+initial weights and the schedule, not the data.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
 import sys
 import time
@@ -44,9 +49,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--label-gap", type=float, default=0.0, help="the example's --label-gap: a planted label gap"
     )
+    parser.add_argument(
+        "--data",
+        nargs="+",
+        default=["synthetic"],
+        metavar="SOURCE",
+        help="the example's --data: synthetic (default) or real rows, such as criteo-tsv FILE",
+    )
+    parser.add_argument(
+        "--example-args",
+        default="",
+        help="more options of the example for both modes, e.g. '--sample 0.25 --budget 1MiB'",
+    )
     parser.add_argument("--out", default="runs/bench_accuracy", help="the runs go here")
     parser.add_argument("--figures", default="benchmarks/figures", help="bench_accuracy.png goes here")
     return parser.parse_args(argv)
+
+
+def describe(args: argparse.Namespace) -> str:
+    """The data of every run, in words."""
+    if args.data == ["synthetic"]:
+        return f"{args.num_samples:,} synthetic inputs, label gap {args.label_gap}"
+    return " ".join(Path(item).name for item in args.data)
 
 
 def paired(fae: np.ndarray, baseline: np.ndarray, higher_is_better: bool) -> str:
@@ -78,19 +102,15 @@ def main(argv: list[str] | None = None) -> dict[str, np.ndarray]:
     args = parse_args(argv)
     started = time.perf_counter()
     print(
-        f"data: {args.num_samples:,} synthetic inputs per run, label gap {args.label_gap}, FAE order "
-        f"{args.order}, seeds 0-{args.seeds - 1}"
+        f"data: {describe(args)}, FAE order {args.order}, seeds 0-{args.seeds - 1}, example options "
+        f"{args.example_args or '(defaults)'}"
     )
     runs: dict[str, list[dict]] = {"fae": [], "baseline": []}
     for seed in tqdm(range(args.seeds), desc="seeds", unit="pair"):
         common = [
-            "--num-samples",
-            str(args.num_samples),
-            "--seed",
-            str(seed),
-            "--label-gap",
-            str(args.label_gap),
-        ]
+            "--data", *args.data, "--num-samples", str(args.num_samples), "--seed", str(seed),
+            "--label-gap", str(args.label_gap), *shlex.split(args.example_args),
+        ]  # fmt: skip
         for mode, extra in (("fae", ["--order", args.order]), ("baseline", ["--baseline"])):
             out = Path(args.out) / f"{mode}-{seed}"
             runs[mode].append(run_example([*common, *extra], out))
@@ -112,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict[str, np.ndarray]:
     figure_path = Path(args.figures) / "bench_accuracy.png"
     plot_auc_differences(
         values["fae final_auc"] - values["baseline final_auc"],
-        f"FAE ({args.order}) - baseline, {args.num_samples:,} inputs, paired by seed",
+        f"FAE ({args.order}) - baseline, {describe(args)}, paired by seed",
         figure_path,
     )
     print(f"wrote {figure_path}; total wall time {time.perf_counter() - started:.0f} s")

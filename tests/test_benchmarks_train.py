@@ -1,5 +1,6 @@
 """benchmarks/bench_train.py and benchmarks/bench_gpu.py run for real, as scripts, at tiny size."""
 
+import json
 import re
 import subprocess
 import sys
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import realdata
 from tests.distributed import run_launched
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,3 +95,15 @@ def test_bench_accuracy_pairs_fae_with_the_baseline_by_seed(tmp_path):
     assert re.search(r"^log_loss: mean difference", out, flags=re.MULTILINE), out
     assert (tmp_path / "bench_accuracy.png").read_bytes()[:4] == b"\x89PNG"
     assert not list(tmp_path.glob("*/partition-*")), "the partitions are removed after each run"
+
+
+def test_bench_accuracy_reads_real_rows_where_they_are(tmp_path):
+    rows = realdata("criteo_kaggle_head10k/train_head10000.txt")
+    out = _script("benchmarks/bench_accuracy.py", "--seeds", "2", "--data", "criteo-tsv", str(rows),
+                  "--example-args", "--scale 0.01 --batch-size 128 --sample 0.25 --budget 64KiB",
+                  "--out", str(tmp_path), "--figures", str(tmp_path))  # fmt: skip
+    assert "data: criteo-tsv train_head10000.txt, FAE order shuffled" in out, out
+    assert re.search(r"^auc: mean difference [+-]\d\.\d{4} \(SE \d\.\d{4}\)", out, re.M), out
+    for mode in ("fae", "baseline"):
+        metrics = json.loads((tmp_path / f"{mode}-1" / "metrics.json").read_text())
+        assert metrics["train_inputs"] == 9_000, "the real rows, one in ten held out"

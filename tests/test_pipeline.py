@@ -165,6 +165,10 @@ def _prefetch_pipeline_fills(rank: int, world_size: int) -> None:
         assert len(pipeline.batches) == 2
         assert len(input_dists) == 1 + (not kinds[1]), "the first batch, and the second if it is cold"
         del split.cold.input_dist  # the module's own method again
+        for context in pipeline.contexts:  # gloo work left in flight at exit aborts the process
+            pipeline.wait_sparse_data_dist(context)
+            for request in context.input_dist_tensors_requests.values():
+                request.wait()
         pipeline.detach()
 
 
