@@ -515,10 +515,8 @@ def _planner(
     if mode == "hbm" and device.type == "cuda":
         hbm_cap = torch.cuda.get_device_properties(device).total_memory
     topology = Topology(world_size=world, compute_device=device.type, hbm_cap=hbm_cap)
-    pipelined = CacheParams(prefetch_pipeline=True) if prefetch else None
-    constraints = (
-        {t.name: ParameterConstraints(cache_params=pipelined) for t in stats.tables} if prefetch else None
-    )
+    pipelined = ParameterConstraints(cache_params=CacheParams(prefetch_pipeline=True))
+    constraints = {t.name: pipelined for t in stats.tables} if prefetch else None
     if mode == "fae":
         return FAEShardingPlanner(
             topology, stats, batch_size=batch_size, constraints=constraints, hot_budget_bytes=budget

@@ -101,25 +101,21 @@ def test_resumed_run_ends_where_the_straight_run_ends(tmp_path):
     assert "holds checkpoints of an earlier run (steps [" in fresh.stderr and "pass --resume" in fresh.stderr
 
 
-def test_statistics_without_holdout_are_refused_by_the_planner(tmp_path):
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--sample", "1"], "the statistics have no holdout inputs"),  # refused by the planner
+        (["--pipeline", "prefetch"], "--pipeline prefetch: TorchRec's prefetch pipeline runs on CUDA only"),
+    ],
+)
+def test_options_this_run_cannot_honour_are_refused(tmp_path, option, message):
     run = subprocess.run(
         [sys.executable, str(EXAMPLE), "--out", str(tmp_path), "--num-samples", "3000", "--scale", "0.001",
-         "--sample", "1"],
+         *option],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert run.returncode == 2, run.stderr[-2000:]
-    assert "the statistics have no holdout inputs" in run.stderr and "Traceback" not in run.stderr
-
-
-def test_the_prefetch_pipeline_is_refused_without_cuda(tmp_path):
-    run = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--out", str(tmp_path), "--num-samples", "3000", "--scale", "0.001",
-         "--pipeline", "prefetch"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert run.returncode == 2, run.stderr[-2000:]
-    assert "--pipeline prefetch: TorchRec's prefetch pipeline runs on CUDA only" in run.stderr
-    assert "Traceback" not in run.stderr
+    assert message in run.stderr and "Traceback" not in run.stderr
 
 
 def test_too_little_data_for_a_validation_set_is_a_clear_error(tmp_path):

@@ -224,19 +224,17 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         first, in one scatter (the order within each part is kept); single-id bags take their
         lengths straight from the mask."""
         lengths, weights = features.lengths(), features.weights_or_none()
-        if part_ids:
-            ids = features.values()
-            is_hot = None if COLD not in parts else ids >= 0
-            all_hot = COLD not in parts and (len(ids) == 0 or bool(ids.min() >= 0))
-        else:
-            ids, is_hot = self._remap(features)
-            all_hot = COLD not in parts and bool(is_hot.all())
+        ids, is_hot = (features.values(), None) if part_ids else self._remap(features)
         if COLD not in parts:
+            # a hot batch is checked by its part ids' minimum: no mask of them is made
+            all_hot = (len(ids) == 0 or bool(ids.min() >= 0)) if part_ids else bool(is_hot.all())
             if self.cold is not None and not all_hot:
                 raise ValueError("a batch marked hot_only carries cold ids")
             if self.hot is None:
                 return {}
             return {HOT: self._part_input(HOT, ids, lengths, weights, features.length_per_key(), features)}
+        if part_ids:
+            is_hot = ids >= 0
         # int32 and in place: this runs on every batch, in the data path
         hot_through = torch.cumsum(is_hot, 0, dtype=torch.int32)  # hot ids up to and including each id
         num_hot = int(hot_through[-1]) if len(hot_through) else 0
@@ -355,7 +353,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
 
         The result keeps the key order of the first part looked up (a sharded EBC's order is its
         own too), so a hot step returns the hot part's output as it is and a cold step adds the
-        cold part's output, aligned to it in a few slices, to it: no per-feature work."""
+        cold part's output to it (``_add``): no per-feature work."""
         tracing = is_fx_symbolic_tracing()
         outputs = []
         for part, kjt in ((HOT, hot), (COLD, cold)):
