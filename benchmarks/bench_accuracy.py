@@ -1,14 +1,18 @@
 """Accuracy of FAE against the baseline, paired by seed: the same data, initial weights and schedule seed.
 
-For each seed, trains ``examples/train_dlrm_fae.py`` twice on the built-in synthetic data, FAE and
-``--baseline`` (TorchRec's default planner, batches in random order), and compares their validation
-AUC and log loss (held-out inputs, never profiled). Prints each seed's pair, the mean difference with
-its standard error and how many seeds fall below the baseline, and draws the per-seed AUC differences
-to ``bench_accuracy.png`` in ``--figures``::
+For each seed, trains ``examples/train_dlrm_fae.py`` on the built-in synthetic data with
+``--baseline`` (TorchRec's default planner, batches in random order) and with FAE in each of the
+``--order``s, and compares their validation AUC and log loss (held-out inputs, never profiled).
+A control runs too: the baseline again with only its random order changed (``--order-seed``), which
+shows how far the order alone moves AUC on this data. Prints each seed's figures, for each order and
+the control the mean difference from the baseline with its standard error and how many seeds fall
+below the baseline, and draws the per-seed AUC differences to
+``bench_accuracy.png`` in ``--figures``; every figure also goes to ``bench_accuracy.json`` in ``--out``::
 
     python benchmarks/bench_accuracy.py                            # 10 seeds, 300,000 inputs each
     python benchmarks/bench_accuracy.py --num-samples 600000       # the next doubling
     python benchmarks/bench_accuracy.py --label-gap -1.0           # hot inputs click less (planted)
+    python benchmarks/bench_accuracy.py --order stream shuffled phases    # several orders, one baseline
     python benchmarks/bench_accuracy.py --data criteo-tsv ROWS --example-args "--sample 0.25 --budget 1MiB"
 
 Real rows are read from where they are (never copied into the repository); each seed then varies the
@@ -18,6 +22,7 @@ initial weights and the schedule, not the data.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import shutil
 import sys
@@ -37,6 +42,11 @@ from benchmarks.common.example_runs import run_example
 from fae_torchrec.arguments import positive_int
 from fae_torchrec.train.schedule import ORDERS
 
+#: The control's name: the baseline with another random order (``--order-seed`` = seed + offset).
+CONTROL = "reordered baseline"
+CONTROL_SEED_OFFSET = 10_000
+#: A seed's difference from the baseline counted as large.
+MARGIN = 0.005
 #: The paired figures, as ``metrics.json`` names them, and whether higher is better.
 FIGURES = {"final_auc": True, "final_log_loss": False}
 
@@ -45,7 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=positive_int, default=10, help="seeds 0..N-1, one pair each")
     parser.add_argument("--num-samples", type=positive_int, default=300_000, help="synthetic inputs")
-    parser.add_argument("--order", choices=ORDERS, default="shuffled", help="FAE's hot/cold step order")
+    parser.add_argument(
+        "--order", nargs="+", choices=ORDERS, default=["stream"], help="FAE's hot/cold step orders"
+    )
     parser.add_argument(
         "--label-gap", type=float, default=0.0, help="the example's --label-gap: a planted label gap"
     )
@@ -73,26 +85,32 @@ def describe(args: argparse.Namespace) -> str:
     return " ".join(Path(item).name for item in args.data)
 
 
-def paired(fae: np.ndarray, baseline: np.ndarray, higher_is_better: bool) -> str:
-    """Mean difference FAE - baseline, its standard error, and the seeds where FAE is worse."""
-    difference = fae - baseline
+def paired(other: np.ndarray, baseline: np.ndarray, higher_is_better: bool) -> str:
+    """Mean difference from the baseline, its standard error, and the seeds where it is worse (at
+    all, and by more than ``MARGIN``)."""
+    difference = other - baseline
     error = difference.std(ddof=1) / np.sqrt(len(difference)) if len(difference) > 1 else float("nan")
-    worse = int(np.sum(difference < 0 if higher_is_better else difference > 0))
+    better = difference if higher_is_better else -difference
     return (
-        f"mean difference {difference.mean():+.4f} (SE {error:.4f}), "
-        f"FAE worse at {worse} of {len(difference)} seeds"
+        f"mean difference {difference.mean():+.4f} (SE {error:.4f}), worse at {int(np.sum(better < 0))} "
+        f"of {len(difference)} seeds, {int(np.sum(better < -MARGIN))} by more than {MARGIN}"
     )
 
 
-def plot_auc_differences(differences: np.ndarray, title: str, path: Path) -> None:
-    """A bar per seed: FAE's validation AUC minus the baseline's."""
+def plot_auc_differences(differences: dict[str, np.ndarray], title: str, path: Path) -> None:
+    """Per seed a bar for each order (and the control): validation AUC minus the baseline's."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, axis = plt.subplots(figsize=(6, 3.5))
-    axis.bar(range(len(differences)), differences)
+    width = 0.8 / len(differences)
+    for index, (order, values) in enumerate(differences.items()):
+        axis.bar(
+            np.arange(len(values)) + (index - (len(differences) - 1) / 2) * width, values, width, label=order
+        )
     axis.axhline(0, color="black", linewidth=0.8)
     axis.set_xlabel("seed")
-    axis.set_ylabel("validation AUC, FAE - baseline")
+    axis.set_ylabel("validation AUC - baseline's")
     axis.set_title(title, fontsize=10)
+    axis.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -101,19 +119,27 @@ def plot_auc_differences(differences: np.ndarray, title: str, path: Path) -> Non
 def main(argv: list[str] | None = None) -> dict[str, np.ndarray]:
     args = parse_args(argv)
     started = time.perf_counter()
+    orders = list(dict.fromkeys(args.order))
     print(
-        f"data: {describe(args)}, FAE order {args.order}, seeds 0-{args.seeds - 1}, example options "
+        f"data: {describe(args)}, FAE order {' '.join(orders)}, seeds 0-{args.seeds - 1}, example options "
         f"{args.example_args or '(defaults)'}"
     )
-    runs: dict[str, list[dict]] = {"fae": [], "baseline": []}
-    for seed in tqdm(range(args.seeds), desc="seeds", unit="pair"):
+    # the control: the baseline again, only its random order changed (how far order alone moves AUC)
+    modes = {
+        "baseline": ["--baseline"],
+        CONTROL: ["--baseline"],
+        **{order: ["--order", order] for order in orders},
+    }
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+    for seed in tqdm(range(args.seeds), desc="seeds", unit="seed"):
         common = [
             "--data", *args.data, "--num-samples", str(args.num_samples), "--seed", str(seed),
             "--label-gap", str(args.label_gap), *shlex.split(args.example_args),
         ]  # fmt: skip
-        for mode, extra in (("fae", ["--order", args.order]), ("baseline", ["--baseline"])):
-            out = Path(args.out) / f"{mode}-{seed}"
-            runs[mode].append(run_example([*common, *extra], out))
+        for mode, extra in modes.items():
+            out = Path(args.out) / f"{mode.replace(' ', '-')}-{seed}"
+            order_seed = ["--order-seed", str(seed + CONTROL_SEED_OFFSET)] if mode == CONTROL else []
+            runs[mode].append(run_example([*common, *extra, *order_seed], out))
             for partition in out.glob("partition-*"):  # metrics stay; the partition's .npy files go
                 shutil.rmtree(partition)
     values = {
@@ -121,21 +147,29 @@ def main(argv: list[str] | None = None) -> dict[str, np.ndarray]:
         for mode, mode_runs in runs.items()
         for figure in FIGURES
     }
-    print(f"{'seed':>4}{'FAE AUC':>10}{'base AUC':>10}{'ΔAUC':>9}{'FAE loss':>10}{'base loss':>11}")
+    base_auc, base_loss = values["baseline final_auc"], values["baseline final_log_loss"]
+    compared = [CONTROL, *orders]
+    print(f"{'seed':>4}{'base AUC':>10}{'base loss':>11}" + "".join(f"{f'{m} ΔAUC':>24}" for m in compared))
     for seed in range(args.seeds):
-        auc, base_auc = values["fae final_auc"][seed], values["baseline final_auc"][seed]
-        loss, base_loss = values["fae final_log_loss"][seed], values["baseline final_log_loss"][seed]
-        print(f"{seed:>4}{auc:>10.4f}{base_auc:>10.4f}{auc - base_auc:>+9.4f}{loss:>10.4f}{base_loss:>11.4f}")
-    for figure, higher_is_better in FIGURES.items():
-        summary = paired(values[f"fae {figure}"], values[f"baseline {figure}"], higher_is_better)
-        print(f"{figure.removeprefix('final_')}: {summary}")
+        differences = "".join(f"{values[f'{m} final_auc'][seed] - base_auc[seed]:>+24.4f}" for m in compared)
+        print(f"{seed:>4}{base_auc[seed]:>10.4f}{base_loss[seed]:>11.4f}{differences}")
+    for mode in compared:
+        hot = np.mean([run["hot_steps"] / (run["hot_steps"] + run["cold_steps"]) for run in runs[mode]])
+        print(f"{mode if mode == CONTROL else f'FAE {mode}'}: {100 * hot:.1f}% hot steps")
+        for figure, higher_is_better in FIGURES.items():
+            summary = paired(values[f"{mode} {figure}"], values[f"baseline {figure}"], higher_is_better)
+            print(f"  {figure.removeprefix('final_')}: {summary}")
     figure_path = Path(args.figures) / "bench_accuracy.png"
     plot_auc_differences(
-        values["fae final_auc"] - values["baseline final_auc"],
-        f"FAE ({args.order}) - baseline, {describe(args)}, paired by seed",
+        {mode: values[f"{mode} final_auc"] - base_auc for mode in compared},
+        f"FAE - baseline, {describe(args)}, paired by seed",
         figure_path,
     )
-    print(f"wrote {figure_path}; total wall time {time.perf_counter() - started:.0f} s")
+    results = Path(args.out) / "bench_accuracy.json"
+    results.write_text(
+        json.dumps({"args": vars(args), **{k: v.tolist() for k, v in values.items()}}, indent=1)
+    )
+    print(f"wrote {figure_path} and {results}; total wall time {time.perf_counter() - started:.0f} s")
     return values
 
 

@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dim", type=int, default=16, help="embedding dimension")
     parser.add_argument("--batch-size", type=int, default=2048, help="per-rank batch size")
     parser.add_argument("--budget", default="16MiB", help="FAE's hot-row budget")
-    parser.add_argument("--order", default="shuffled", help="FAE's hot/cold step order")
+    parser.add_argument("--order", default="stream", help="FAE's hot/cold step order")
     parser.add_argument(
         "--pipeline", default="sparse", choices=("sparse", "none"), help="the example's --pipeline"
     )

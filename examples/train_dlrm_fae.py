@@ -121,7 +121,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=positive_int, default=1)
     parser.add_argument("--sample", type=fraction, default=0.05, help="profiled fraction of inputs")
     parser.add_argument("--budget", type=byte_size, default="256KiB", help="hot-row budget (FAE)")
-    parser.add_argument("--order", choices=ORDERS, default="shuffled", help="hot/cold step order")
+    parser.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="stream",
+        help="hot/cold step order (stream: each input trains where the baseline's random order has it)",
+    )
+    parser.add_argument(
+        "--order-seed",
+        type=non_negative_int,
+        help="seed of the random step orders, to vary the order alone (default: --seed)",
+    )
     parser.add_argument(
         "--pipeline",
         choices=PIPELINES,
@@ -319,7 +329,8 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     )
     fae = find_fae_module(dmp)  # FAE: the router splits the batches for the parts, by the part ids
     router = BatchRouter(
-        partition, args.batch_size, world, rank, order=args.order, seed=args.seed,
+        partition, args.batch_size, world, rank, order=args.order,
+        seed=args.seed if args.order_seed is None else args.order_seed,
         split=None if fae is None else fae.split,
     )  # fmt: skip
     validation_batches = _validation_batches(validation, args.batch_size, world, rank)
@@ -550,7 +561,9 @@ def _mean_ms(seconds: list[float]) -> float | None:
 
 def _validation_batches(validation: SampleBlock, batch_size: int, world: int, rank: int) -> list:
     """This rank's validation batches, the same number on every rank."""
-    everything_cold = HotColdPartition(validation.slice(0, 0), validation)
+    everything_cold = HotColdPartition(
+        validation.slice(0, 0), validation, np.zeros(len(validation), dtype=bool)
+    )
     router = BatchRouter(everything_cold, batch_size, world, rank, order="phases")
     return [routed.batch for routed in router.epoch(0)]
 

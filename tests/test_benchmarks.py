@@ -77,3 +77,21 @@ def test_bench_planning_times_both_planners_side_by_side():
         wall, _, runs, in_runs = (float(x) for x in fae.split())
         assert runs >= 3, "the knob runs TorchRec's planner for none and two budgets at least"
         assert 0 < in_runs <= wall and float(torchrec.split()[0]) > 0 and ratio.strip().endswith("x")
+
+
+def test_bench_schedule_compares_each_order_with_the_baseline(tmp_path):
+    out = _run("bench_schedule.py", "--num-samples", "30000", "--label-gap", "-1", "--seeds", "4",
+               "--figures", str(tmp_path))  # fmt: skip
+    hot, others = map(float, re.search(r"click rate (0\.\d+), others (0\.\d+)", out).groups())
+    assert hot < others - 0.05, "the planted gap: hot inputs click less"
+    rows = {
+        name: [float(value.rstrip("%")) for value in values.split()]
+        for name, values in re.findall(r"^ *(baseline|stream|shuffled|phases) +(.+)$", out, flags=re.M)
+    }
+    assert set(rows) == {"baseline", "stream", "shuffled", "phases"}, out
+    assert rows["baseline"][:3] == [0.0, 0.0, 0.0] and rows["stream"][0] == rows["shuffled"][0] > 10
+    assert rows["stream"][2] <= 2 < rows["shuffled"][2] < rows["phases"][2], "longest hot run, max over seeds"
+    assert rows["stream"][3] < 1.5 * rows["baseline"][3] < rows["phases"][3], (
+        "windows stray as the baseline's"
+    )
+    assert (tmp_path / "bench_schedule.png").read_bytes()[:4] == b"\x89PNG"

@@ -83,16 +83,24 @@ def test_bench_gpu_rejects_a_bad_hbm_cap():
 
 
 def test_bench_accuracy_pairs_fae_with_the_baseline_by_seed(tmp_path):
-    out = _script("benchmarks/bench_accuracy.py", "--seeds", "2", "--num-samples", "4000",
-                  "--out", str(tmp_path), "--figures", str(tmp_path))  # fmt: skip
-    rows = re.findall(r"^ +(\d) +(0\.\d{4}) +(0\.\d{4}) +([+-]0\.\d{4})", out, flags=re.MULTILINE)
+    out = _script("benchmarks/bench_accuracy.py", "--seeds", "2", "--num-samples", "4000", "--order",
+                  "stream", "phases", "--out", str(tmp_path), "--figures", str(tmp_path))  # fmt: skip
+    difference = r" +([+-]0\.\d{4})"
+    rows = re.findall(rf"^ +(\d) +(0\.\d{{4}}) +0\.\d{{4}}{difference * 3}$", out, flags=re.M)
     assert [row[0] for row in rows] == ["0", "1"], out
-    for _, fae, baseline, difference in rows:
-        assert abs(float(fae) - float(baseline) - float(difference)) < 2e-4
-    assert re.search(
-        r"^auc: mean difference [+-]\d\.\d{4} \(SE \d\.\d{4}\), FAE worse at \d of 2 seeds", out, re.M
-    )
-    assert re.search(r"^log_loss: mean difference", out, flags=re.MULTILINE), out
+    results = json.loads((tmp_path / "bench_accuracy.json").read_text())
+    baseline = results["baseline final_auc"]
+    for seed, printed, *differences in rows:
+        assert abs(baseline[int(seed)] - float(printed)) < 1e-4
+        for mode, difference in zip(("reordered baseline", "stream", "phases"), differences, strict=True):
+            auc = results[f"{mode} final_auc"][int(seed)]
+            assert abs(auc - baseline[int(seed)] - float(difference)) < 1e-4
+    assert results["reordered baseline final_auc"] != baseline, "--order-seed changes the order alone"
+    for mode in ("reordered baseline", "FAE stream", "FAE phases"):
+        summary = (rf"^{mode}: \d+\.\d% hot steps\n  auc: mean difference [+-]\d\.\d{{4}} \(SE "
+                   r"\d\.\d{4}\), worse at \d of 2 seeds, \d by more than 0.005\n  log_loss")  # fmt: skip
+        assert re.search(summary, out, re.M), out
+    assert "reordered baseline: 0.0% hot steps" in out
     assert (tmp_path / "bench_accuracy.png").read_bytes()[:4] == b"\x89PNG"
     assert not list(tmp_path.glob("*/partition-*")), "the partitions are removed after each run"
 
@@ -102,8 +110,8 @@ def test_bench_accuracy_reads_real_rows_where_they_are(tmp_path):
     out = _script("benchmarks/bench_accuracy.py", "--seeds", "2", "--data", "criteo-tsv", str(rows),
                   "--example-args", "--scale 0.01 --batch-size 128 --sample 0.25 --budget 64KiB",
                   "--out", str(tmp_path), "--figures", str(tmp_path))  # fmt: skip
-    assert "data: criteo-tsv train_head10000.txt, FAE order shuffled" in out, out
-    assert re.search(r"^auc: mean difference [+-]\d\.\d{4} \(SE \d\.\d{4}\)", out, re.M), out
-    for mode in ("fae", "baseline"):
+    assert "data: criteo-tsv train_head10000.txt, FAE order stream" in out, out
+    assert re.search(r"^  auc: mean difference [+-]\d\.\d{4} \(SE \d\.\d{4}\)", out, re.M), out
+    for mode in ("stream", "baseline"):
         metrics = json.loads((tmp_path / f"{mode}-1" / "metrics.json").read_text())
         assert metrics["train_inputs"] == 9_000, "the real rows, one in ten held out"

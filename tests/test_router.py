@@ -7,11 +7,12 @@ import pytest
 
 from fae_torchrec import AccessProfiler
 from fae_torchrec.data import SyntheticCriteo
+from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
 from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.router import BatchRouter
-from fae_torchrec.train.schedule import make_schedule
+from fae_torchrec.train.schedule import ORDERS, make_schedule
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +32,30 @@ def _covered(steps, world_size):
     )
 
 
+def _mask(num_hot, num_cold, seed=0):
+    """Which inputs of a data set are hot: ``num_hot`` of them, at random places."""
+    return np.random.default_rng(seed).permutation(np.arange(num_hot + num_cold) < num_hot)
+
+
+def _positions(is_hot, steps, world_size):
+    """For each input of the data, how many inputs the epoch trains before its step."""
+    part_to_data = {HOT: np.flatnonzero(is_hot), COLD: np.flatnonzero(~is_hot)}
+    positions, done = np.full(len(is_hot), -1), 0
+    for step in steps:
+        for spans in step.spans:
+            for part, a, b in spans:
+                positions[part_to_data[part][a:b]] = done
+        done += sum(step.size(r) for r in range(world_size))
+    return positions
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-@pytest.mark.parametrize("order", ["phases", "shuffled", "adaptive"])
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize(
     ("num_hot", "num_cold", "batch_size"), [(25, 13, 4), (24, 0, 4), (3, 40, 8), (0, 9, 3), (8, 1, 4)]
 )
 def test_every_input_exactly_once_and_hot_steps_only_hot(world_size, order, num_hot, num_cold, batch_size):
-    steps = make_schedule(num_hot, num_cold, batch_size, world_size, order, seed=1)
+    steps = make_schedule(_mask(num_hot, num_cold), batch_size, world_size, order, seed=1)
     expected = Counter([(HOT, i) for i in range(num_hot)] + [(COLD, i) for i in range(num_cold)])
     assert _covered(steps, world_size) == expected
     for step in steps:
@@ -53,21 +71,49 @@ def test_every_input_exactly_once_and_hot_steps_only_hot(world_size, order, num_
         assert kinds == sorted(kinds), "all cold steps, then all hot steps"
 
 
-def test_shuffled_order_is_seeded_per_epoch():
-    same = make_schedule(50, 50, 4, 2, "shuffled", seed=3, epoch=1)
-    assert same == make_schedule(50, 50, 4, 2, "shuffled", seed=3, epoch=1)
-    assert same != make_schedule(50, 50, 4, 2, "shuffled", seed=3, epoch=2)
-    assert same != make_schedule(50, 50, 4, 2, "shuffled", seed=4, epoch=1)
+@pytest.mark.parametrize("order", ["stream", "shuffled"])
+def test_random_orders_are_seeded_per_epoch(order):
+    is_hot = _mask(50, 50)
+    same = make_schedule(is_hot, 4, 2, order, seed=3, epoch=1)
+    assert same == make_schedule(is_hot, 4, 2, order, seed=3, epoch=1)
+    assert same != make_schedule(is_hot, 4, 2, order, seed=3, epoch=2)
+    assert same != make_schedule(is_hot, 4, 2, order, seed=4, epoch=1)
     kinds = [s.hot for s in same]
     assert kinds != sorted(kinds) and kinds != sorted(kinds, reverse=True), "interleaved"
 
 
+def test_stream_order_without_hot_inputs_is_the_data_in_random_blocks():
+    steps = make_schedule(np.zeros(10 * 16 + 3, dtype=bool), 8, 2, "stream", seed=2)
+    blocks = [(step.spans[0][0][1], step.spans[-1][-1][2]) for step in steps[:-1]]
+    assert all(stop - start == 16 and start % 16 == 0 for start, stop in blocks), "one block a step"
+    assert sorted(blocks) != blocks, "in a random order"
+    assert steps[-1].spans[-1][-1][1:] == (160, 163), "the short last block comes last"
+
+
+@pytest.mark.parametrize("share", [0.1, 0.5, 0.8])
+def test_stream_order_trains_every_input_close_to_where_the_baseline_does(share):
+    """The baseline's order is the stream order of the same data with nothing hot; FAE's stream order
+    trains each input at most a few steps away from it (the shuffled order: anywhere in the epoch)."""
+    batch_size, world_size, rounds = 8, 2, 250
+    is_hot = np.random.default_rng(7).random(rounds * batch_size * world_size) < share
+    nothing_hot = np.zeros_like(is_hot)
+    baseline = _positions(nothing_hot, make_schedule(nothing_hot, batch_size, world_size, seed=3), world_size)
+    schedules = {
+        order: make_schedule(is_hot, batch_size, world_size, order, 3) for order in ("stream", "shuffled")
+    }
+    assert len({sum(step.hot for step in steps) for steps in schedules.values()}) == 1, "the same hot steps"
+    moved = {order: np.abs(_positions(is_hot, steps, world_size) - baseline) / (batch_size * world_size)
+             for order, steps in schedules.items()}  # fmt: skip
+    assert moved["stream"].mean() < 1 and moved["stream"].max() <= 20
+    assert moved["shuffled"].mean() > 30
+
+
 def test_schedule_errors():
     with pytest.raises(ValueError, match="2 inputs left for cold steps but 3 ranks"):
-        make_schedule(0, 2, 4, 3)
-    assert [s.hot for s in make_schedule(8, 1, 4, 2)] == [False], "a hot step's inputs make room"
+        make_schedule(_mask(0, 2), 4, 3)
+    assert [s.hot for s in make_schedule(_mask(8, 1), 4, 2)] == [False], "a hot step's inputs make room"
     with pytest.raises(ValueError, match="unknown order 'random'"):
-        make_schedule(1, 1, 1, 1, "random")
+        make_schedule(_mask(1, 1), 1, 1, "random")
 
 
 def test_partition_in_memory_and_on_disk(data, tmp_path):
@@ -76,6 +122,10 @@ def test_partition_in_memory_and_on_disk(data, tmp_path):
     disk = HotColdPartition.write(synthetic.blocks(), hot_set, DEFAULT_CAT_NAMES, tmp_path / "part")
     assert len(memory.hot) + len(memory.cold) == 6_000
     assert 0 < len(memory.hot) < 6_000
+    everything = SampleBlock.concat(list(synthetic.blocks()))
+    assert np.array_equal(memory.is_hot, hot_set.is_hot_input(everything.feature_ids(DEFAULT_CAT_NAMES)))
+    assert np.array_equal(disk.is_hot, memory.is_hot)
+    assert np.array_equal(memory.hot.dense, everything.dense[memory.is_hot]), "each part in the data's order"
     for part in (HOT, COLD):
         for field in ("dense", "ids", "labels", "part_ids"):
             assert np.array_equal(getattr(memory.part(part), field), getattr(disk.part(part), field))
@@ -88,6 +138,9 @@ def test_partition_in_memory_and_on_disk(data, tmp_path):
     assert not hot_set.is_hot_input(disk.cold.feature_ids(DEFAULT_CAT_NAMES)).any()
     with pytest.raises(FileNotFoundError, match=r"partition\.json: missing"):
         HotColdPartition.open(tmp_path)
+    (tmp_path / "part" / "is_hot.npy").unlink()
+    with pytest.raises(FileNotFoundError, match=r"is_hot\.npy: missing; .* write it again"):
+        HotColdPartition.open(tmp_path / "part")
     with pytest.raises(ValueError, match="no inputs to partition"):
         HotColdPartition.write(iter([]), hot_set, DEFAULT_CAT_NAMES, tmp_path / "empty")
 

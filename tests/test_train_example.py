@@ -22,11 +22,14 @@ def _run(tmp_path, *args, launcher=()):
 
 
 @pytest.mark.slow
-def test_fae_reaches_the_baseline_auc(tmp_path):
-    fae = _run(tmp_path / "fae", "--num-samples", "200000", launcher=(sys.executable,))
-    baseline = _run(tmp_path / "base", "--num-samples", "200000", "--baseline", launcher=(sys.executable,))
+def test_fae_reaches_the_baseline_auc_when_hot_inputs_click_less(tmp_path):
+    """The default order (stream) against the baseline on synthetic data with a planted label gap: the
+    inputs FAE makes hot click at about 18% against 28% for the others (bench_schedule.py)."""
+    data = ["--num-samples", "200000", "--label-gap", "-1"]
+    fae = _run(tmp_path / "fae", *data, launcher=(sys.executable,))
+    baseline = _run(tmp_path / "base", *data, "--baseline", launcher=(sys.executable,))
     assert (fae["mode"], baseline["mode"]) == ("fae", "torchrec")
-    assert fae["hot_steps"] > 0 and fae["cold_steps"] > 0 and baseline["hot_steps"] == 0
+    assert fae["hot_steps"] > 0.25 * (fae["hot_steps"] + fae["cold_steps"]) and baseline["hot_steps"] == 0
     assert fae["hot_step_ms"] > 0 and fae["cold_step_ms"] > 0 and fae["routing_ms"] > 0
     assert baseline["hot_step_ms"] is None and baseline["cold_step_ms"] > 0
     assert fae["train_inputs"] == baseline["train_inputs"]

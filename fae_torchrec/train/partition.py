@@ -4,8 +4,9 @@ Inputs keep their order within each part. Each input's ids are stored twice: as 
 and as FAE's parts number them (``part_ids``, ``HotSet.signed_part_ids``), remapped here once so that
 training splits its batches by sign, with no lookup in the hot set (FAE's offline remap). A partition
 lives in memory or in a directory of ``.npy`` files (``hot_dense.npy``, ``hot_ids.npy``,
-``hot_part_ids.npy``, ``hot_labels.npy`` and the same for ``cold``), written chunk by chunk while the
-data streams past, and read back memory-mapped.
+``hot_part_ids.npy``, ``hot_labels.npy``, the same for ``cold``, and ``is_hot.npy``, which inputs of the
+data went to the hot part), written chunk by chunk while the data streams past, and read back
+memory-mapped.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ _HEADER_BYTES = 128
 
 @dataclass(frozen=True)
 class HotColdPartition:
-    """The entirely-hot inputs of a data set (``hot``) and all the others (``cold``)."""
+    """The entirely-hot inputs of a data set (``hot``), all the others (``cold``), and for each input
+    of the data, in its order, whether it is entirely hot (``is_hot``; the stream order needs it)."""
 
     hot: SampleBlock
     cold: SampleBlock
+    is_hot: np.ndarray
 
     def part(self, name: str) -> SampleBlock:
         return {HOT: self.hot, COLD: self.cold}[name]
@@ -41,13 +44,15 @@ class HotColdPartition:
     def of(cls, blocks: Iterable[SampleBlock], hot_set: HotSet, keys: Sequence[str]) -> HotColdPartition:
         """Partition in memory."""
         parts: dict[str, list[SampleBlock]] = {HOT: [], COLD: []}
+        is_hot = []
         for block in blocks:
             block, hot = _with_part_ids(block, hot_set, keys)
             parts[HOT].append(block.select(hot))
             parts[COLD].append(block.select(~hot))
+            is_hot.append(hot)
         if not parts[HOT]:
             raise ValueError("no inputs to partition")
-        return cls(SampleBlock.concat(parts[HOT]), SampleBlock.concat(parts[COLD]))
+        return cls(SampleBlock.concat(parts[HOT]), SampleBlock.concat(parts[COLD]), np.concatenate(is_hot))
 
     @classmethod
     def write(
@@ -62,10 +67,12 @@ class HotColdPartition:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         writers: dict[tuple[str, str], _NpyAppender] = {}
+        is_hot = _NpyAppender(directory / "is_hot.npy", np.dtype(bool), ())
         ids_per_feature = None
         for block in tqdm(blocks, total=total, desc="partitioning", unit="block", leave=False):
             ids_per_feature = block.ids_per_feature
             block, hot = _with_part_ids(block, hot_set, keys)
+            is_hot.append(hot)
             for part, chosen in ((HOT, block.select(hot)), (COLD, block.select(~hot))):
                 for field in _FIELDS:
                     array = getattr(chosen, field)
@@ -75,10 +82,10 @@ class HotColdPartition:
                             directory / f"{part}_{field}.npy", array.dtype, array.shape[1:]
                         )
                     writers[key].append(array)
+        for writer in (*writers.values(), is_hot):
+            writer.close()
         if ids_per_feature is None:
             raise ValueError("no inputs to partition")
-        for writer in writers.values():
-            writer.close()
         (directory / "partition.json").write_text(json.dumps({"ids_per_feature": list(ids_per_feature)}))
         return cls.open(directory)
 
@@ -97,7 +104,12 @@ class HotColdPartition:
             )
             for part in PARTS
         }
-        return cls(blocks[HOT], blocks[COLD])
+        is_hot = directory / "is_hot.npy"
+        if not is_hot.exists():
+            raise FileNotFoundError(
+                f"{is_hot}: missing; the partition was written by an older version, write it again"
+            )
+        return cls(blocks[HOT], blocks[COLD], np.load(is_hot, mmap_mode="r"))
 
 
 def _with_part_ids(

@@ -32,8 +32,8 @@ class BatchRouter:
         partition: the data set split into hot and cold inputs.
         batch_size: inputs per rank and step (the last cold step may be larger, see ``schedule``).
         world_size, rank: this rank's place; every rank computes the same schedule.
-        order: ``phases``, ``shuffled`` or ``adaptive`` (see ``schedule``).
-        seed: seed of the shuffled order (with the epoch).
+        order: ``stream`` (the default), ``shuffled``, ``phases`` or ``adaptive`` (see ``schedule``).
+        seed: seed of the random orders (with the epoch).
         keys: the feature names of the ``KeyedJaggedTensor``.
         split: makes each batch's ``sparse_features`` a ``SplitFeatures`` before the step, given the
             features, whether the step is hot and whether the features carry the partition's part
@@ -48,7 +48,7 @@ class BatchRouter:
         batch_size: int,
         world_size: int = 1,
         rank: int = 0,
-        order: str = "shuffled",
+        order: str = "stream",
         seed: int = 0,
         keys: Sequence[str] = DEFAULT_CAT_NAMES,
         split: Callable[[KeyedJaggedTensor, bool, bool], SplitFeatures] | None = None,
@@ -68,8 +68,7 @@ class BatchRouter:
 
     def schedule(self, epoch: int) -> list[Step]:
         return make_schedule(
-            len(self.partition.hot),
-            len(self.partition.cold),
+            self.partition.is_hot,
             self.batch_size,
             self.world_size,
             self.order,

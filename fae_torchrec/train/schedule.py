@@ -5,19 +5,25 @@ hot inputs each; the hot inputs that do not fill a last hot step join the cold s
 runs both parts, so a hot input trains correctly there). Cold steps take the cold stream the same
 way; the inputs that do not fill a last cold step are spread over the ranks of the final cold step,
 whose batches grow by at most ``batch_size`` (or, with no full cold step, make up the only one).
-Every input is trained on exactly once per epoch, and the whole schedule is a function of the part
-sizes, the batch size, the world size, the order, the seed and the epoch: every rank computes the
-same one without a collective.
+Every input is trained on exactly once per epoch, and the whole schedule is a function of which
+inputs are hot, the batch size, the world size, the order, the seed and the epoch: every rank
+computes the same one without a collective.
 
 Orders:
-    ``phases``: all cold steps, then all hot steps (FAE's released code).
+    ``stream`` (the default): the data in blocks of one step's inputs, the blocks in a random order
+        (seeded by ``(seed, epoch)``; a short last block stays last), which is the baseline's order;
+        each block's hot inputs join the hot stream and its other inputs the cold stream, and a step
+        runs as soon as its stream has filled it. Every input trains close to where the baseline's
+        order trains it, hot steps come at the data's own rate (no runs beyond what the data has),
+        and every window of steps sees the data's mix of hot and cold inputs, so the label bias of
+        hot inputs (they click less often on Criteo) averages out within a few steps.
     ``shuffled``: hot and cold steps interleaved at random at the data's own ratio, and the steps of
         each kind in a random order (seeded by ``(seed, epoch)``).
+    ``phases``: all cold steps, then all hot steps (FAE's released code).
     ``adaptive``: the steps of each kind in the shuffled order, hot steps in ``ADAPTIVE_RUNS`` runs
         spread evenly among the cold steps. The router halves the run length each time the
         validation loss comes out worse than the best so far (see ``BatchRouter``), down to single
-        hot steps evenly interleaved with the cold ones: long hot runs are what can bias the model,
-        so they are broken up exactly when accuracy suffers.
+        hot steps evenly interleaved with the cold ones.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import numpy as np
 
 from fae_torchrec.stats.hot_set import COLD, HOT
 
-ORDERS = ("phases", "shuffled", "adaptive")
+ORDERS = ("stream", "shuffled", "phases", "adaptive")
 #: Runs of hot steps the adaptive order starts with.
 ADAPTIVE_RUNS = 8
 
@@ -49,38 +55,56 @@ class Step:
 
 
 def make_schedule(
-    num_hot: int,
-    num_cold: int,
+    is_hot: np.ndarray,
     batch_size: int,
     world_size: int = 1,
-    order: str = "shuffled",
+    order: str = "stream",
     seed: int = 0,
     epoch: int = 0,
 ) -> list[Step]:
-    """The steps of one epoch (see the module docstring)."""
+    """The steps of one epoch (see the module docstring). ``is_hot`` says which inputs of the data,
+    in its order, are entirely hot (``HotColdPartition.is_hot``); each part keeps the data's order."""
     if order not in ORDERS:
         raise ValueError(f"unknown order {order!r}; choose from {ORDERS}")
     if batch_size <= 0 or world_size <= 0:
         raise ValueError(f"batch size and world size must be positive, got {batch_size} and {world_size}")
+    num_inputs, num_hot = len(is_hot), int(np.count_nonzero(is_hot))
     round_size = batch_size * world_size
     hot_steps = num_hot // round_size
-    if hot_steps and 0 < num_cold + num_hot - hot_steps * round_size < world_size:
+    if hot_steps and 0 < num_inputs - hot_steps * round_size < world_size:
         hot_steps -= 1  # too few inputs left for every rank in a cold step: one hot step's join them
     used_hot = hot_steps * round_size
-    # the cold stream: cold inputs, then the hot inputs left over from the hot steps
-    stream = [(COLD, 0, num_cold), (HOT, used_hot, num_hot)]
-    stream_length = num_cold + num_hot - used_hot
-    if 0 < stream_length < world_size:
+    rng = np.random.default_rng([seed, epoch])
+    if order == "stream":
+        hot_stream, cold_stream = _block_streams(is_hot, round_size, rng)
+    else:
+        hot_stream = _Stream([HOT], [0], [num_hot])
+        cold_stream = _Stream([COLD], [0], [num_inputs - num_hot])
+    # the cold stream ends with the hot inputs left over from the hot steps
+    cold_stream = cold_stream.followed_by(hot_stream.cut(used_hot, num_hot))
+    if 0 < len(cold_stream) < world_size:
         raise ValueError(
-            f"{stream_length} inputs left for cold steps but {world_size} ranks: every rank needs one"
+            f"{len(cold_stream)} inputs left for cold steps but {world_size} ranks: every rank needs one"
         )
-    bounds = _cold_step_bounds(stream_length, round_size, world_size)
-    hot = [Step(True, tuple(((HOT, s * round_size + r * batch_size, s * round_size + (r + 1) * batch_size),)
-                            for r in range(world_size))) for s in range(hot_steps)]  # fmt: skip
-    cold = [Step(False, tuple(_cut(stream, a, b) for a, b in step)) for step in bounds]
+    bounds = {
+        HOT: _step_bounds(used_hot, round_size, world_size),
+        COLD: _step_bounds(len(cold_stream), round_size, world_size),
+    }
+    hot, cold = (
+        [Step(part == HOT, tuple(stream.cut(a, b) for a, b in step)) for step in bounds[part]]
+        for part, stream in ((HOT, hot_stream), (COLD, cold_stream))
+    )
+    if order == "stream":
+        # a step runs once the block that fills it has been read; on a tie the cold step goes first
+        filled = np.concatenate(
+            [
+                stream.block_of([step[-1][1] for step in bounds[part]])
+                for part, stream in ((COLD, cold_stream), (HOT, hot_stream))
+            ]
+        )
+        return [(cold + hot)[i] for i in np.argsort(filled, kind="stable")]
     if order == "phases":
         return cold + hot
-    rng = np.random.default_rng([seed, epoch])
     hot = [hot[i] for i in rng.permutation(len(hot))]
     cold = [cold[i] for i in rng.permutation(len(cold))]
     if order == "adaptive":
@@ -113,9 +137,9 @@ def merge(hot: list[Step], cold: list[Step], kinds: list[bool]) -> list[Step]:
     return [next(hot_iter) if kind else next(cold_iter) for kind in kinds]
 
 
-def _cold_step_bounds(length: int, round_size: int, world_size: int) -> list[list[tuple[int, int]]]:
-    """Per cold step, per rank, the (start, stop) range of the cold stream; the last step takes the
-    remainder, split as evenly as possible."""
+def _step_bounds(length: int, round_size: int, world_size: int) -> list[list[tuple[int, int]]]:
+    """Per step, per rank, the (start, stop) range of a stream of ``length`` inputs; the last step
+    takes the remainder, split as evenly as possible."""
     if length == 0:
         return []
     steps = max(length // round_size, 1)
@@ -127,13 +151,56 @@ def _cold_step_bounds(length: int, round_size: int, world_size: int) -> list[lis
     return result
 
 
-def _cut(stream: list[Span], start: int, stop: int) -> tuple[Span, ...]:
-    """The spans of the parts that positions ``start..stop`` of the concatenated stream cover."""
-    spans, offset = [], 0
-    for part, first, last in stream:
-        length = last - first
-        lo, hi = max(start - offset, 0), min(stop - offset, length)
-        if lo < hi:
-            spans.append((part, first + lo, first + hi))
-        offset += length
-    return tuple(spans)
+def _block_streams(is_hot: np.ndarray, round_size: int, rng: np.random.Generator) -> tuple[_Stream, _Stream]:
+    """The stream order's hot and cold streams: the data in blocks of ``round_size`` inputs, the full
+    blocks in a random order and a short last block last, each block's inputs sorted into its part."""
+    num_inputs = len(is_hot)
+    starts = np.arange(0, num_inputs, round_size)
+    hot_before = np.zeros(len(starts) + 1, dtype=np.int64)  # hot inputs before each block's start
+    if num_inputs:
+        np.cumsum(np.add.reduceat(is_hot, starts, dtype=np.int64), out=hot_before[1:])
+    full = num_inputs // round_size
+    blocks = np.concatenate([rng.permutation(full), np.arange(full, len(starts))])
+    cold_before = np.append(starts, num_inputs) - hot_before
+    return tuple(
+        _Stream([part] * len(blocks), before[blocks], before[blocks + 1] - before[blocks])
+        for part, before in ((HOT, hot_before), (COLD, cold_before))
+    )
+
+
+class _Stream:
+    """Ranges of the parts one after another, cut into steps by position in the stream. In the stream
+    order range ``i`` holds the inputs of the ``i``-th block read (``block_of``)."""
+
+    def __init__(self, parts: list[str], starts, lengths) -> None:
+        self.parts = list(parts)
+        self.starts = np.asarray(starts, dtype=np.int64)
+        self.ends = np.cumsum(np.asarray(lengths, dtype=np.int64))  # stream positions where ranges end
+
+    def __len__(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def cut(self, start: int, stop: int) -> tuple[Span, ...]:
+        """The spans of the parts that positions ``start..stop`` of the stream cover."""
+        spans = []
+        for i in range(np.searchsorted(self.ends, start, "right"), len(self.ends)):
+            offset = int(self.ends[i - 1]) if i else 0
+            if offset >= stop:
+                break
+            lo, hi = max(start - offset, 0), min(stop, int(self.ends[i])) - offset
+            if lo < hi:
+                spans.append((self.parts[i], int(self.starts[i]) + lo, int(self.starts[i]) + hi))
+        return tuple(spans)
+
+    def followed_by(self, spans: tuple[Span, ...]) -> _Stream:
+        """This stream, then ``spans`` (in the stream order: after the last block)."""
+        lengths = np.diff(np.concatenate([[0], self.ends]))
+        return _Stream(
+            self.parts + [part for part, _, _ in spans],
+            np.concatenate([self.starts, [start for _, start, _ in spans]]),
+            np.concatenate([lengths, [stop - start for _, start, stop in spans]]),
+        )
+
+    def block_of(self, positions) -> np.ndarray:
+        """The block whose reading brings the stream to each of ``positions`` (stream order only)."""
+        return np.searchsorted(self.ends, np.asarray(positions, dtype=np.int64), "left")
