@@ -1,6 +1,7 @@
 """Partition, schedule and router: every input exactly once per epoch, hot steps hot, ranks in step."""
 
 from collections import Counter
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -32,9 +33,12 @@ def _covered(steps, world_size):
     )
 
 
-def _mask(num_hot, num_cold, seed=0):
-    """Which inputs of a data set are hot: ``num_hot`` of them, at random places."""
-    return np.random.default_rng(seed).permutation(np.arange(num_hot + num_cold) < num_hot)
+def _mask(num_hot, num_cold, seed=0, arrangement="random"):
+    """Which inputs of a data set are hot: ``num_hot`` of them, at random places, first or last."""
+    first = np.arange(num_hot + num_cold) < num_hot
+    return {"random": np.random.default_rng(seed).permutation(first), "first": first, "last": first[::-1]}[
+        arrangement
+    ]
 
 
 def _positions(is_hot, steps, world_size):
@@ -49,13 +53,18 @@ def _positions(is_hot, steps, world_size):
     return positions
 
 
+@pytest.mark.parametrize("arrangement", ["random", "first", "last"])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize(
     ("num_hot", "num_cold", "batch_size"), [(25, 13, 4), (24, 0, 4), (3, 40, 8), (0, 9, 3), (8, 1, 4)]
 )
-def test_every_input_exactly_once_and_hot_steps_only_hot(world_size, order, num_hot, num_cold, batch_size):
-    steps = make_schedule(_mask(num_hot, num_cold), batch_size, world_size, order, seed=1)
+def test_every_input_exactly_once_and_hot_steps_only_hot(
+    arrangement, world_size, order, num_hot, num_cold, batch_size
+):
+    steps = make_schedule(
+        _mask(num_hot, num_cold, arrangement=arrangement), batch_size, world_size, order, seed=1
+    )
     expected = Counter([(HOT, i) for i in range(num_hot)] + [(COLD, i) for i in range(num_cold)])
     assert _covered(steps, world_size) == expected
     for step in steps:
@@ -84,6 +93,9 @@ def test_random_orders_are_seeded_per_epoch(order):
 
 def test_stream_order_without_hot_inputs_is_the_data_in_random_blocks():
     steps = make_schedule(np.zeros(10 * 16 + 3, dtype=bool), 8, 2, "stream", seed=2)
+    for step in steps[:-1]:
+        spans = [span for rank in step.spans for span in rank]
+        assert all(a[2] == b[1] for a, b in pairwise(spans)), "one contiguous block a step"
     blocks = [(step.spans[0][0][1], step.spans[-1][-1][2]) for step in steps[:-1]]
     assert all(stop - start == 16 and start % 16 == 0 for start, stop in blocks), "one block a step"
     assert sorted(blocks) != blocks, "in a random order"
@@ -109,6 +121,7 @@ def test_stream_order_trains_every_input_close_to_where_the_baseline_does(share)
 
 
 def test_schedule_errors():
+    assert make_schedule(np.zeros(0, dtype=bool), 4, 2) == [], "no input, no step"
     with pytest.raises(ValueError, match="2 inputs left for cold steps but 3 ranks"):
         make_schedule(_mask(0, 2), 4, 3)
     assert [s.hot for s in make_schedule(_mask(8, 1), 4, 2)] == [False], "a hot step's inputs make room"
@@ -138,6 +151,12 @@ def test_partition_in_memory_and_on_disk(data, tmp_path):
     assert not hot_set.is_hot_input(disk.cold.feature_ids(DEFAULT_CAT_NAMES)).any()
     with pytest.raises(FileNotFoundError, match=r"partition\.json: missing"):
         HotColdPartition.open(tmp_path)
+    del disk  # its is_hot is memory-mapped from the file rewritten below
+    np.save(tmp_path / "part" / "is_hot.npy", np.roll(memory.is_hot, 1))  # as many hot, other inputs
+    HotColdPartition.open(tmp_path / "part")
+    np.save(tmp_path / "part" / "is_hot.npy", memory.is_hot[1:])
+    with pytest.raises(ValueError, match=r"part: damaged partition: is_hot marks \d+ of 5999 inputs hot"):
+        HotColdPartition.open(tmp_path / "part")
     (tmp_path / "part" / "is_hot.npy").unlink()
     with pytest.raises(FileNotFoundError, match=r"is_hot\.npy: missing; .* write it again"):
         HotColdPartition.open(tmp_path / "part")

@@ -37,6 +37,14 @@ class HotColdPartition:
     cold: SampleBlock
     is_hot: np.ndarray
 
+    def __post_init__(self) -> None:
+        marked = int(np.count_nonzero(self.is_hot))
+        if len(self.is_hot) != len(self.hot) + len(self.cold) or marked != len(self.hot):
+            raise ValueError(
+                f"is_hot marks {marked} of {len(self.is_hot)} inputs hot, but the parts hold "
+                f"{len(self.hot)} hot and {len(self.cold)} cold inputs"
+            )
+
     def part(self, name: str) -> SampleBlock:
         return {HOT: self.hot, COLD: self.cold}[name]
 
@@ -109,7 +117,10 @@ class HotColdPartition:
             raise FileNotFoundError(
                 f"{is_hot}: missing; the partition was written by an older version, write it again"
             )
-        return cls(blocks[HOT], blocks[COLD], np.load(is_hot, mmap_mode="r"))
+        try:
+            return cls(blocks[HOT], blocks[COLD], np.load(is_hot, mmap_mode="r"))
+        except ValueError as error:
+            raise ValueError(f"{directory}: damaged partition: {error}") from error
 
 
 def _with_part_ids(

@@ -13,8 +13,10 @@ Orders:
     ``stream`` (the default): the data in blocks of one step's inputs, the blocks in a random order
         (seeded by ``(seed, epoch)``; a short last block stays last), which is the baseline's order;
         each block's hot inputs join the hot stream and its other inputs the cold stream, and a step
-        runs as soon as its stream has filled it. Every input trains close to where the baseline's
-        order trains it, hot steps come at the data's own rate (no runs beyond what the data has),
+        runs as soon as its stream has filled it (the last cold step, which takes the remainder,
+        runs at the epoch's end). Every input trains close to where the baseline's order trains it (on
+        average within a step; a hot input waits for the next hot step), hot steps come at the data's
+        own rate (no runs beyond what the data has: single hot steps while under half the inputs are hot),
         and every window of steps sees the data's mix of hot and cold inputs, so the label bias of
         hot inputs (they click less often on Criteo) averages out within a few steps.
     ``shuffled``: hot and cold steps interleaved at random at the data's own ratio, and the steps of
@@ -39,6 +41,8 @@ ORDERS = ("stream", "shuffled", "phases", "adaptive")
 #: Runs of hot steps the adaptive order starts with.
 ADAPTIVE_RUNS = 8
 
+#: Inputs of ``is_hot`` the stream order counts at a time.
+COUNT_CHUNK = 1 << 22
 #: A contiguous range of one part: (part, start, stop).
 Span = tuple[str, int, int]
 
@@ -102,7 +106,8 @@ def make_schedule(
                 for part, stream in ((COLD, cold_stream), (HOT, hot_stream))
             ]
         )
-        return [(cold + hot)[i] for i in np.argsort(filled, kind="stable")]
+        steps = cold + hot
+        return [steps[i] for i in np.argsort(filled, kind="stable")]
     if order == "phases":
         return cold + hot
     hot = [hot[i] for i in rng.permutation(len(hot))]
@@ -156,10 +161,14 @@ def _block_streams(is_hot: np.ndarray, round_size: int, rng: np.random.Generator
     blocks in a random order and a short last block last, each block's inputs sorted into its part."""
     num_inputs = len(is_hot)
     starts = np.arange(0, num_inputs, round_size)
-    hot_before = np.zeros(len(starts) + 1, dtype=np.int64)  # hot inputs before each block's start
-    if num_inputs:
-        np.cumsum(np.add.reduceat(is_hot, starts, dtype=np.int64), out=hot_before[1:])
     full = num_inputs // round_size
+    per_block = np.zeros(len(starts), dtype=np.int64)  # hot inputs per block, a chunk of blocks at a time
+    chunk = round_size * max(1, COUNT_CHUNK // round_size)  # (``is_hot`` may be memory-mapped)
+    for first in range(0, full * round_size, chunk):
+        rows = np.asarray(is_hot[first : min(first + chunk, full * round_size)]).reshape(-1, round_size)
+        per_block[first // round_size : first // round_size + len(rows)] = np.count_nonzero(rows, axis=1)
+    per_block[full:] = np.count_nonzero(is_hot[full * round_size :])
+    hot_before = np.concatenate([[0], np.cumsum(per_block)])  # hot inputs before each block's start
     blocks = np.concatenate([rng.permutation(full), np.arange(full, len(starts))])
     cold_before = np.append(starts, num_inputs) - hot_before
     return tuple(
@@ -197,8 +206,8 @@ class _Stream:
         lengths = np.diff(np.concatenate([[0], self.ends]))
         return _Stream(
             self.parts + [part for part, _, _ in spans],
-            np.concatenate([self.starts, [start for _, start, _ in spans]]),
-            np.concatenate([lengths, [stop - start for _, start, stop in spans]]),
+            np.concatenate([self.starts, np.array([start for _, start, _ in spans], dtype=np.int64)]),
+            np.concatenate([lengths, np.array([stop - start for _, start, stop in spans], dtype=np.int64)]),
         )
 
     def block_of(self, positions) -> np.ndarray:
