@@ -85,7 +85,8 @@ def _pipelined_training(rank: int, world_size: int, optimizer_name: str, first_h
     }
 
     partition = HotColdPartition.of(data.blocks(), hot_set, DEFAULT_CAT_NAMES)
-    router = BatchRouter(partition, 32, world_size=world_size, rank=rank, seed=1)
+    # the shuffled order: it has runs of hot steps, so a hot step also follows a hot step
+    router = BatchRouter(partition, 32, world_size=world_size, rank=rank, order="shuffled", seed=1)
     routed = list(router.epoch(0))
     start = next(i for i, r in enumerate(routed) if r.hot == first_hot)
     routed = routed[start : start + STEPS]
