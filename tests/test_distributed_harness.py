@@ -1,5 +1,7 @@
-"""The multi-rank test harness: a rank aborted by SIGABRT reruns the group once; other failures fail."""
+"""The multi-rank test harness: a rank aborted by SIGABRT reruns the group once unless every rank had
+finished; other failures fail."""
 
+import atexit
 import os
 from pathlib import Path
 
@@ -13,6 +15,13 @@ def _abort_first_time(rank: int, world_size: int, marker: str) -> None:
     if rank == 1 and not Path(marker).exists():
         Path(marker).touch()
         os.abort()
+
+
+def _abort_after_finishing(rank: int, world_size: int, runs: str) -> None:
+    with open(runs, "a") as file:
+        file.write(f"{rank}\n")
+    if rank == 1:
+        atexit.register(os.abort)  # as gloo's abort comes: when the rank tears down
 
 
 def _always_abort(rank: int, world_size: int) -> None:
@@ -29,6 +38,13 @@ def _raise(rank: int, world_size: int, marker: str) -> None:
 def test_a_rank_aborted_once_reruns_the_group(tmp_path):
     with pytest.warns(UserWarning, match="rank 1 got SIGABRT; running the group again"):
         run_on_ranks(_abort_first_time, 2, tmp_path, str(tmp_path / "aborted"))
+
+
+def test_an_abort_after_every_rank_finished_passes_without_a_rerun(tmp_path):
+    runs = tmp_path / "runs"
+    with pytest.warns(UserWarning, match="rank 1 got SIGABRT after the test had passed"):
+        run_on_ranks(_abort_after_finishing, 2, tmp_path, str(runs))
+    assert sorted(runs.read_text().split()) == ["0", "1"], "the test ran once on each rank"
 
 
 def test_a_second_abort_and_an_exception_fail_at_once(tmp_path):

@@ -14,9 +14,9 @@ from tests.distributed import run_launched
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
 
 
-def _run(tmp_path, *args, launcher=()):
+def _run(tmp_path, *args, launcher=(), outputs=()):
     out = tmp_path / "out"
-    run = run_launched([*launcher, str(EXAMPLE), "--out", str(out), *args])
+    run = run_launched([*launcher, str(EXAMPLE), "--out", str(out), *args], outputs=[out, *outputs])
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads((out / "metrics.json").read_text())
 
@@ -81,7 +81,7 @@ def test_resumed_run_ends_where_the_straight_run_ends(tmp_path):
         "0.5",
     ]
     straight = _run(tmp_path / "straight", *common, "--checkpoint-dir", str(tmp_path / "ck"),
-                    "--checkpoint-every", "30", launcher=python)  # fmt: skip
+                    "--checkpoint-every", "30", launcher=python, outputs=[tmp_path / "ck"])  # fmt: skip
     resumed = _run(tmp_path / "resumed", *common, "--checkpoint-dir", str(tmp_path / "ck"), "--resume",
                    launcher=python)  # fmt: skip
     assert (resumed["hot_steps"], resumed["cold_steps"]) == (straight["hot_steps"], straight["cold_steps"])
