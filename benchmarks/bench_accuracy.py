@@ -1,6 +1,7 @@
 """Accuracy of FAE against the baseline, paired by seed: the same data, initial weights and schedule seed.
 
-For each seed, trains ``examples/train_dlrm_fae.py`` on the built-in synthetic data with
+For each seed, trains ``examples/train_dlrm_fae.py`` (or, with ``--model tbsm``,
+``examples/train_tbsm_fae.py``) on the built-in synthetic data with
 ``--baseline`` (TorchRec's default planner, batches in random order) and with FAE in each of the
 ``--order``s, and compares their validation AUC and log loss (held-out inputs, never profiled).
 A control runs too: the baseline again with only its random order changed (``--order-seed``), which
@@ -14,6 +15,7 @@ below the baseline, and draws the per-seed AUC differences to
     python benchmarks/bench_accuracy.py --label-gap -1.0           # hot inputs click less (planted)
     python benchmarks/bench_accuracy.py --order stream shuffled phases    # several orders, one baseline
     python benchmarks/bench_accuracy.py --data criteo-tsv ROWS --example-args "--sample 0.25 --budget 1MiB"
+    python benchmarks/bench_accuracy.py --model tbsm               # TBSM on Taobao-like histories
 
 Real rows are read from where they are (never copied into the repository); each seed then varies the
 initial weights and the schedule, not the data.
@@ -38,7 +40,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common.example_runs import run_example
+from benchmarks.common.example_runs import EXAMPLES, run_example
 from fae_torchrec.arguments import positive_int
 from fae_torchrec.train.schedule import ORDERS
 
@@ -54,12 +56,14 @@ FIGURES = {"final_auc": True, "final_log_loss": False}
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=positive_int, default=10, help="seeds 0..N-1, one pair each")
-    parser.add_argument("--num-samples", type=positive_int, default=300_000, help="synthetic inputs")
+    parser.add_argument("--model", choices=sorted(EXAMPLES), default="dlrm", help="the model, by its example")
+    parser.add_argument("--num-samples", type=positive_int, default=300_000, help="synthetic inputs (DLRM)")
+    parser.add_argument("--num-users", type=positive_int, default=40_000, help="synthetic users (TBSM)")
     parser.add_argument(
         "--order", nargs="+", choices=ORDERS, default=["stream"], help="FAE's hot/cold step orders"
     )
     parser.add_argument(
-        "--label-gap", type=float, default=0.0, help="the example's --label-gap: a planted label gap"
+        "--label-gap", type=float, default=0.0, help="DLRM example's --label-gap: a planted label gap"
     )
     parser.add_argument(
         "--data",
@@ -80,9 +84,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def describe(args: argparse.Namespace) -> str:
     """The data of every run, in words."""
+    if args.data == ["synthetic"] and args.model == "tbsm":
+        return f"TBSM, {args.num_users:,} synthetic users"
     if args.data == ["synthetic"]:
         return f"{args.num_samples:,} synthetic inputs, label gap {args.label_gap}"
     return " ".join(Path(item).name for item in args.data)
+
+
+def data_options(args: argparse.Namespace) -> list[str]:
+    """The example's options that size the synthetic data (and plant DLRM's label gap)."""
+    if args.model == "tbsm":
+        return ["--num-users", str(args.num_users)]
+    return ["--num-samples", str(args.num_samples), "--label-gap", str(args.label_gap)]
 
 
 def paired(other: np.ndarray, baseline: np.ndarray, higher_is_better: bool) -> str:
@@ -133,13 +146,17 @@ def main(argv: list[str] | None = None) -> dict[str, np.ndarray]:
     runs: dict[str, list[dict]] = {mode: [] for mode in modes}
     for seed in tqdm(range(args.seeds), desc="seeds", unit="seed"):
         common = [
-            "--data", *args.data, "--num-samples", str(args.num_samples), "--seed", str(seed),
-            "--label-gap", str(args.label_gap), *shlex.split(args.example_args),
-        ]  # fmt: skip
+            "--data",
+            *args.data,
+            "--seed",
+            str(seed),
+            *data_options(args),
+            *shlex.split(args.example_args),
+        ]
         for mode, extra in modes.items():
             out = Path(args.out) / f"{mode.replace(' ', '-')}-{seed}"
             order_seed = ["--order-seed", str(seed + CONTROL_SEED_OFFSET)] if mode == CONTROL else []
-            runs[mode].append(run_example([*common, *extra, *order_seed], out))
+            runs[mode].append(run_example([*common, *extra, *order_seed], out, model=args.model))
             for partition in out.glob("partition-*"):  # metrics stay; the partition's .npy files go
                 shutil.rmtree(partition)
     values = {

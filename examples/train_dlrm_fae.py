@@ -16,6 +16,9 @@ plan TorchRec's CPU kernels.
 
 Writes ``metrics.json`` (with throughput, hot and cold step times), ``curves.png`` (train loss,
 validation AUC) and the profiled statistics ``stats.npz`` to ``--out``.
+
+The driver (:func:`main`) trains any :class:`ModelFamily`: ``examples/train_tbsm_fae.py`` gives it TBSM
+on Taobao-like data.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import resource
 import tempfile
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
@@ -69,8 +73,8 @@ from fae_torchrec.arguments import (
     positive_float,
     positive_int,
 )
-from fae_torchrec.data import SampleBlock, rebatch
-from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES, CriteoSource
+from fae_torchrec.data import SampleBlock
+from fae_torchrec.data.source import BlockSource
 from fae_torchrec.data.sources import add_data_arguments, default_tables, open_source
 from fae_torchrec.tables import TableLayout
 from fae_torchrec.train.checkpoint import Checkpoints
@@ -100,9 +104,68 @@ EMBEDDING_OPTIMIZERS = {
 }
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+@dataclass(frozen=True)
+class ModelFamily:
+    """What differs between the models the driver trains; everything else (profiling, partitioning,
+    planning, DMP, the router, pipelines, evaluation, checkpoints, outputs) is shared.
+
+    Attributes:
+        name: the model's name in logs and plots.
+        description: the command's help line.
+        add_arguments: adds the data options (and any model option) to the parser.
+        open_source: the data source the options name, in blocks of ``BLOCK`` inputs.
+        build_model: the train module (loss, (loss, logits, labels)) around a sparse module (an
+            ``EmbeddingBagCollection`` or ``FAEEmbeddingBagCollection``) and the options.
+        sparse_path: where the sparse module lives in the train module (``get_submodule``).
+        named_defaults: option values a resume must match that are defaults computed from others.
+        defaults: the family's own defaults of the driver's options (such as ``batch_size``).
+    """
+
+    name: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    open_source: Callable[[argparse.Namespace], BlockSource]
+    build_model: Callable[[nn.Module, argparse.Namespace], nn.Module]
+    sparse_path: str
+    named_defaults: Callable[[argparse.Namespace], dict] = lambda args: {}
+    defaults: dict = field(default_factory=dict)
+
+
+def _dlrm_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_arguments(parser, num_samples=300_000, scale=0.02)
+    parser.add_argument(
+        "--val-every",
+        type=int_at_least(2, " (1 would hold out every input, leaving none to train on)"),
+        default=10,
+        help="hold out every N-th input (N >= 2) for validation",
+    )
+
+
+def _dlrm(sparse: nn.Module, args: argparse.Namespace) -> nn.Module:
+    return DLRMTrain(
+        DLRM(
+            sparse,
+            dense_in_features=13,
+            dense_arch_layer_sizes=[64, args.dim],
+            over_arch_layer_sizes=[64, 32, 1],
+        )
+    )
+
+
+DLRM_FAMILY = ModelFamily(
+    name="DLRM",
+    description=__doc__.split("\n")[0],
+    add_arguments=_dlrm_arguments,
+    open_source=lambda args: open_source(args, batch_size=BLOCK, require_labels=True)[0],
+    build_model=_dlrm,
+    sparse_path="model.sparse_arch.embedding_bag_collection",
+    named_defaults=lambda args: {"tables": args.tables or default_tables(args.data)},
+)
+
+
+def parse_args(argv: list[str] | None = None, family: ModelFamily = DLRM_FAMILY) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=family.description)
+    family.add_arguments(parser)
     parser.add_argument(
         "--baseline",
         nargs="?",
@@ -145,12 +208,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=positive_float, default=0.05, help="embedding learning rate")
     parser.add_argument("--dense-lr", type=positive_float, default=0.05, help="dense (Adagrad) learning rate")
     parser.add_argument(
-        "--val-every",
-        type=int_at_least(2, " (1 would hold out every input, leaving none to train on)"),
-        default=10,
-        help="hold out every N-th input (N >= 2) for validation",
-    )
-    parser.add_argument(
         "--eval-every",
         type=non_negative_int,
         default=0,
@@ -160,6 +217,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-dir", help="write a checkpoint here every --checkpoint-every steps")
     parser.add_argument("--checkpoint-every", type=non_negative_int, default=0)
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
+    parser.set_defaults(**family.defaults)
     args = parser.parse_args(argv)
     problem = _invalid_combination(args)
     if problem:
@@ -199,27 +257,20 @@ def init_distributed() -> tuple[int, int, torch.device]:
     return rank, world, torch.device("cpu")
 
 
-def _blocks(source: CriteoSource, validation: bool, every: int) -> Iterator[SampleBlock]:
-    """The training (or validation) inputs of ``source`` in blocks of at most ``BLOCK``: input ``i``
-    (counted from 0) is held out for validation when ``i % every == every - 1``, so any data of at
-    least ``every`` inputs has both."""
-    start = 0
-    for block in rebatch(source.raw_blocks(), BLOCK):
-        held_out = (start + np.arange(len(block))) % every == every - 1
-        start += len(block)
-        chosen = block.select(held_out if validation else ~held_out)
-        if len(chosen):
-            yield chosen
+def _blocks(source: BlockSource, validation: bool, args: argparse.Namespace) -> Iterator[SampleBlock]:
+    """The training (or validation) inputs of ``source`` in blocks of at most ``BLOCK``: every
+    ``--val-every``-th input held out (DLRM), or the source's own split (TBSM's, by time)."""
+    return source.split_blocks(validation, getattr(args, "val_every", None), BLOCK)
 
 
 def prepare_data(
-    args: argparse.Namespace, rank: int
+    args: argparse.Namespace, rank: int, family: ModelFamily = DLRM_FAMILY
 ) -> tuple[list[EmbeddingBagConfig], AccessStats, SampleBlock, HotColdPartition]:
     """Rank 0 streams the data: it profiles the training blocks and writes their hot/cold partition
     to ``--out`` (FAE's offline step; the baseline's partition is all cold). Every rank then gets the
     statistics and the validation set, and memory-maps the partition, reading only its own batches.
     Unlabelled data is refused; a problem found on rank 0 is raised on every rank."""
-    source, _ = open_source(args, batch_size=BLOCK, require_labels=True)
+    source = family.open_source(args)
     tables = source.table_configs(args.dim)
     directory = Path(args.out) / f"partition-{'baseline' if args.baseline else 'fae'}"
     shared: list = [None, None, None]
@@ -236,21 +287,26 @@ def prepare_data(
 
 
 def _profile_and_partition(
-    args: argparse.Namespace, source: CriteoSource, tables: list[EmbeddingBagConfig], directory: Path
+    args: argparse.Namespace, source: BlockSource, tables: list[EmbeddingBagConfig], directory: Path
 ) -> tuple[AccessStats, SampleBlock]:
     """Rank 0's part of :func:`prepare_data`: the statistics and the validation set; the partition
     is written to ``directory``."""
     data = " ".join(args.data)
     profiler = AccessProfiler(tables, args.sample, seed=args.seed)
-    for block in tqdm(_blocks(source, False, args.val_every), desc="profiling", unit="block", leave=False):
-        profiler.update(block.to_batch(DEFAULT_CAT_NAMES))
+    for block in tqdm(_blocks(source, False, args), desc="profiling", unit="block", leave=False):
+        profiler.update(block.to_batch(source.feature_names))
     if profiler.num_inputs == 0:
         raise ValueError(f"no training input: --data {data} has no inputs")
-    held_out = list(_blocks(source, True, args.val_every))
+    held_out = list(_blocks(source, True, args))
     if not held_out:
+        every = getattr(args, "val_every", None)
         raise ValueError(
-            f"no validation input: --data {data} has {profiler.num_inputs} inputs, fewer than "
-            f"--val-every {args.val_every} (one input in every {args.val_every} is held out for validation)"
+            f"no validation input: --data {data} has {profiler.num_inputs} training inputs, "
+            + (
+                f"fewer than --val-every {every} (one input in every {every} is held out for validation)"
+                if every
+                else "and none to validate on"
+            )
         )
     stats = profiler.stats()
     hot_set = (
@@ -258,23 +314,25 @@ def _profile_and_partition(
         if args.baseline
         else stats.hot_set(parse_bytes(args.budget))
     )
-    HotColdPartition.write(_blocks(source, False, args.val_every), hot_set, DEFAULT_CAT_NAMES, directory)
+    HotColdPartition.write(_blocks(source, False, args), hot_set, source.feature_names, directory)
     stats.save(Path(args.out) / "stats.npz")
     return stats, SampleBlock.concat(held_out)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, family: ModelFamily = DLRM_FAMILY) -> dict:
+    args = parse_args(argv, family)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", force=True)
     logger.setLevel(logging.INFO)
     rank, world, device = init_distributed()
     try:
-        return _train(args, rank, world, device)
+        return _train(args, rank, world, device, family)
     finally:
         dist.destroy_process_group()
 
 
-def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> dict:
+def _train(
+    args: argparse.Namespace, rank: int, world: int, device: torch.device, family: ModelFamily
+) -> dict:
     if args.optimizer == "adam" and device.type == "cpu":
         raise ValueError(
             "--optimizer adam: FBGEMM has no fused Adam on CPU; use it on GPU, or another optimizer"
@@ -288,7 +346,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     if hbm_cap is not None and device.type == "cpu":
         logger.warning("--hbm-cap %s ignored: there is no device memory to cap on CPU", args.hbm_cap)
         hbm_cap = None
-    tables, stats, validation, partition = prepare_data(args, rank)
+    tables, stats, validation, partition = prepare_data(args, rank, family)
     mode = args.baseline or "fae"
     budget = parse_bytes(args.budget)
     torch.manual_seed(args.seed)  # the same dense layers on every rank
@@ -303,14 +361,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         mode, world, device, hbm_cap, stats, args.batch_size, budget, args.pipeline == "prefetch"
     )
     num_train = len(partition.hot) + len(partition.cold)
-    model = DLRMTrain(
-        DLRM(
-            sparse,
-            dense_in_features=13,
-            dense_arch_layer_sizes=[64, args.dim],
-            over_arch_layer_sizes=[64, 32, 1],
-        )
-    )
+    model = family.build_model(sparse, args)
     embedding_optimizer = EmbeddingOptimizer(EMBEDDING_OPTIMIZERS[args.optimizer], {"lr": args.lr})
     embedding_optimizer.apply(sparse)
     del sparse  # DMP replaces it (or its parts) by sharded modules
@@ -322,7 +373,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     logger.info("%s: plan kernels %s", mode, dict(_kernels(plan)))
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
     # the same initial tables on every rank and in both layouts, made a block at a time in the shards
-    load_initial_tables(model.model.sparse_arch.embedding_bag_collection, tables, args.seed)
+    load_initial_tables(model.get_submodule(family.sparse_path), tables, args.seed)
     # data-parallel tables by the embedding optimizer's dense form, the dense layers by Adagrad
     dense = unfused_optimizer(
         dmp, embedding_optimizer, lambda params: torch.optim.Adagrad(params, lr=args.dense_lr)
@@ -333,7 +384,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
         seed=args.seed if args.order_seed is None else args.order_seed,
         split=None if fae is None else fae.split,
     )  # fmt: skip
-    validation_batches = _validation_batches(validation, args.batch_size, world, rank)
+    validation_batches = _validation_batches(validation, partition.keys, args.batch_size, world, rank)
     logger.info(
         "%s: %d training inputs (%d hot, %.1f%%), %d validation inputs, %d ranks",
         mode, num_train, len(partition.hot), 100 * len(partition.hot) / num_train, len(validation), world,
@@ -347,7 +398,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     history, counts = progress["history"], progress["counts"]
     first_epoch, first_step = 0, 0
     checkpoints = (
-        Checkpoints(args.checkpoint_dir, _resume_config(args), plan) if args.checkpoint_dir else None
+        Checkpoints(args.checkpoint_dir, _resume_config(args, family), plan) if args.checkpoint_dir else None
     )
     earlier = checkpoints.held_steps() if checkpoints and not args.resume else []
     if earlier:
@@ -403,6 +454,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: torch.device
     all_steps = step_seconds["hot"] + step_seconds["cold"]
     layout = TableLayout.of(tables)
     metrics = {
+        "model": family.name,
         "mode": mode,
         "world_size": world,
         "train_inputs": num_train,
@@ -502,11 +554,11 @@ class _StepRunner:
             yield taken.popleft(), float(output[0]), time.perf_counter() - started - spent, spent
 
 
-def _resume_config(args: argparse.Namespace) -> dict:
+def _resume_config(args: argparse.Namespace, family: ModelFamily) -> dict:
     """The options a resumed run must share with the run that saved, keyed as written on the command
     line (every option but these: how long to train, how often to evaluate and save, where to write)."""
     free = {"epochs", "eval_every", "out", "checkpoint_dir", "checkpoint_every", "resume"}
-    chosen = {**vars(args), "tables": args.tables or default_tables(args.data)}  # the default, named
+    chosen = {**vars(args), **family.named_defaults(args)}  # defaults computed from other options, named
     return {f"--{key.replace('_', '-')}": value for key, value in chosen.items() if key not in free}
 
 
@@ -559,10 +611,12 @@ def _mean_ms(seconds: list[float]) -> float | None:
     return 1000 * float(np.mean(seconds)) if seconds else None
 
 
-def _validation_batches(validation: SampleBlock, batch_size: int, world: int, rank: int) -> list:
+def _validation_batches(
+    validation: SampleBlock, keys: tuple[str, ...], batch_size: int, world: int, rank: int
+) -> list:
     """This rank's validation batches, the same number on every rank."""
     everything_cold = HotColdPartition(
-        validation.slice(0, 0), validation, np.zeros(len(validation), dtype=bool)
+        validation.slice(0, 0), validation, np.zeros(len(validation), dtype=bool), keys
     )
     router = BatchRouter(everything_cold, batch_size, world, rank, order="phases")
     return [routed.batch for routed in router.epoch(0)]
@@ -588,15 +642,20 @@ def _write(metrics: dict, out: Path) -> None:
     right.plot(history["eval_step"], history["auc"], marker="o")
     right.set_xlabel("step")
     right.set_ylabel("validation AUC")
-    fig.suptitle(f"DLRM, {metrics['mode']}, {metrics['world_size']} rank(s)")
+    fig.suptitle(f"{metrics['model']}, {metrics['mode']}, {metrics['world_size']} rank(s)")
     fig.tight_layout()
     fig.savefig(out / "curves.png", dpi=110)
     plt.close(fig)
 
 
-if __name__ == "__main__":
+def run(family: ModelFamily) -> None:
+    """The command: train ``family``; a bad option, file or plan exits with status 2 and says why."""
     try:
-        main()
+        main(family=family)
     except (ValueError, OSError, PlannerError) as error:
         logger.error("%s", error)
         raise SystemExit(2) from error
+
+
+if __name__ == "__main__":
+    run(DLRM_FAMILY)

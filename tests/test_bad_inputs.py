@@ -2,6 +2,7 @@
 the option or file; damaged statistics files are refused by ``AccessStats.load``."""
 
 import importlib.util
+import sys
 import zipfile
 from pathlib import Path
 
@@ -19,6 +20,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
 def _example():
     spec = importlib.util.spec_from_file_location("train_dlrm_fae", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
 

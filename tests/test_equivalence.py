@@ -1,8 +1,9 @@
 """FAE training equals training the unsplit model: same batches, same order, same parameters after.
 
 The FAE model is split by a hot set, planned by FAEShardingPlanner and trained with hot steps that skip
-the cold part; the baseline is the unsplit DLRM planned by TorchRec's EmbeddingShardingPlanner and
-trained on the same batches. Both run under DistributedModelParallel (gloo, CPU), with tables forced
+the cold part; the baseline is the unsplit model (DLRM on Criteo-like data, or TBSM on Taobao-like
+histories, whose tables each read one feature per step) planned by TorchRec's EmbeddingShardingPlanner
+and trained on the same batches. Both run under DistributedModelParallel (gloo, CPU), with tables forced
 table-wise (fused optimizers only) or with the planners' unconstrained choice, where small tables and
 hot parts become data-parallel and train by the dense form of the embedding optimizer. Parameters are
 compared in the original table layout, and every row that a batch used must have moved. The same
@@ -23,8 +24,8 @@ from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, SplitFeatures
-from fae_torchrec.data import SyntheticCriteo
-from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
+from fae_torchrec.data import SyntheticCriteo, SyntheticTaobao
+from fae_torchrec.models import TBSM
 from fae_torchrec.modules.state import gather_full_state_dict, load_full_state_dict
 from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
@@ -33,24 +34,30 @@ from fae_torchrec.train.step import train_step
 from planner import FAEShardingPlanner
 from tests.distributed import run_on_ranks
 
+#: TBSM's test data: users (per rank) and table scale, for about half of the steps hot.
+TBSM_USERS, TBSM_SCALE = 400, 0.0005
 OPTIMIZERS = {
     "sgd": (torch.optim.SGD, {"lr": 0.1}, 1e-6),
     "adagrad": (torch.optim.Adagrad, {"lr": 0.05}, 1e-5),
     "rowwise_adagrad": (torchrec.optim.RowWiseAdagrad, {"lr": 0.05}, 1e-5),
 }
 STEPS = 24
-PREFIX = "model.sparse_arch.embedding_bag_collection."
+#: Where each model keeps its embedding tables.
+PREFIXES = {"dlrm": "model.sparse_arch.embedding_bag_collection.", "tbsm": "model.embedding_bag_collection."}
 
 
-def _dlrm(ebc) -> DLRMTrain:
+def _model(name: str, ebc) -> DLRMTrain:
     torch.manual_seed(0)
+    if name == "tbsm":
+        return DLRMTrain(TBSM(ebc, ts_length=4, dense_arch_layer_sizes=[8], top_arch_layer_sizes=[6],
+                              tsl_layer_sizes=[4], final_arch_layer_sizes=[8, 1]))  # fmt: skip
     return DLRMTrain(
         DLRM(ebc, dense_in_features=13, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[8, 1])
     )
 
 
-def _shard(model, planner, embedding: EmbeddingOptimizer):
-    embedding.apply(model.model.sparse_arch.embedding_bag_collection)
+def _shard(model, prefix: str, planner, embedding: EmbeddingOptimizer):
+    embedding.apply(model.get_submodule(prefix.rstrip(".")))
     full = copy.deepcopy(model.state_dict())
     sharders = get_default_sharders()
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
@@ -78,21 +85,28 @@ def _used_rows(batches, tables) -> dict[str, torch.Tensor]:
     return used
 
 
-def _setup(world_size: int):
+def _setup(model: str, world_size: int):
     """The synthetic data of a test of ``STEPS`` steps (32 inputs per rank), its tables (dim 8), a
     profile and a hot set of 48 KiB."""
-    data = SyntheticCriteo(STEPS * 48 * world_size, batch_size=1024, scale=0.0005, seed=3)
+    if model == "tbsm":
+        data = SyntheticTaobao(
+            TBSM_USERS * world_size, batch_size=1024, scale=TBSM_SCALE, seed=3, ts_length=4
+        )
+    else:
+        data = SyntheticCriteo(STEPS * 48 * world_size, batch_size=1024, scale=0.0005, seed=3)
     tables = data.table_configs(8)
     stats = AccessProfiler(tables, 0.3, seed=0, holdout_size=500).profile(data)
     return data, tables, stats, stats.hot_set(48 << 10)
 
 
 def _same_training(
-    rank: int, world_size: int, optimizer_name: str, constrained: bool, split_before: bool = False
-) -> None:
+    rank: int, world_size: int, optimizer_name: str, constrained: bool, split_before: bool = False,
+    model: str = "dlrm",
+) -> None:  # fmt: skip
     optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
     embedding = EmbeddingOptimizer(optimizer, kwargs)
-    data, tables, stats, hot_set = _setup(world_size)
+    prefix = PREFIXES[model]
+    data, tables, stats, hot_set = _setup(model, world_size)
     table_wise = {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in tables}
     constraints = table_wise if constrained else None
     topology = Topology(world_size=world_size, compute_device="cpu")
@@ -100,30 +114,31 @@ def _same_training(
     torch.manual_seed(0)  # the same initial tables on every rank
     baseline_ebc = EmbeddingBagCollection(tables)
     initial = {name: value.clone() for name, value in baseline_ebc.state_dict().items()}
-    baseline = _dlrm(baseline_ebc)
+    baseline = _model(model, baseline_ebc)
     initial_dense = {name: value.clone() for name, value in baseline.state_dict().items()}
-    fae = _dlrm(FAEEmbeddingBagCollection.from_ebc(baseline_ebc, hot_set))
+    fae = _model(model, FAEEmbeddingBagCollection.from_ebc(baseline_ebc, hot_set))
     fae.load_state_dict(baseline.state_dict(), strict=False)  # the same dense layers
     base_dmp, base_optimizer, base_plan = _shard(
         baseline,
+        prefix,
         EmbeddingShardingPlanner(topology, batch_size=32, constraints=constraints),
         embedding,
     )
     fae_planner = FAEShardingPlanner(
         topology, stats, batch_size=32, constraints=constraints, hot_budget_bytes=48 << 10
     )
-    fae_dmp, fae_optimizer, fae_plan = _shard(fae, fae_planner, embedding)
+    fae_dmp, fae_optimizer, fae_plan = _shard(fae, prefix, fae_planner, embedding)
     for plan in (base_plan, fae_plan):  # unconstrained: TorchRec makes small tables data-parallel
         types = _sharding_types(plan)
         assert types == {"table_wise"} if constrained else "data_parallel" in types, types
-    hot_types = {s.sharding_type for s in fae_plan.plan[PREFIX + "hot"].values()}
+    hot_types = {s.sharding_type for s in fae_plan.plan[prefix + "hot"].values()}
     assert constrained or "data_parallel" in hot_types, "an FAE hot part is data-parallel"
 
-    partition = HotColdPartition.of(data.blocks(), hot_set, DEFAULT_CAT_NAMES)
+    partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
     router = BatchRouter(partition, 32, world_size=world_size, rank=rank, seed=1)
     routed = list(router.epoch(0))[:STEPS]
     assert len(routed) >= 20 and any(r.hot for r in routed) and not all(r.hot for r in routed)
-    split = fae_dmp.module.model.sparse_arch.embedding_bag_collection
+    split = fae_dmp.module.get_submodule(prefix.rstrip("."))
     fae_routed = routed
     if split_before:  # the router splits each batch for the parts: the model does no remapping
         router.split = split.split
@@ -135,12 +150,12 @@ def _same_training(
         train_step(fae_dmp, fae_step.batch, fae_optimizer, hot=fae_step.hot)
 
     expected, actual = gather_full_state_dict(base_dmp), gather_full_state_dict(fae_dmp)
-    tables_after = split.ebc_state_dict(actual, prefix=PREFIX)
+    tables_after = split.ebc_state_dict(actual, prefix=prefix)
     used = _used_rows((step.batch for step in routed), tables)
     for name, value in tables_after.items():
-        torch.testing.assert_close(value, expected[PREFIX + name], rtol=0, atol=tolerance)
+        torch.testing.assert_close(value, expected[prefix + name], rtol=0, atol=tolerance)
         # every table trains, whatever its sharding: exactly the rows the batches used have moved
-        moved = (expected[PREFIX + name] != initial[name]).any(dim=1)
+        moved = (expected[prefix + name] != initial[name]).any(dim=1)
         table = name.removeprefix("embedding_bags.").removesuffix(".weight")
         assert torch.equal(moved, used[table]), f"{table}: rows moved {moved.sum()} != used"
     for name, value in expected.items():
@@ -162,3 +177,16 @@ def test_fae_training_ends_with_the_baseline_parameters(tmp_path, world_size, op
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_batches_split_before_the_step_train_the_same_model(tmp_path, world_size, optimizer_name):
     run_on_ranks(_same_training, world_size, tmp_path, optimizer_name, False, True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("optimizer_name", "world_size", "plan"),
+    [("sgd", 1, "unconstrained"), ("sgd", 2, "table_wise"), ("rowwise_adagrad", 1, "table_wise"),
+     ("rowwise_adagrad", 2, "unconstrained")],
+)  # fmt: skip
+def test_fae_tbsm_ends_with_the_baseline_parameters(tmp_path, world_size, optimizer_name, plan):
+    """TBSM (5 steps of three ids here, 21 in the reference) over tables that each read one feature per
+    step: an input is hot only when every id of every step is. Each optimizer on 1 and 2 ranks, each
+    rank count with a forced and an unconstrained plan."""
+    run_on_ranks(_same_training, world_size, tmp_path, optimizer_name, plan == "table_wise", False, "tbsm")

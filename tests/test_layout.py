@@ -1,9 +1,10 @@
 """The package layout follows FAE's flow: no import from a later stage into an earlier one, no cycle.
 
 Stages, earliest first: shared helpers and data sources; ``fae_torchrec.stats`` (which rows are hot);
-``fae_torchrec.modules`` (the split module); ``planner`` (placing its parts); ``fae_torchrec.train``;
-the front ends (``fae_torchrec`` itself, its command line). Imports are read with ``ast``, those inside
-functions and ``TYPE_CHECKING`` blocks included, so nothing runs.
+``fae_torchrec.modules`` (the split module) and ``fae_torchrec.models`` (models built on such modules);
+``planner`` (placing its parts); ``fae_torchrec.train``; the front ends (``fae_torchrec`` itself, its
+command line). Imports are read with ``ast``, those inside functions and ``TYPE_CHECKING`` blocks
+included, so nothing runs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STAGES = (
     ("fae_torchrec.units", "fae_torchrec.tables", "fae_torchrec.arguments", "fae_torchrec.data"),
     ("fae_torchrec.stats",),
-    ("fae_torchrec.modules",),
+    ("fae_torchrec.modules", "fae_torchrec.models"),
     ("planner",),
     ("fae_torchrec.train",),
     ("fae_torchrec.cli",),
@@ -110,6 +111,41 @@ def test_no_import_cycle(graph):
         if module not in state:
             visit(module, [module])
     assert cycles == []
+
+
+#: The model-agnostic stages: what they do for DLRM on Criteo they do for TBSM on Taobao.
+GENERIC = ("fae_torchrec.stats", "fae_torchrec.modules", "fae_torchrec.models", "fae_torchrec.train")
+
+
+def _dataset_names(source: str) -> set[str]:
+    """The identifiers of ``source`` (names, attributes, imports) that name a data set."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.alias):
+            found.add(node.name)
+        elif isinstance(node, ast.ImportFrom):
+            found.add(node.module or "")
+    return {name for name in found if any(word in name.lower() for word in ("criteo", "kaggle", "cat_names"))}
+
+
+def test_generic_stages_name_no_data_set(graph):
+    """Profiler, hot set, split module, models, partition, schedule and router take feature names
+    from the data they are given, never Criteo's."""
+    modules = _modules()
+    named = {
+        module: sorted(_dataset_names(modules[module].read_text()))
+        for module in graph
+        if any(module == p or module.startswith(p + ".") for p in GENERIC)
+    }
+    assert len(named) > 20 and "fae_torchrec.train.router" in named
+    assert {module: names for module, names in named.items() if names} == {}
+    assert _dataset_names("from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES") == {
+        "fae_torchrec.data.criteo", "DEFAULT_CAT_NAMES"
+    }  # fmt: skip
 
 
 def test_the_checks_catch_what_they_look_for():

@@ -138,6 +138,7 @@ def test_partition_in_memory_and_on_disk(data, tmp_path):
     everything = SampleBlock.concat(list(synthetic.blocks()))
     assert np.array_equal(memory.is_hot, hot_set.is_hot_input(everything.feature_ids(DEFAULT_CAT_NAMES)))
     assert np.array_equal(disk.is_hot, memory.is_hot)
+    assert memory.keys == disk.keys == tuple(DEFAULT_CAT_NAMES), "the batches' feature names travel along"
     assert np.array_equal(memory.hot.dense, everything.dense[memory.is_hot]), "each part in the data's order"
     for part in (HOT, COLD):
         for field in ("dense", "ids", "labels", "part_ids"):
@@ -162,6 +163,9 @@ def test_partition_in_memory_and_on_disk(data, tmp_path):
         HotColdPartition.open(tmp_path / "part")
     with pytest.raises(ValueError, match="no inputs to partition"):
         HotColdPartition.write(iter([]), hot_set, DEFAULT_CAT_NAMES, tmp_path / "empty")
+    (tmp_path / "part" / "partition.json").write_text('{"ids_per_feature": [1]}')
+    with pytest.raises(ValueError, match=r"partition\.json: no feature names; .* write it again"):
+        HotColdPartition.open(tmp_path / "part")
 
 
 def test_router_serves_each_rank_its_inputs(data):
@@ -184,6 +188,9 @@ def test_router_serves_each_rank_its_inputs(data):
     assert [r.step for r in resumed] == [r.step for r in served[0][3:]]
     with pytest.raises(ValueError, match="rank 2 out of range"):
         BatchRouter(partition, 64, world_size=2, rank=2)
+    assert BatchRouter(partition, 64, keys=DEFAULT_CAT_NAMES).partition is partition
+    with pytest.raises(ValueError, match=r"keys \['cat_1', 'cat_0'.* are not the partition's feature names"):
+        BatchRouter(partition, 64, keys=["cat_1", "cat_0", *DEFAULT_CAT_NAMES[2:]])
 
 
 def _drive(router, feedback_at, start=0, stop=None):

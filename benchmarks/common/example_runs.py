@@ -1,4 +1,5 @@
-"""Run ``examples/train_dlrm_fae.py`` as its own process(es) and read back its ``metrics.json``.
+"""Run an example (``examples/train_dlrm_fae.py`` or ``train_tbsm_fae.py``) as its own process(es)
+and read back its ``metrics.json``.
 
 One process for world size 1, ``torch.distributed.run --standalone`` for more, so that a benchmark
 measures the example exactly as users launch it.
@@ -12,7 +13,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_dlrm_fae.py"
+#: The example that trains each model.
+EXAMPLES = {
+    model: Path(__file__).resolve().parents[2] / "examples" / f"train_{model}_fae.py"
+    for model in ("dlrm", "tbsm")
+}
 #: Lines of the example's stderr quoted when it fails.
 ERROR_TAIL_LINES = 40
 
@@ -33,13 +38,13 @@ def launcher(world_size: int) -> list[str]:
     ]
 
 
-def run_example(args: Sequence[str], out: str | Path, world_size: int = 1) -> dict:
-    """Train with the example's ``args`` on ``world_size`` ranks, writing to ``out``; its metrics.
+def run_example(args: Sequence[str], out: str | Path, world_size: int = 1, model: str = "dlrm") -> dict:
+    """Train ``model``'s example with ``args`` on ``world_size`` ranks, writing to ``out``; its metrics.
 
     Raises ``RuntimeError`` with the tail of the example's stderr when it fails.
     """
     out = Path(out)
-    command = [*launcher(world_size), str(EXAMPLE), *args, "--out", str(out)]
+    command = [*launcher(world_size), str(EXAMPLES[model]), *args, "--out", str(out)]
     run = subprocess.run(command, capture_output=True, text=True, check=False)
     if run.returncode != 0:
         tail = "\n".join(run.stderr.splitlines()[-ERROR_TAIL_LINES:])

@@ -1,4 +1,5 @@
-"""Criteo-format data as TorchRec ``Batch``es: synthetic, raw TSV, and TorchRec's binary npy layout."""
+"""Data as TorchRec ``Batch``es: Criteo-format (synthetic, raw TSV, TorchRec's binary npy layout) and
+TBSM's Taobao layout (synthetic, ``UserBehavior.csv``)."""
 
 from fae_torchrec.data.block import SampleBlock, rebatch
 from fae_torchrec.data.criteo import (
@@ -9,16 +10,38 @@ from fae_torchrec.data.criteo import (
 from fae_torchrec.data.criteo_npy import CriteoNpyReader, npy_paths
 from fae_torchrec.data.criteo_tsv import CriteoTsvReader
 from fae_torchrec.data.synthetic import DEFAULT_EXPONENT, SyntheticCriteo
+from fae_torchrec.data.synthetic_taobao import SyntheticTaobao, taobao_like_events
+from fae_torchrec.data.taobao import (
+    REFERENCE_TABLE_SIZES,
+    TS_LENGTH,
+    Events,
+    TaobaoSource,
+    tbsm_feature_names,
+    tbsm_samples,
+    tbsm_table_configs,
+)
+from fae_torchrec.data.taobao_csv import TaobaoCsvReader, read_user_behavior
 
 __all__ = [
     "DEFAULT_EXPONENT",
     "KAGGLE_TABLE_SIZES",
+    "REFERENCE_TABLE_SIZES",
+    "TS_LENGTH",
     "CriteoNpyReader",
     "CriteoTsvReader",
+    "Events",
     "SampleBlock",
     "SyntheticCriteo",
+    "SyntheticTaobao",
+    "TaobaoCsvReader",
+    "TaobaoSource",
     "criteo_table_configs",
     "npy_paths",
+    "read_user_behavior",
     "rebatch",
     "scaled_table_sizes",
+    "taobao_like_events",
+    "tbsm_feature_names",
+    "tbsm_samples",
+    "tbsm_table_configs",
 ]

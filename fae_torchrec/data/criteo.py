@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from torchrec.datasets.criteo import (
@@ -12,10 +12,10 @@ from torchrec.datasets.criteo import (
     DEFAULT_INT_NAMES,
     INT_FEATURE_COUNT,
 )
-from torchrec.datasets.utils import Batch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from fae_torchrec.data.block import SampleBlock, check_batch_size, rebatch
+from fae_torchrec.data.block import SampleBlock
+from fae_torchrec.data.source import BlockSource
 
 #: Inputs (lines) of Criteo Kaggle's ``train.txt``: one epoch.
 KAGGLE_INPUTS = 45_840_617
@@ -71,9 +71,12 @@ def scaled_table_sizes(scale: float, sizes: Sequence[int] = KAGGLE_TABLE_SIZES) 
     return tuple(int(s) for s in scaled.astype(np.int64))
 
 
-def read_table_sizes(path: str | os.PathLike) -> tuple[int, ...]:
-    """Table sizes from a text file: 26 positive integers separated by commas, spaces or newlines
-    (``#`` starts a comment). Raises ``ValueError`` naming the file and the first bad entry."""
+def read_table_sizes(
+    path: str | os.PathLike, count: int = CAT_FEATURE_COUNT, tables: str = "C1..C26"
+) -> tuple[int, ...]:
+    """Table sizes from a text file: ``count`` positive integers (those of ``tables``, as the error
+    names them) separated by commas, spaces or newlines (``#`` starts a comment). Raises ``ValueError``
+    naming the file and the first bad entry."""
     try:
         with open(path, encoding="utf-8") as file:
             text = file.read()
@@ -87,8 +90,8 @@ def read_table_sizes(path: str | os.PathLike) -> tuple[int, ...]:
     for number, word in entries:
         if not word.isdigit() or not 0 < int(word) <= _MAX_ROWS:
             raise ValueError(f"{path}:{number}: {word!r} is not a table size (a positive integer)")
-    if len(entries) != CAT_FEATURE_COUNT:
-        raise ValueError(f"{path}: {len(entries)} table sizes, expected {CAT_FEATURE_COUNT} (C1..C26)")
+    if len(entries) != count:
+        raise ValueError(f"{path}: {len(entries)} table sizes, expected {count} ({tables})")
     return tuple(int(word) for _, word in entries)
 
 
@@ -132,29 +135,17 @@ def single_hot_block(
     )
 
 
-class CriteoSource:
-    """Base of the data sources: ``raw_blocks`` as produced, re-cut into ``Batch``es of
-    ``batch_size`` inputs with one key per categorical feature (``cat_0`` .. ``cat_25``)."""
+class CriteoSource(BlockSource):
+    """Base of the Criteo sources: ``Batch``es with one key per categorical feature (``cat_0`` ..
+    ``cat_25``) and one table per feature."""
 
     def __init__(self, batch_size: int, table_sizes: Sequence[int]) -> None:
-        check_batch_size(batch_size)
+        super().__init__(batch_size, DEFAULT_CAT_NAMES)
         _check_table_sizes(table_sizes)
-        self.batch_size = batch_size
         self.table_sizes = tuple(int(s) for s in table_sizes)
 
     def table_configs(self, embedding_dim: int = 16) -> list[EmbeddingBagConfig]:
-        """TorchRec table configs matching the ids this source yields."""
         return criteo_table_configs(self.table_sizes, embedding_dim)
-
-    def raw_blocks(self) -> Iterator[SampleBlock]:
-        raise NotImplementedError
-
-    def blocks(self) -> Iterator[SampleBlock]:
-        """The data as blocks of ``batch_size`` inputs (the last one may be smaller)."""
-        return rebatch(self.raw_blocks(), self.batch_size)
-
-    def __iter__(self) -> Iterator[Batch]:
-        return (block.to_batch(DEFAULT_CAT_NAMES) for block in self.blocks())
 
 
 def as_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:

@@ -1,5 +1,6 @@
 """One way to name a data source on a command line: ``synthetic``, ``criteo-tsv PATH...`` or
-``criteo-npy PREFIX...``, with the options the command gives."""
+``criteo-npy PREFIX...`` for Criteo's layout, ``synthetic`` or ``taobao-csv FILE...`` for TBSM's Taobao
+layout, with the options the command gives."""
 
 from __future__ import annotations
 
@@ -8,25 +9,39 @@ import os
 import re
 from collections.abc import Sequence
 
-from fae_torchrec.arguments import non_negative_int, positive_float, positive_int
-from fae_torchrec.data.criteo import TABLE_SETS, CriteoSource, table_sizes
+from fae_torchrec.arguments import fraction, non_negative_int, positive_float, positive_int
+from fae_torchrec.data.criteo import (
+    TABLE_SETS,
+    CriteoSource,
+    read_table_sizes,
+    scaled_table_sizes,
+    table_sizes,
+)
 from fae_torchrec.data.criteo_npy import CriteoNpyReader
 from fae_torchrec.data.criteo_tsv import CriteoTsvReader
 from fae_torchrec.data.synthetic import SyntheticCriteo
+from fae_torchrec.data.synthetic_taobao import SyntheticTaobao
+from fae_torchrec.data.taobao import (
+    POINTS_PER_USER,
+    REFERENCE_TABLE_SIZES,
+    TABLES,
+    TEST_SHARE,
+    TS_LENGTH,
+    TaobaoSource,
+)
+from fae_torchrec.data.taobao_csv import TaobaoCsvReader
 
 DATA_KINDS = ("synthetic", "criteo-tsv", "criteo-npy")
+TAOBAO_DATA_KINDS = ("synthetic", "taobao-csv")
 #: A Criteo Terabyte day as Criteo names it: ``day_0`` .. ``day_23`` (an npy prefix or a TSV file).
 _TERABYTE_DAY = re.compile(r"^day_\d+$")
 
 
 def add_data_arguments(parser: argparse.ArgumentParser, num_samples: int, scale: float) -> None:
     """The options of :func:`open_source`."""
-    parser.add_argument(
-        "--data",
-        nargs="+",
-        default=["synthetic"],
-        metavar="SOURCE",
-        help="synthetic (built-in, default), criteo-tsv FILE..., or criteo-npy PREFIX... "
+    _add_data_option(
+        parser,
+        "synthetic (built-in, default), criteo-tsv FILE..., or criteo-npy PREFIX... "
         "(PREFIX_dense.npy, PREFIX_sparse.npy, PREFIX_labels.npy)",
     )
     parser.add_argument("--num-samples", type=positive_int, default=num_samples, help="synthetic inputs")
@@ -81,11 +96,7 @@ def open_source(
     files are refused. Raises ``ValueError`` naming the problem for an unknown kind, a missing path or
     file, or bad table sizes.
     """
-    kind, paths = args.data[0], args.data[1:]
-    if kind not in DATA_KINDS:
-        raise ValueError(f"--data: unknown kind {kind!r}; choose from {', '.join(DATA_KINDS)}")
-    if (kind == "synthetic") != (not paths):
-        raise ValueError(f"--data {kind}: " + ("takes no path" if paths else "needs a path"))
+    kind, paths = _kind_and_paths(args.data, DATA_KINDS)
     sizes = chosen_table_sizes(args)
     if kind == "synthetic":
         data = SyntheticCriteo(
@@ -99,13 +110,104 @@ def open_source(
         )
         return data, len(data)
     if kind == "criteo-tsv":
-        missing = [p for p in paths if not os.path.isfile(p)]
-        if missing:
-            what = "a directory, not a file" if os.path.isdir(missing[0]) else "no such file"
-            raise ValueError(f"--data criteo-tsv: {what}: {missing[0]}")
+        _check_files(kind, paths)
         return CriteoTsvReader(paths, batch_size, sizes, require_labels=require_labels), None
     try:
         reader = CriteoNpyReader(paths, batch_size, sizes, require_labels=require_labels)
     except OSError as error:
         raise ValueError(f"--data criteo-npy: {error}") from error
     return reader, -(-reader.num_samples // batch_size)
+
+
+def add_taobao_arguments(parser: argparse.ArgumentParser, num_users: int, scale: float) -> None:
+    """The options of :func:`open_taobao_source`; synthetic tables are scaled by ``scale`` unless
+    ``--scale`` is given."""
+    _add_data_option(
+        parser, "synthetic (built-in Taobao-like events, default) or taobao-csv FILE... (UserBehavior.csv)"
+    )
+    parser.add_argument("--num-users", type=positive_int, default=num_users, help="synthetic users")
+    parser.add_argument(
+        "--seed", type=non_negative_int, default=0, help="synthetic events and the sample draws"
+    )
+    parser.add_argument(
+        "--tables",
+        metavar="reference|FILE",
+        help="synthetic table sizes (users, items, categories, padding row not counted): the TBSM "
+        "reference run's (reference, default) or a FILE of 3 sizes",
+    )
+    parser.add_argument(
+        "--scale",
+        type=positive_float,
+        help=f"synthetic table sizes = --tables x scale (default {scale}; not with taobao-csv)",
+    )
+    parser.set_defaults(synthetic_scale=scale)
+    parser.add_argument("--ts-length", type=positive_int, default=TS_LENGTH, help="past events a sample")
+    parser.add_argument(
+        "--points-per-user", type=positive_int, default=POINTS_PER_USER, help="training samples a user"
+    )
+    parser.add_argument(
+        "--test-share",
+        type=fraction,
+        default=TEST_SHARE,
+        help="share of users (the last active) held out for validation, below 1",
+    )
+
+
+def open_taobao_source(args: argparse.Namespace, batch_size: int) -> TaobaoSource:
+    """The TBSM Taobao source ``args.data`` names, its samples built.
+
+    Raises ``ValueError`` naming the option for an unknown kind, a missing or extra path, a missing
+    file, ``--tables`` or ``--scale`` with read data (whose tables are its distinct ids), bad table sizes
+    or ``--test-share 1``.
+    """
+    kind, paths = _kind_and_paths(args.data, TAOBAO_DATA_KINDS)
+    if args.test_share >= 1:
+        raise ValueError(f"--test-share: must be below 1 (some users must train), got {args.test_share}")
+    samples = {
+        "ts_length": args.ts_length,
+        "points_per_user": args.points_per_user,
+        "test_share": args.test_share,
+        "seed": args.seed,
+    }
+    if kind == "taobao-csv":
+        for option, value in (("--tables", args.tables), ("--scale", args.scale)):
+            if value is not None:
+                raise ValueError(f"{option}: synthetic data only (taobao-csv's tables are its distinct ids)")
+        _check_files(kind, paths)
+        return TaobaoCsvReader(paths, batch_size, **samples)
+    try:
+        sizes = (
+            REFERENCE_TABLE_SIZES
+            if args.tables in (None, "reference")
+            else read_table_sizes(args.tables, len(TABLES), ", ".join(TABLES))
+        )
+    except ValueError as error:
+        raise ValueError(f"--tables: {error}") from error
+    scale = args.synthetic_scale if args.scale is None else args.scale
+    try:
+        sizes = scaled_table_sizes(scale, sizes)
+    except ValueError as error:
+        raise ValueError(f"--scale: {error}") from error
+    return SyntheticTaobao(args.num_users, batch_size, table_sizes=sizes, **samples)
+
+
+def _add_data_option(parser: argparse.ArgumentParser, kinds_help: str) -> None:
+    parser.add_argument("--data", nargs="+", default=["synthetic"], metavar="SOURCE", help=kinds_help)
+
+
+def _kind_and_paths(data: Sequence[str], kinds: Sequence[str]) -> tuple[str, list[str]]:
+    """``--data``'s kind, one of ``kinds``, and its paths: none for ``synthetic``, some for the others."""
+    kind, paths = data[0], list(data[1:])
+    if kind not in kinds:
+        raise ValueError(f"--data: unknown kind {kind!r}; choose from {', '.join(kinds)}")
+    if (kind == "synthetic") != (not paths):
+        raise ValueError(f"--data {kind}: " + ("takes no path" if paths else "needs a path"))
+    return kind, paths
+
+
+def _check_files(kind: str, paths: Sequence[str]) -> None:
+    """Refuse a path of ``--data kind`` that is not a file, naming it."""
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        what = "a directory, not a file" if os.path.isdir(missing[0]) else "no such file"
+        raise ValueError(f"--data {kind}: {what}: {missing[0]}")

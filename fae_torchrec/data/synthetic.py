@@ -51,10 +51,13 @@ def _row_effect(ids: np.ndarray, salt: int) -> np.ndarray:
     return (x >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-23) - np.float32(1.0)
 
 
-def _power_law_ranks(u: np.ndarray, num_rows: int, exponent: float) -> np.ndarray:
-    """Inverse CDF of the continuous power law on [1, N + 1), floored to ranks 0..N-1."""
+def power_law_ranks(u: np.ndarray, num_rows: int | np.ndarray, exponent: float) -> np.ndarray:
+    """Ranks 0..N-1 of a table of ``N = num_rows`` rows, rank ``r`` with weight ``(r + 1) ** -exponent``,
+    for uniform draws ``u`` in [0, 1): the inverse CDF of the continuous power law on [1, N + 1),
+    floored. ``num_rows`` is one size or an array of sizes that broadcasts with ``u`` (a table per draw).
+    """
     if math.isclose(exponent, 1.0):
-        x = np.exp(u * math.log(num_rows + 1.0))
+        x = np.exp(u * np.log(num_rows + 1.0))
     else:
         top = (num_rows + 1.0) ** (1.0 - exponent) - 1.0
         x = (1.0 + u * top) ** (1.0 / (1.0 - exponent))
@@ -133,7 +136,7 @@ class SyntheticCriteo(CriteoSource):
             _TablePlan(
                 num_rows=n,
                 exponent=float(a),
-                multiplier=_coprime(rng, n),
+                multiplier=coprime(rng, n),
                 offset=int(rng.integers(n)),
                 weight=sparse_signal,
                 salt=int(rng.integers(1 << 62)),
@@ -179,7 +182,7 @@ class SyntheticCriteo(CriteoSource):
         popular = np.ones(n, dtype=bool)
         for f, plan in enumerate(self._tables):
             cols = slice(bounds[f], bounds[f + 1])
-            ranks = _power_law_ranks(uniform[:, cols], plan.num_rows, plan.exponent)
+            ranks = power_law_ranks(uniform[:, cols], plan.num_rows, plan.exponent)
             popular &= (ranks < self.popular_rows).all(axis=1)
             ids[:, cols] = (ranks * plan.multiplier + plan.offset) % plan.num_rows
             logit += np.float32(plan.weight) * _row_effect(ids[:, cols], plan.salt).mean(axis=1)
@@ -213,7 +216,7 @@ def _intercept_for(ctr: float, logit: np.ndarray) -> float:
     return (low + high) / 2
 
 
-def _coprime(rng: np.random.Generator, n: int) -> int:
+def coprime(rng: np.random.Generator, n: int) -> int:
     """A random multiplier in [1, n) coprime with ``n`` (1 for n <= 2)."""
     if n <= 2:
         return 1

@@ -30,14 +30,18 @@ _HEADER_BYTES = 128
 
 @dataclass(frozen=True)
 class HotColdPartition:
-    """The entirely-hot inputs of a data set (``hot``), all the others (``cold``), and for each input
-    of the data, in its order, whether it is entirely hot (``is_hot``; the stream order needs it)."""
+    """The entirely-hot inputs of a data set (``hot``), all the others (``cold``), for each input of
+    the data, in its order, whether it is entirely hot (``is_hot``; the stream order needs it), and
+    the feature names of the parts' id columns (``keys``: the batches' ``KeyedJaggedTensor`` keys)."""
 
     hot: SampleBlock
     cold: SampleBlock
     is_hot: np.ndarray
+    keys: tuple[str, ...]
 
     def __post_init__(self) -> None:
+        if len(self.keys) != len(self.hot.ids_per_feature):
+            raise ValueError(f"{len(self.keys)} keys for {len(self.hot.ids_per_feature)} features")
         marked = int(np.count_nonzero(self.is_hot))
         if len(self.is_hot) != len(self.hot) + len(self.cold) or marked != len(self.hot):
             raise ValueError(
@@ -60,7 +64,8 @@ class HotColdPartition:
             is_hot.append(hot)
         if not parts[HOT]:
             raise ValueError("no inputs to partition")
-        return cls(SampleBlock.concat(parts[HOT]), SampleBlock.concat(parts[COLD]), np.concatenate(is_hot))
+        hot, cold = SampleBlock.concat(parts[HOT]), SampleBlock.concat(parts[COLD])
+        return cls(hot, cold, np.concatenate(is_hot), tuple(keys))
 
     @classmethod
     def write(
@@ -94,7 +99,8 @@ class HotColdPartition:
             writer.close()
         if ids_per_feature is None:
             raise ValueError("no inputs to partition")
-        (directory / "partition.json").write_text(json.dumps({"ids_per_feature": list(ids_per_feature)}))
+        meta = {"ids_per_feature": list(ids_per_feature), "keys": list(keys)}
+        (directory / "partition.json").write_text(json.dumps(meta))
         return cls.open(directory)
 
     @classmethod
@@ -104,7 +110,12 @@ class HotColdPartition:
         meta = directory / "partition.json"
         if not meta.exists():
             raise FileNotFoundError(f"{meta}: missing; not a partition directory")
-        ids_per_feature = tuple(json.loads(meta.read_text())["ids_per_feature"])
+        described = json.loads(meta.read_text())
+        if "keys" not in described:
+            raise ValueError(
+                f"{meta}: no feature names; the partition was written by an older version, write it again"
+            )
+        ids_per_feature = tuple(described["ids_per_feature"])
         blocks = {
             part: SampleBlock(
                 **{field: np.load(directory / f"{part}_{field}.npy", mmap_mode="r") for field in _FIELDS},
@@ -118,7 +129,7 @@ class HotColdPartition:
                 f"{is_hot}: missing; the partition was written by an older version, write it again"
             )
         try:
-            return cls(blocks[HOT], blocks[COLD], np.load(is_hot, mmap_mode="r"))
+            return cls(blocks[HOT], blocks[COLD], np.load(is_hot, mmap_mode="r"), tuple(described["keys"]))
         except ValueError as error:
             raise ValueError(f"{directory}: damaged partition: {error}") from error
 

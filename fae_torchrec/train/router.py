@@ -9,7 +9,6 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fae_torchrec.data.block import SampleBlock
-from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
 from fae_torchrec.modules.split_features import SplitFeatures
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.schedule import Step, initial_run, interleave, make_schedule
@@ -34,7 +33,8 @@ class BatchRouter:
         world_size, rank: this rank's place; every rank computes the same schedule.
         order: ``stream`` (the default), ``shuffled``, ``phases`` or ``adaptive`` (see ``schedule``).
         seed: seed of the random orders (with the epoch).
-        keys: the feature names of the ``KeyedJaggedTensor``.
+        keys: the feature names of the ``KeyedJaggedTensor``: the partition's (``partition.keys``);
+            optional, and refused when they differ.
         split: makes each batch's ``sparse_features`` a ``SplitFeatures`` before the step, given the
             features, whether the step is hot and whether the features carry the partition's part
             ids (an ``FAEEmbeddingBagCollection``'s ``split``; under DMP the split module is still
@@ -50,18 +50,21 @@ class BatchRouter:
         rank: int = 0,
         order: str = "stream",
         seed: int = 0,
-        keys: Sequence[str] = DEFAULT_CAT_NAMES,
+        keys: Sequence[str] | None = None,
         split: Callable[[KeyedJaggedTensor, bool, bool], SplitFeatures] | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range [0, {world_size})")
+        if keys is not None and tuple(keys) != partition.keys:
+            raise ValueError(
+                f"keys {list(keys)} are not the partition's feature names {list(partition.keys)}"
+            )
         self.partition = partition
         self.batch_size = batch_size
         self.world_size = world_size
         self.rank = rank
         self.order = order
         self.seed = seed
-        self.keys = list(keys)
         self.split = split
         self._position: dict = {}
         self._relayout = False
@@ -138,9 +141,9 @@ class BatchRouter:
             [self.partition.part(part).slice(start, stop) for part, start, stop in step.spans[self.rank]]
         )
         if self.split is None:
-            return RoutedBatch(epoch, index, step.hot, block.to_batch(self.keys))
+            return RoutedBatch(epoch, index, step.hot, block.to_batch(self.partition.keys))
         part_ids = block.part_ids is not None  # remapped when the partition was written: split by sign
-        batch = block.to_batch(self.keys, part_ids=part_ids)
+        batch = block.to_batch(self.partition.keys, part_ids=part_ids)
         batch = Batch(
             batch.dense_features, self.split(batch.sparse_features, step.hot, part_ids), batch.labels
         )

@@ -18,7 +18,7 @@ Orders:
         average within a step; a hot input waits for the next hot step), hot steps come at the data's
         own rate (no runs beyond what the data has: single hot steps while under half the inputs are hot),
         and every window of steps sees the data's mix of hot and cold inputs, so the label bias of
-        hot inputs (they click less often on Criteo) averages out within a few steps.
+        hot inputs (on real click logs they click less often) averages out within a few steps.
     ``shuffled``: hot and cold steps interleaved at random at the data's own ratio, and the steps of
         each kind in a random order (seeded by ``(seed, epoch)``).
     ``phases``: all cold steps, then all hot steps (FAE's released code).
