@@ -1,7 +1,8 @@
 """CPU training throughput of FAE against TorchRec's default planner, at world size 1 and 2 (gloo).
 
-Each world size trains ``examples/train_dlrm_fae.py`` on the same built-in synthetic data as FAE (hot
-steps on the hot part only) and as ``--baseline`` (the unsplit DLRM planned by TorchRec's default
+Each world size trains the ``--model``'s example (``examples/train_dlrm_fae.py``, or
+``examples/train_tbsm_fae.py`` for ``--model tbsm``) on the same built-in synthetic data as FAE (hot
+steps on the hot part only) and as ``--baseline`` (the unsplit model planned by TorchRec's default
 planner), ``--repeats`` times each, alternating, both on TorchRec's train pipeline by default (FAE on
 ``FAETrainPipeline``, the baseline on the stock ``TrainPipelineSparseDist``; ``--pipeline none`` for the
 plain loop). Every figure is the example's own wall-clock measure of its training steps
@@ -15,12 +16,20 @@ split timed alone on rank 0's batches of the first ``--split-steps`` steps (``FA
 .split``, rebuilt from the run's ``stats.npz`` and partition), beside the lookup remap it replaces.
 Peak RSS (rank 0's, both sides) is printed against the tables with their optimizer state.
 
+DLRM trains on ``--num-samples`` Criteo-like inputs over Criteo Kaggle's table sizes times ``--scale``;
+TBSM on the Taobao-like histories of ``--num-users`` users (about 5.6 training inputs each, 21 steps an
+input) over the TBSM reference run's table sizes (987,994 users, 4,162,024 items, 9,439 categories)
+times ``--scale``. Both take a 16 MiB hot-row budget by default: for TBSM at the default 50,000 users
+it holds every row the profile's 20% sample sees (some 223,000 rows, 13.6 MiB), which makes about 36%
+of the unprofiled training inputs hot, half of all of them (``bench_hot_share.py`` draws the curve).
+
 World size 1 is one process with torch's default threads; more ranks run under torchrun, which gives
 each rank one thread. Run it on an otherwise idle machine: a step whose threads wait on a core another
 process keeps busy can take many times as long (the script warns when it sees one).
 
     python benchmarks/bench_train.py                  # world sizes 1 and 2, 3 repeats: ~14 min on 2 cores
     python benchmarks/bench_train.py --world-sizes 1 --num-samples 200000 --scale 0.05
+    python benchmarks/bench_train.py --model tbsm --world-sizes 1 --repeats 1   # TBSM: ~1 min a mode
 
 Prints a table per world size, the ratios FAE / baseline, the machinery share and, where FAE is slower,
 why (from the measured step times); writes ``bench_train.png`` to ``--figures``.
@@ -47,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from benchmarks.common.example_runs import run_example
+from benchmarks.common.example_runs import EXAMPLES, run_example
 from fae_torchrec import (
     AccessStats,
     BatchRouter,
@@ -57,7 +66,6 @@ from fae_torchrec import (
     SplitFeatures,
     parse_bytes,
 )
-from fae_torchrec.data import criteo_table_configs, scaled_table_sizes
 
 MODES = ("fae", "torchrec")
 #: The goal for FAE's machinery (what its steps do that the baseline's do not), as a share of a step.
@@ -70,9 +78,11 @@ BUSY_CORES = 0.3
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=sorted(EXAMPLES), default="dlrm", help="the model, by its example")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--num-samples", type=int, default=2_000_000, help="synthetic inputs")
-    parser.add_argument("--scale", type=float, default=1.0, help="table sizes = Criteo Kaggle's x scale")
+    parser.add_argument("--num-samples", type=int, default=2_000_000, help="synthetic inputs (DLRM)")
+    parser.add_argument("--num-users", type=int, default=50_000, help="synthetic users (TBSM)")
+    parser.add_argument("--scale", type=float, default=1.0, help="table sizes = Kaggle's or TBSM's x scale")
     parser.add_argument("--dim", type=int, default=16, help="embedding dimension")
     parser.add_argument("--batch-size", type=int, default=2048, help="per-rank batch size")
     parser.add_argument("--budget", default="16MiB", help="FAE's hot-row budget")
@@ -95,10 +105,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def data_size(args: argparse.Namespace) -> list[str]:
+    """The example's option that sizes the synthetic data: DLRM's inputs or TBSM's users."""
+    if args.model == "tbsm":
+        return ["--num-users", str(args.num_users)]
+    return ["--num-samples", str(args.num_samples)]
+
+
 def example_args(args: argparse.Namespace) -> list[str]:
     """The example's options shared by every run."""
     return [
-        "--num-samples", str(args.num_samples), "--scale", str(args.scale), "--dim", str(args.dim),
+        *data_size(args), "--scale", str(args.scale), "--dim", str(args.dim),
         "--batch-size", str(args.batch_size), "--budget", args.budget, "--order", args.order,
         "--seed", str(args.seed), "--pipeline", args.pipeline,
     ]  # fmt: skip
@@ -134,9 +151,8 @@ def split_ms(args: argparse.Namespace, run: Path, world_size: int) -> dict[str, 
     the first ``--split-steps`` steps of the FAE run in ``run``: by sign from the partition's part ids
     (``part_ids``, what the router does) and by lookup from original ids (``lookup``, the remap the
     module would do in its forward without them)."""
-    tables = criteo_table_configs(scaled_table_sizes(args.scale), args.dim)
-    stats = AccessStats.load(run / "stats.npz", tables)
-    module = FAEEmbeddingBagCollection(tables, stats.hot_set(parse_bytes(args.budget)))
+    stats = AccessStats.load(run / "stats.npz")  # the run's tables, of either model
+    module = FAEEmbeddingBagCollection(list(stats.tables), stats.hot_set(parse_bytes(args.budget)))
     partition = HotColdPartition.open(run / "partition-fae")
     seconds: dict[str, list[float]] = {"part_ids": [], "lookup": []}
 
@@ -163,6 +179,12 @@ def explain_slower(world_size: int, fae: dict, baseline: dict) -> str:
     share = fae["hot_steps"] / (fae["hot_steps"] + fae["cold_steps"])
     ratio = fae["samples_per_second"] / baseline["samples_per_second"]
     exchange = ", each with its own all-to-all over gloo" if world_size > 1 else ""
+    if hot is None or cold is None:  # a budget of 0, or one that holds the whole model
+        kind, step = ("cold", cold) if hot is None else ("hot", hot)
+        return (
+            f"world size {world_size}: FAE is slower ({ratio:.2f}x the baseline's samples/s) with every "
+            f"step {kind}: {step:.1f} ms a step, the baseline's {base:.1f} ms."
+        )
     lines = [
         f"world size {world_size}: FAE is slower ({ratio:.2f}x the baseline's samples/s). A baseline step "
         f"takes {base:.1f} ms; FAE's cold steps {cold:.1f} ms ({cold / base:.2f}x: lookups in both parts"
@@ -203,7 +225,7 @@ def _verdict(met: bool) -> str:
     return "met" if met else "NOT met"
 
 
-def plot(results: dict[int, dict[str, dict]], path: Path) -> None:
+def plot(results: dict[int, dict[str, dict]], model: str, path: Path) -> None:
     """Samples/s per world size and mode, and step times (FAE hot and cold, the baseline's)."""
     sizes = sorted(results)
     x = np.arange(len(sizes))
@@ -222,7 +244,7 @@ def plot(results: dict[int, dict[str, dict]], path: Path) -> None:
     for axis in (left, right):
         axis.set_xticks(x, [f"{n} rank(s)" for n in sizes])
         axis.legend()
-    fig.suptitle("DLRM training on CPU: FAE against TorchRec's default planner")
+    fig.suptitle(f"{model.upper()} training on CPU: FAE against TorchRec's default planner")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -233,8 +255,9 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, dict]]:
     out = Path(args.out)
     started = time.perf_counter()
     results: dict[int, dict[str, dict]] = {}
+    data = f"{args.num_users:,} users" if args.model == "tbsm" else f"{args.num_samples:,} inputs"
     print(
-        f"data: {args.num_samples:,} synthetic inputs, scale {args.scale}, dim {args.dim}, batch "
+        f"data: {args.model.upper()}, {data} (synthetic), scale {args.scale}, dim {args.dim}, batch "
         f"{args.batch_size} per rank, FAE budget {args.budget}, order {args.order}, pipeline "
         f"{args.pipeline}, {args.repeats} runs of each mode"
     )
@@ -250,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, dict]]:
                         "busy core can take many times as long, so its figures may be distorted"
                     )
                 run = out / f"ws{world_size}-{mode}-{repeat}"
-                runs[mode].append(run_example([*example_args(args), *extra], run, world_size))
+                runs[mode].append(run_example([*example_args(args), *extra], run, world_size, args.model))
         ratios = [
             f["samples_per_second"] / b["samples_per_second"] for f, b in zip(*runs.values(), strict=True)
         ]
@@ -294,7 +317,7 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, dict]]:
             print(explain_slower(world_size, fae, baseline))
     figure = Path(args.figures) / "bench_train.png"
     figure.parent.mkdir(parents=True, exist_ok=True)
-    plot(results, figure)
+    plot(results, args.model, figure)
     print(f"\nwrote {figure}; total wall time {time.perf_counter() - started:.0f} s")
     return results
 

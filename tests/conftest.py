@@ -1,7 +1,9 @@
-"""Shared fixtures: small table configs and the real Criteo samples in ../shared (skipped if absent)."""
+"""Shared fixtures: small table configs, the real Criteo samples in ../shared and the real Taobao slice
+named by ``FAE_TAOBAO_CSV`` (tests skip when they are absent)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,18 @@ def realdata(relative: str) -> Path:
     if not path.exists():
         pytest.skip(f"real data sample not available: {path} (research-only, kept in ../shared)")
     return path
+
+
+def taobao_slice() -> Path:
+    """The real Taobao slice (``UserBehavior.csv``) at ``$FAE_TAOBAO_CSV``; skip the test when it is unset
+    or not a file (its terms forbid keeping a copy anywhere shared: each user fetches it)."""
+    path = os.environ.get("FAE_TAOBAO_CSV")
+    if not path or not os.path.isfile(path):
+        pytest.skip(
+            "set FAE_TAOBAO_CSV to UserBehavior.csv fetched as ../shared/realdata/taobao_userbehavior_2h/"
+            "PROVENANCE.md says (docs/data.md)" + (f" (not a file: {path})" if path else "")
+        )
+    return Path(path)
 
 
 @pytest.fixture

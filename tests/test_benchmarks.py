@@ -1,11 +1,15 @@
 """Smoke runs of the profile, hot-set, traffic and planning benchmarks at tiny sizes: they print ratios."""
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from benchmarks.bench_hot_share import budget_ladder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,3 +99,42 @@ def test_bench_schedule_compares_each_order_with_the_baseline(tmp_path):
         "windows stray as the baseline's"
     )
     assert (tmp_path / "bench_schedule.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        ["--num-users", "2000", "--scale", "0.01"],
+        ["--model", "dlrm", "--num-samples", "20000", "--scale", "0.001"],
+    ],
+    ids=["tbsm", "dlrm"],
+)
+def test_bench_hot_share_estimates_and_measures_the_share_per_budget(tmp_path, data):
+    out = _run("bench_hot_share.py", *data, "--budgets", "1GiB", "16KiB", "64KiB", "256KiB",
+               "--out", str(tmp_path), "--figures", str(tmp_path))  # fmt: skip
+    results = json.loads((tmp_path / "bench_hot_share.json").read_text())
+    assert (tmp_path / "bench_hot_share.png").read_bytes()[:4] == b"\x89PNG"
+    assert results["budget"] == [2**14, 2**16, 2**18, 2**30], "budgets in ascending order"
+    tbsm = "dlrm" not in data
+    assert ("target_step" in results) == tbsm, "the target step alone: TBSM only"
+    measured = ["unprofiled", "validation", *(["target_step"] if tbsm else [])]
+    for key in ["estimated", "low", "high", "row_share", *measured]:
+        assert all(0.0 <= share <= 1.0 for share in results[key]), (key, results[key])
+    for key in ["hot_rows", "estimated", *measured]:
+        assert results[key] == sorted(results[key]), f"{key} grows with the budget"
+    assert results["hot_rows"][-1] == results["total_rows"], "1 GiB holds the whole model"
+    assert all(results[key][-1] == 1.0 for key in ["estimated", *measured]), "every input hot"
+    low, estimated, high = (np.array(results[key]) for key in ("low", "estimated", "high"))
+    assert np.all((low <= estimated) & (estimated <= high))
+    assert 0.0 < results["unprofiled"][1] < 1.0, "64 KiB makes some unprofiled inputs hot, not all"
+    assert 0 < results["num_unprofiled"] and 0 < results["num_validation"]
+    rows = re.findall(r"^ +([\d.]+ [KMG]iB\*?) +([\d,]+) +[\d.]+% +[\d.]+% \[", out, flags=re.M)
+    assert [row[0] for row in rows] == ["16.0 KiB", "64.0 KiB", "256.0 KiB", "1.0 GiB*"], out
+    assert [int(row[1].replace(",", "")) for row in rows] == results["hot_rows"]
+
+
+def test_bench_hot_share_ladder_doubles_up_to_the_whole_model():
+    mib = 2**20
+    assert budget_ladder(5 * mib).tolist() == [mib, 2 * mib, 4 * mib, 5 * mib]
+    assert budget_ladder(4 * mib).tolist() == [mib, 2 * mib, 4 * mib]
+    assert budget_ladder(mib // 2).tolist() == [mib // 2]

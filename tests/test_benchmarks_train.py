@@ -23,15 +23,21 @@ def _script(path: str, *args: str) -> str:
     return run.stdout
 
 
-def _bench_train(tmp_path: Path, world_size: str, *extra: str) -> None:
-    out = _script("benchmarks/bench_train.py", *TINY, "--world-sizes", world_size, "--split-steps", "20",
-                  "--repeats", "2", "--out", str(tmp_path), "--figures", str(tmp_path), *extra)  # fmt: skip
+def _bench_train(
+    tmp_path: Path, world_size: str, *extra: str, data: list[str] = TINY, repeats: int = 2
+) -> str:
+    """Run bench_train at tiny size, check what it prints and writes; its stdout."""
+    out = _script("benchmarks/bench_train.py", *data, "--world-sizes", world_size, "--split-steps", "20",
+                  "--repeats", str(repeats), "--out", str(tmp_path), "--figures", str(tmp_path),
+                  *extra)  # fmt: skip
     rows = dict(re.findall(r"^(fae|torchrec) +([\d,]+) ", out, flags=re.MULTILINE))
     assert set(rows) == {"fae", "torchrec"}, out
     assert all(int(value.replace(",", "")) > 0 for value in rows.values())
-    assert f"world size {world_size} (the median of 2 repetitions" in out
-    ratios = re.search(r"samples/s per repetition: ([\d.]+)x, ([\d.]+)x; mean ([\d.]+)x, (\d) of 2", out)
-    assert ratios and all(float(value) > 0 for value in ratios.groups()[:3]), out
+    assert f"world size {world_size} (the median of {repeats} repetitions" in out
+    ratios = re.search(rf"samples/s per repetition: ([\d.x, ]+); mean ([\d.]+)x, (\d) of {repeats}", out)
+    assert ratios, out
+    per_repetition = [float(value.rstrip("x")) for value in ratios[1].split(", ")]
+    assert len(per_repetition) == repeats and min(per_repetition) > 0 and float(ratios[2]) > 0, out
     machinery = re.search(
         r"FAE machinery: routing ([\d.]+) ms - the baseline's ([\d.]+) ms = (-?[\d.]+) ms.*split alone takes "
         r"([\d.]+) ms per step from the partition's part ids \(([\d.]+) ms by looking",
@@ -43,10 +49,20 @@ def _bench_train(tmp_path: Path, world_size: str, *extra: str) -> None:
     assert "FAE hot step / baseline step:" in out
     assert (tmp_path / "bench_train.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / f"ws{world_size}-fae-0" / "stats.npz").exists()
+    return out
 
 
 def test_bench_train_one_rank(tmp_path):
     _bench_train(tmp_path, "1")
+
+
+def test_bench_train_runs_tbsm(tmp_path):
+    tiny = ["--model", "tbsm", "--num-users", "1000", "--scale", "0.01", "--batch-size", "256", "--budget",
+            "1MiB"]  # fmt: skip
+    out = _bench_train(tmp_path, "1", data=tiny, repeats=1)
+    assert out.startswith("data: TBSM, 1,000 users (synthetic), scale 0.01"), out
+    metrics = json.loads((tmp_path / "ws1-fae-0" / "metrics.json").read_text())
+    assert metrics["model"] == "TBSM" and metrics["hot_steps"] > 0 and metrics["cold_steps"] > 0, metrics
 
 
 @pytest.mark.slow

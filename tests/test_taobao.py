@@ -2,7 +2,6 @@
 the command-line source (real data from ``FAE_TAOBAO_CSV``, skipped when unset)."""
 
 import argparse
-import os
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from fae_torchrec.data import (
     tbsm_table_configs,
 )
 from fae_torchrec.data.sources import add_taobao_arguments, open_taobao_source
+from tests.conftest import taobao_slice
 
 
 def _events(user, item, category, timestamp, num_items=None) -> Events:
@@ -313,17 +313,9 @@ def test_open_taobao_source_errors_name_the_option(argv, message):
 
 # Real data
 
-REAL_DATA = (
-    "set FAE_TAOBAO_CSV to UserBehavior.csv fetched as "
-    "../shared/realdata/taobao_userbehavior_2h/PROVENANCE.md says"
-)
-
 
 def test_real_two_hour_slice():
-    path = os.environ.get("FAE_TAOBAO_CSV")
-    if not path or not os.path.isfile(path):
-        pytest.skip(REAL_DATA + (f" (not a file: {path})" if path else ""))
-    events = read_user_behavior(path)
+    events = read_user_behavior(taobao_slice())
     assert len(events) == 110_300
     assert events.table_sizes == (66_454 + 1, 84_793 + 1, 3_913 + 1)
     assert np.bincount(events.behavior).tolist() == [98_361, 2_493, 6_063, 3_383]

@@ -1,4 +1,5 @@
-"""examples/train_dlrm_fae.py end to end: FAE against the baselines, and under torchrun with 2 ranks."""
+"""examples/train_dlrm_fae.py and train_tbsm_fae.py end to end: FAE against the baselines, and under
+torchrun with 2 ranks."""
 
 import json
 import subprocess
@@ -8,15 +9,16 @@ from pathlib import Path
 import pytest
 
 from fae_torchrec import AccessStats
-from tests.conftest import realdata
+from tests.conftest import realdata, taobao_slice
 from tests.distributed import run_launched
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
+TBSM_EXAMPLE = EXAMPLE.with_name("train_tbsm_fae.py")
 
 
-def _run(tmp_path, *args, launcher=(), outputs=()):
+def _run(tmp_path, *args, launcher=(), outputs=(), example=EXAMPLE):
     out = tmp_path / "out"
-    run = run_launched([*launcher, str(EXAMPLE), "--out", str(out), *args], outputs=[out, *outputs])
+    run = run_launched([*launcher, str(example), "--out", str(out), *args], outputs=[out, *outputs])
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads((out / "metrics.json").read_text())
 
@@ -167,3 +169,29 @@ def test_the_pipeline_trains_what_the_plain_loop_trains(tmp_path):
         assert piped["history"]["eval_step"] == plain["history"]["eval_step"]
         assert piped["history"]["loss"] == pytest.approx(plain["history"]["loss"], abs=1e-5)
         assert piped["history"]["auc"] == pytest.approx(plain["history"]["auc"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_tbsm_trains_with_fae_and_as_the_baseline(tmp_path):
+    """TBSM on synthetic Taobao-like histories: FAE's hot and cold steps and the baseline on the same
+    inputs; both learn (the paired accuracy over many seeds is bench_accuracy.py's, BENCHMARKS.md)."""
+    data = ["--num-users", "8000"]
+    fae = _run(tmp_path / "fae", *data, launcher=(sys.executable,), example=TBSM_EXAMPLE)
+    baseline = _run(tmp_path / "base", *data, "--baseline", launcher=(sys.executable,), example=TBSM_EXAMPLE)
+    assert (fae["model"], fae["mode"], baseline["mode"]) == ("TBSM", "fae", "torchrec")
+    assert fae["train_inputs"] == baseline["train_inputs"] > 40_000
+    assert 0.2 < fae["hot_input_share"] < 0.8 and fae["hot_steps"] > 0 and fae["cold_steps"] > 0
+    # three tables; FAE plans a hot and a cold part of each, but none of a table that is entirely hot
+    assert 3 < sum(fae["plan_kernels"].values()) <= 6 and sum(baseline["plan_kernels"].values()) == 3
+    assert min(fae["final_auc"], baseline["final_auc"]) > 0.75, "both learn"
+    assert (tmp_path / "fae" / "out" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_tbsm_trains_on_the_real_taobao_slice(tmp_path):
+    """The 2-hour slice runs end to end; its users have one or two events, so most histories are padding
+    and one epoch learns little (AUC about 0.5: BENCHMARKS.md)."""
+    metrics = _run(tmp_path, "--data", "taobao-csv", str(taobao_slice()), launcher=(sys.executable,),
+                   example=TBSM_EXAMPLE)  # fmt: skip
+    assert metrics["train_inputs"] == 26_630 and metrics["hot_steps"] + metrics["cold_steps"] == 26_630 // 256
+    assert 0.0 <= metrics["final_auc"] <= 1.0 and 0.0 < metrics["final_log_loss"] < 1.0
