@@ -33,7 +33,9 @@ from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.step import train_step
 from planner import FAEShardingPlanner, default_planner
 from tests.distributed import run_on_ranks
-from tests.test_equivalence import OPTIMIZERS, PREFIX, STEPS, _dlrm, _setup, _shard
+from tests.test_equivalence import OPTIMIZERS, PREFIXES, STEPS, _model, _setup, _shard
+
+PREFIX = PREFIXES["dlrm"]
 
 CPU = torch.device("cpu")
 
@@ -64,20 +66,21 @@ def _count_calls(module, name: str) -> list:
 def _pipelined_training(rank: int, world_size: int, optimizer_name: str, first_hot: bool) -> None:
     optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
     embedding = EmbeddingOptimizer(optimizer, kwargs)
-    data, tables, stats, hot_set = _setup(world_size)
+    data, tables, stats, hot_set = _setup("dlrm", world_size)
     topology = Topology(world_size=world_size, compute_device="cpu")
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(tables)
-    models = {"baseline": _dlrm(ebc)}
+    models = {"baseline": _model("dlrm", ebc)}
     for name in ("pipelined", "loop"):
-        models[name] = _dlrm(FAEEmbeddingBagCollection.from_ebc(ebc, hot_set))
+        models[name] = _model("dlrm", FAEEmbeddingBagCollection.from_ebc(ebc, hot_set))
         models[name].load_state_dict(models["baseline"].state_dict(), strict=False)
     base_dmp, base_optimizer, _ = _shard(
-        models["baseline"], EmbeddingShardingPlanner(topology, batch_size=32), embedding
+        models["baseline"], PREFIX, EmbeddingShardingPlanner(topology, batch_size=32), embedding
     )
     fae = {
         name: _shard(
             models[name],
+            PREFIX,
             FAEShardingPlanner(topology, stats, batch_size=32, hot_budget_bytes=48 << 10),
             embedding,
         )
@@ -145,14 +148,14 @@ def test_a_first_hot_batch_creates_the_cold_input_dist(tmp_path, world_size):
 
 
 def _prefetch_pipeline_fills(rank: int, world_size: int) -> None:
-    _, tables, stats, hot_set = _setup(world_size)
-    data = _setup(world_size)[0]
+    _, tables, stats, hot_set = _setup("dlrm", world_size)
+    data = _setup("dlrm", world_size)[0]
     torch.manual_seed(0)
-    model = _dlrm(FAEEmbeddingBagCollection(tables, hot_set))
+    model = _model("dlrm", FAEEmbeddingBagCollection(tables, hot_set))
     planner = FAEShardingPlanner(
         Topology(world_size=world_size, compute_device="cpu"), stats, batch_size=32, hot_budget_bytes=48 << 10
     )
-    dmp, optimizer, _ = _shard(model, planner, EmbeddingOptimizer(torch.optim.SGD, {"lr": 0.1}))
+    dmp, optimizer, _ = _shard(model, PREFIX, planner, EmbeddingOptimizer(torch.optim.SGD, {"lr": 0.1}))
     split = dmp.module.model.sparse_arch.embedding_bag_collection
     router = BatchRouter(HotColdPartition.of(data.blocks(), hot_set, DEFAULT_CAT_NAMES), 32, world_size, rank,
                          split=split.split)  # fmt: skip
@@ -182,7 +185,7 @@ def test_cold_caches_get_the_prefetch_pipeline_asked_for():
     """A CUDA dry run: ``CacheParams(prefetch_pipeline=True)`` in the constraints reaches every cold
     part that FAE's planner puts in a UVM cache, which is what ``FAEPrefetchTrainPipeline`` needs, and
     every UVM cache of TorchRec's default plan of the unsplit tables."""
-    _, tables, stats, _ = _setup(1)
+    _, tables, stats, _ = _setup("dlrm", 1)
     constraints = {
         t.name: ParameterConstraints(cache_params=CacheParams(prefetch_pipeline=True)) for t in tables
     }
