@@ -301,12 +301,11 @@ def _profile_and_partition(
     if not held_out:
         every = getattr(args, "val_every", None)
         raise ValueError(
-            f"no validation input: --data {data} has {profiler.num_inputs} training inputs, "
-            + (
-                f"fewer than --val-every {every} (one input in every {every} is held out for validation)"
-                if every
-                else "and none to validate on"
-            )
+            f"no validation input: --data {data} has {profiler.num_inputs} inputs, fewer than --val-every "
+            f"{every} (one input in every {every} is held out for validation)"
+            if every
+            else f"no validation input: --data {data} has {profiler.num_inputs} training inputs and none "
+            "to validate on"
         )
     stats = profiler.stats()
     hot_set = (

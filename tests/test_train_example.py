@@ -123,13 +123,24 @@ def test_options_this_run_cannot_honour_are_refused(tmp_path, option, message):
     assert message in run.stderr and "Traceback" not in run.stderr
 
 
-def test_too_little_data_for_a_validation_set_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize(
+    ("example", "args", "message"),
+    [
+        (EXAMPLE, ["--num-samples", "9", "--scale", "0.001"],
+         "no validation input: --data synthetic has 9 inputs, fewer than --val-every 10"),
+        (TBSM_EXAMPLE, ["--num-users", "1"],  # one user is no later than the 70th percentile of one
+         "no validation input: --data synthetic has 10 training inputs and none to validate on"),
+    ],
+)  # fmt: skip
+def test_too_little_data_for_a_validation_set_is_a_clear_error(tmp_path, example, args, message):
     run = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--out", str(tmp_path), "--num-samples", "9", "--scale", "0.001"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [sys.executable, str(example), "--out", str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert run.returncode == 2
-    assert "no validation input: --data synthetic has 9 inputs, fewer than --val-every 10" in run.stderr
+    assert message in run.stderr
 
 
 def test_a_real_1000_line_kaggle_head_trains(tmp_path):
