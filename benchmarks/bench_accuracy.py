@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common.example_runs import EXAMPLES, run_example
+from benchmarks.common.example_runs import EXAMPLES, data_size, run_example
 from fae_torchrec.arguments import positive_int
 from fae_torchrec.train.schedule import ORDERS
 
@@ -93,9 +93,7 @@ def describe(args: argparse.Namespace) -> str:
 
 def data_options(args: argparse.Namespace) -> list[str]:
     """The example's options that size the synthetic data (and plant DLRM's label gap)."""
-    if args.model == "tbsm":
-        return ["--num-users", str(args.num_users)]
-    return ["--num-samples", str(args.num_samples), "--label-gap", str(args.label_gap)]
+    return [*data_size(args), *([] if args.model == "tbsm" else ["--label-gap", str(args.label_gap)])]
 
 
 def paired(other: np.ndarray, baseline: np.ndarray, higher_is_better: bool) -> str:

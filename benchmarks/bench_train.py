@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from benchmarks.common.example_runs import EXAMPLES, run_example
+from benchmarks.common.example_runs import EXAMPLES, data_size, run_example
 from fae_torchrec import (
     AccessStats,
     BatchRouter,
@@ -103,13 +103,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.split_steps < 1:
         parser.error(f"--split-steps must be at least 1, got {args.split_steps}")
     return args
-
-
-def data_size(args: argparse.Namespace) -> list[str]:
-    """The example's option that sizes the synthetic data: DLRM's inputs or TBSM's users."""
-    if args.model == "tbsm":
-        return ["--num-users", str(args.num_users)]
-    return ["--num-samples", str(args.num_samples)]
 
 
 def example_args(args: argparse.Namespace) -> list[str]:

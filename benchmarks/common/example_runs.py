@@ -7,6 +7,7 @@ measures the example exactly as users launch it.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -20,6 +21,14 @@ EXAMPLES = {
 }
 #: Lines of the example's stderr quoted when it fails.
 ERROR_TAIL_LINES = 40
+
+
+def data_size(args: argparse.Namespace) -> list[str]:
+    """The example's option that sizes its synthetic data: ``--num-users`` for TBSM (``args.model``),
+    ``--num-samples`` for DLRM."""
+    if args.model == "tbsm":
+        return ["--num-users", str(args.num_users)]
+    return ["--num-samples", str(args.num_samples)]
 
 
 def launcher(world_size: int) -> list[str]:
