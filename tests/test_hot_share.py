@@ -75,6 +75,8 @@ def test_wilson_interval_at_the_edges():
     assert share == 0.0 and low == pytest.approx(0.0, abs=1e-12) and 0.03 < high < 0.04
     share, low, high = wilson_interval(100, 100)
     assert share == 1.0 and high == pytest.approx(1.0) and 0.96 < low < 0.97
+    shares, lows, highs = wilson_interval(np.arange(4101), 4100)  # the bounds hold the share exactly
+    assert np.all(lows <= shares) and np.all(shares <= highs) and lows[0] == 0.0 and highs[-1] == 1.0
 
 
 def test_no_holdout_and_no_data_are_clear_errors(small_tables):

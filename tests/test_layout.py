@@ -18,7 +18,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: Module-name prefixes in stage order; a module may import from its own stage and earlier ones.
 STAGES = (
-    ("fae_torchrec.units", "fae_torchrec.tables", "fae_torchrec.arguments", "fae_torchrec.data"),
+    (
+        "fae_torchrec.units",
+        "fae_torchrec.seeds",
+        "fae_torchrec.tables",
+        "fae_torchrec.arguments",
+        "fae_torchrec.data",
+    ),
     ("fae_torchrec.stats",),
     ("fae_torchrec.modules", "fae_torchrec.models"),
     ("planner",),

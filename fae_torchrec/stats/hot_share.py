@@ -49,7 +49,8 @@ def wilson_interval(hits: np.ndarray | int, n: int) -> tuple[np.ndarray, np.ndar
     z2n = _Z95**2 / n
     center = (p + z2n / 2) / (1 + z2n)
     half = _Z95 * np.sqrt(p * (1 - p) / n + z2n / (4 * n)) / (1 + z2n)
-    return p, np.maximum(center - half, 0.0), np.minimum(center + half, 1.0)
+    # the interval holds p; the bounds only say so up to rounding (1 - 1e-16 at p = 1)
+    return p, np.clip(center - half, 0.0, p), np.clip(center + half, p, 1.0)
 
 
 def _holdout_size(holdout: Holdout) -> int:

@@ -9,6 +9,7 @@ import numpy as np
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from tqdm import tqdm
 
+from fae_torchrec.seeds import generator
 from fae_torchrec.stats.access_stats import AccessStats, Holdout
 from fae_torchrec.stats.feature_ids import BatchLike, FeatureIds
 from fae_torchrec.stats.paged import paged_copy, paged_zeros
@@ -44,7 +45,7 @@ class AccessProfiler:
             raise ValueError(f"holdout_size must be non-negative, got {holdout_size}")
         self.layout = TableLayout.of(tables)
         self.sample_fraction = sample_fraction
-        self._rng = np.random.default_rng(seed)
+        self._rng = generator(seed, "profile")
         # Counts of every row, in memory paged in as rows are counted (a small profile of large
         # tables costs little); ``stats`` shares them until the next ``update``.
         self._counts = [paged_zeros(int(n), np.int64) for n in self.layout.num_rows]

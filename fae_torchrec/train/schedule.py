@@ -35,6 +35,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from fae_torchrec.seeds import generator
 from fae_torchrec.stats.hot_set import COLD, HOT
 
 ORDERS = ("stream", "shuffled", "phases", "adaptive")
@@ -78,7 +79,7 @@ def make_schedule(
     if hot_steps and 0 < num_inputs - hot_steps * round_size < world_size:
         hot_steps -= 1  # too few inputs left for every rank in a cold step: one hot step's join them
     used_hot = hot_steps * round_size
-    rng = np.random.default_rng([seed, epoch])
+    rng = generator(seed, "schedule", epoch)
     if order == "stream":
         hot_stream, cold_stream = _block_streams(is_hot, round_size, rng)
     else:
