@@ -45,6 +45,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common.training_data import NUM_USERS, SAMPLE, describe, model_parser, profile_training
 from fae_torchrec import AccessProfiler, AccessStats, HotSet, format_bytes, hot_share_curve, parse_bytes
 from fae_torchrec.arguments import byte_size, fraction, int_at_least, positive_int
 from fae_torchrec.data import SampleBlock
@@ -56,10 +57,8 @@ from fae_torchrec.data.sources import (
     open_taobao_source,
 )
 
-#: FAE's profiled fraction of the training inputs per model (the examples' ``--sample`` defaults).
-SAMPLE = {"tbsm": 0.2, "dlrm": 0.05}
-#: Synthetic data sizes: TBSM users (``bench_train.py``'s default) and DLRM inputs.
-NUM_USERS, NUM_SAMPLES = 50_000, 2_000_000
+#: Synthetic DLRM inputs (TBSM's users: ``NUM_USERS``).
+NUM_SAMPLES = 2_000_000
 #: Inputs per block read, profiled and classified.
 BLOCK = 1 << 16
 #: The measured shares (``measure``'s keys), each with its marker and what it is measured on.
@@ -74,14 +73,8 @@ FIRST_BUDGET = 1 << 20
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options; the data options are ``--model``'s (``add_taobao_arguments`` for TBSM,
-    ``add_data_arguments`` for DLRM: the two share names such as ``--scale``, so one parser cannot
-    hold both)."""
-    chooser = argparse.ArgumentParser(add_help=False)
-    chooser.add_argument(
-        "--model", choices=sorted(SAMPLE), default="tbsm", help="whose data (its data options follow)"
-    )
-    model = chooser.parse_known_args(argv)[0].model
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], parents=[chooser])
+    ``add_data_arguments`` for DLRM; see ``model_parser``)."""
+    parser, model = model_parser(argv, __doc__.split("\n")[0], default="tbsm")
     if model == "tbsm":
         add_taobao_arguments(parser, num_users=NUM_USERS, scale=1.0)
     else:
@@ -119,18 +112,6 @@ def open_data(args: argparse.Namespace) -> tuple[BlockSource, int | None]:
     return open_source(args, BLOCK)[0], args.val_every
 
 
-def describe(args: argparse.Namespace, source: BlockSource) -> str:
-    """The data in words."""
-    if args.data[0] != "synthetic":
-        data = " ".join(Path(item).name for item in args.data)
-    elif args.model == "tbsm":
-        data = f"{args.num_users:,} synthetic users"
-    else:
-        data = f"{args.num_samples:,} synthetic inputs"
-    rows = [config.num_embeddings for config in source.table_configs(args.dim)]
-    return f"{args.model.upper()}, {data}, {len(rows)} tables of {sum(rows):,} rows"
-
-
 def budget_ladder(total_bytes: int, first: int = FIRST_BUDGET) -> np.ndarray:
     """``first`` doubled while below ``total_bytes``, then ``total_bytes`` (the whole model)."""
     steps = int(np.ceil(np.log2(max(total_bytes / first, 1.0))))
@@ -143,11 +124,8 @@ def profile(
 ) -> tuple[AccessStats, SampleBlock]:
     """Profile the training inputs; the statistics and the inputs the profile did not sample."""
     profiler = AccessProfiler(source.table_configs(args.dim), args.sample, args.seed, args.holdout)
-    unprofiled = []
-    for block in tqdm(source.split_blocks(False, every, BLOCK), desc="profiling", unit="block"):
-        sampled = profiler.update(block.feature_ids(source.feature_names))
-        unprofiled.append(block.select(~sampled))
-    return profiler.stats(), SampleBlock.concat(unprofiled)
+    blocks = source.split_blocks(False, every, BLOCK)
+    return profile_training(profiler, blocks, source.feature_names)[:2]
 
 
 def hot_share(hot_set: HotSet, inputs: dict[str, np.ndarray]) -> float:

@@ -12,11 +12,16 @@ several ways, each a dry run of TorchRec's planner on a CUDA topology:
   LFU"; the proposer sizes them as LRU caches, its only model);
 - (c) every table in HBM (the speed limit; step only).
 
-**Profile.** The statistics are FAE's profile of other inputs than the replayed ones (``id_stream``):
-5% of an epoch (``--epoch``, Criteo Kaggle's 45.8M inputs by default) sampled, and a holdout, from the
-data set's chunks after the replayed ones, so one hot set serves every length replayed. The script
-checks that the two ranges do not overlap, and prints the hot-input share the knob estimated next to
-the share measured on the replayed stream.
+**Profile.** The statistics are FAE's profile of other inputs than the replayed ones (``id_stream``).
+DLRM (the default, Criteo-like inputs over Kaggle's tables x ``--scale``): 5% of an epoch (``--epoch``,
+Criteo Kaggle's 45.8M inputs by default) sampled, and a holdout, from the data set's chunks after the
+replayed ones, so one hot set serves every length replayed. TBSM (``--model tbsm``): the Taobao-like
+histories of ``--num-users`` users, as ``bench_hot_share.py`` makes them, over the TBSM reference run's
+tables (987,994 users, 4,162,024 items, 9,439 categories) x ``--scale``; an input is 21 steps of a user,
+an item and a category, hot only when all 63 ids are. The profile samples 20% of the training inputs
+(FAE's TBSM setting) and holds out ``--holdout`` of the others, drawn at random; the stream is the rest,
+in training order. The script checks that the profile and the stream share no input, and prints the
+hot-input share the knob estimated next to the share measured on the replayed stream.
 
 **Traffic** replays the stream through the plans' UVM caches with ``cache_model`` (FBGEMM's
 set-associative LRU and LFU; see its docstring for what a miss and an eviction cost). The first
@@ -49,9 +54,22 @@ Where the devices hold nearly the whole model, traffic is mostly first uses of r
 before, whose rate falls with the length (the data's distinct rows grow as a power of it), so no
 length converges there; BENCHMARKS.md says where and by how much.
 
+**TBSM's defaults.** Dim 16 and a per-GPU batch of 256 (the reference run's), 1 and 4 GPUs with 16 MiB
+to 256 MiB each: below the 315 MiB model, which needs some 370 MiB on one GPU, or 100 MiB each on four,
+once TorchRec has reserved its share (the grid drops 4 GPUs x 128 MiB and up, where it fits, and at
+1 GPU x 16 MiB the scale-up planner finds no plan). Every row is replayed (``--sampling 1``). At 50,000
+users the profile leaves about 205,000 inputs (5.6 training inputs a user, 80% unsampled, less the
+holdout of 20,000): the warm-up of 50,000 and the 100,000 counted fit, and the convergence lengths stop
+there; doubling the length needs twice the users (``--num-users 100000``, below). These users' inputs
+use some 355,000 rows (22 MiB at dim 16), which Belady's memory holds at every default point (d = 0):
+what moves is mostly rows used for the first time.
+
     python benchmarks/bench_traffic.py     # the default grid at 16M inputs: about 25 minutes on 2 cores
     python benchmarks/bench_traffic.py --num-samples 200k --warmup 100k --epoch 400k --scale 0.2 \
         --dims 128 --world-sizes 1 --caps 128MiB --convergence-lengths
+    python benchmarks/bench_traffic.py --model tbsm      # TBSM at the reference sizes: about 2 minutes
+    python benchmarks/bench_traffic.py --model tbsm --num-users 100000 \
+        --convergence-lengths 25k 50k 100k 200k         # the doubling of the default length
 
 Prints the traffic, the steps under each model, how many points meet each goal of issue 11 and the
 convergence table, and writes traffic.png, step_time.png and hot_share.png to ``--out``.
@@ -84,11 +102,14 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from benchmarks.common.arguments import count
 from benchmarks.common.cache_model import BatchedKeys, belady_moves, sampled_rows
-from benchmarks.common.id_stream import PROFILE_SHARE, IdStream, synthetic_stream
+from benchmarks.common.id_stream import IdStream, synthetic_stream, taobao_stream
 from benchmarks.common.plan_traffic import Traffic, cache_groups, replay
+from benchmarks.common.training_data import NUM_USERS, SAMPLE, describe, model_parser
 from fae_torchrec import HotSet, format_bytes, hot_share_curve, parse_bytes
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import KAGGLE_INPUTS
+from fae_torchrec.data.source import BlockSource
+from fae_torchrec.data.sources import add_taobao_arguments, open_taobao_source
 from fae_torchrec.stats.hot_set import COLD
 from planner import FAEShardingPlanner
 from planner.baseline import BaselinePlan, default_planner, dry_run, hbm_planner, scaleup_planner
@@ -112,6 +133,32 @@ PLANS = (*MOVERS, "c")
 PCIE = {"Gen4": 31.5e9, "Gen5": 63.0e9}
 #: The step models: TorchRec's perf model, and the traffic model at each PCIe generation.
 STEP_MODELS = ("perf", *PCIE)
+#: Per model: the stream's lengths, the grid, the per-GPU batch and the row sampling (see the module's
+#: docstring for TBSM's).
+DEFAULTS = {
+    "dlrm": {
+        "num_samples": "16M",
+        "warmup": "4M",
+        "convergence_lengths": ["1M", "2M", "4M", "8M", "16M", "32M"],
+        "convergence_points": ["16:1:512MiB", "16:8:256MiB", "128:1:2GiB", "128:8:512MiB"],
+        "dims": [16, 128],
+        "world_sizes": [1, 8],
+        "caps": ["256MiB", "512MiB", "1GiB", "2GiB", "4GiB", "8GiB"],
+        "batch_size": 2048,
+        "sampling": 16,
+    },
+    "tbsm": {
+        "num_samples": "100k",
+        "warmup": "50k",
+        "convergence_lengths": ["25k", "50k", "100k"],
+        "convergence_points": ["16:1:32MiB", "16:4:16MiB"],
+        "dims": [16],
+        "world_sizes": [1, 4],
+        "caps": ["16MiB", "32MiB", "64MiB", "128MiB", "256MiB"],
+        "batch_size": 256,
+        "sampling": 1,
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -534,42 +581,58 @@ def _grid_point(text: str) -> tuple[int, int, int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser, model = model_parser(argv, __doc__.split("\n")[0], default="dlrm")
+    default = DEFAULTS[model]
     parser.add_argument(
-        "--num-samples", type=count, default="16M", help="inputs counted after the warm-up (e.g. 16M)"
-    )
-    parser.add_argument("--warmup", type=count, default="4M", help="inputs that warm the caches first")
-    parser.add_argument(
-        "--epoch",
+        "--num-samples",
         type=count,
-        default=KAGGLE_INPUTS,
-        help=f"inputs of an epoch; the profile samples {PROFILE_SHARE:.0%}",
+        default=default["num_samples"],
+        help="inputs counted after the warm-up (e.g. 16M)",
     )
+    parser.add_argument(
+        "--warmup", type=count, default=default["warmup"], help="inputs that warm the caches first"
+    )
+    if model == "dlrm":
+        parser.add_argument(
+            "--epoch",
+            type=count,
+            default=KAGGLE_INPUTS,
+            help=f"inputs of an epoch; the profile samples {SAMPLE['dlrm']:.0%}",
+        )
+    else:
+        add_taobao_arguments(parser, num_users=NUM_USERS, scale=1.0)
+        parser.add_argument(
+            "--holdout", type=count, default="20k", help="the profile's holdout, out of the unsampled inputs"
+        )
     parser.add_argument(
         "--convergence-lengths",
         type=count,
         nargs="*",
-        default=["1M", "2M", "4M", "8M", "16M", "32M"],
+        default=default["convergence_lengths"],
         help="inputs counted at the convergence points (twice --num-samples checks the default)",
     )
     parser.add_argument(
         "--convergence-points",
         type=_grid_point,
         nargs="*",
-        default=["16:1:512MiB", "16:8:256MiB", "128:1:2GiB", "128:8:512MiB"],
+        default=default["convergence_points"],
         help="dim:GPUs:HBM per GPU of the convergence table's points",
     )
-    parser.add_argument("--scale", type=float, default=1.0, help="table sizes = Kaggle's x scale")
-    parser.add_argument("--dims", type=int, nargs="+", default=[16, 128])
-    parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 8])
+    if model == "dlrm":
+        parser.add_argument("--scale", type=float, default=1.0, help="table sizes = Kaggle's x scale")
+    parser.add_argument("--dims", type=int, nargs="+", default=default["dims"])
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=default["world_sizes"])
+    parser.add_argument("--caps", type=parse_bytes, nargs="+", default=default["caps"])
+    parser.add_argument("--batch-size", type=int, default=default["batch_size"], help="per-GPU batch size")
     parser.add_argument(
-        "--caps", type=parse_bytes, nargs="+", default=["256MiB", "512MiB", "1GiB", "2GiB", "4GiB", "8GiB"]
+        "--sampling", type=int, default=default["sampling"], help="replay 1/N of the rows (SHARDS)"
     )
-    parser.add_argument("--batch-size", type=int, default=2048, help="per-GPU batch size")
-    parser.add_argument("--sampling", type=int, default=16, help="replay 1/N of the rows (SHARDS)")
-    parser.add_argument("--belady-sampling", type=int, default=16, help="Belady replays 1/N of the rows")
+    parser.add_argument(
+        "--belady-sampling", type=int, default=default["sampling"], help="Belady replays 1/N of the rows"
+    )
     parser.add_argument("--knob-candidates", type=int, default=4, help="hot budgets FAE's knob tries")
-    parser.add_argument("--seed", type=int, default=0)
+    if model == "dlrm":
+        parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/figures"))
     args = parser.parse_args(argv)
     args.caps = [parse_bytes(c) if isinstance(c, str) else c for c in args.caps]
@@ -580,18 +643,60 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def check_disjoint(stream: IdStream, epoch: int) -> None:
-    """Raise unless the profile read other inputs than the replay, and print both ranges."""
+def check_disjoint(stream: IdStream, args: argparse.Namespace) -> None:
+    """Raise unless the profile read other inputs than the replay, and print what each read."""
+    if stream.profile_overlaps():
+        raise AssertionError("the profile reads inputs of the replayed stream")
+    sampled, held = stream.stats.num_sampled, len(stream.stats.holdout)
+    if args.model == "tbsm":
+        trained = stream.stats.num_inputs
+        print(
+            f"{stream.num_inputs:,} inputs replayed (the first training inputs the profile did not read, in "
+            f"training order); profile: {sampled:,} sampled inputs ({sampled / trained:.1%} of the "
+            f"{trained:,} training inputs) and a holdout of {held:,} of the others: disjoint (checked)"
+        )
+        return
     replayed, profiled = stream.replayed, stream.profiled
-    if max(replayed.start, profiled.start) < min(replayed.stop, profiled.stop):
-        raise AssertionError(f"the profile (inputs {profiled}) overlaps the replayed stream ({replayed})")
-    sampled = stream.stats.num_sampled
     print(
         f"{stream.num_inputs:,} inputs replayed (data set inputs {replayed.start:,} to "
-        f"{replayed.stop - 1:,}); profile: {sampled:,} sampled inputs ({sampled / epoch:.1%} of an epoch of "
-        f"{epoch:,}) and a holdout of {len(stream.stats.holdout):,}, from inputs {profiled.start:,} to "
+        f"{replayed.stop - 1:,}); profile: {sampled:,} sampled inputs ({sampled / args.epoch:.1%} of an "
+        f"epoch of {args.epoch:,}) and a holdout of {held:,}, from inputs {profiled.start:,} to "
         f"{profiled.stop - 1:,}: disjoint (checked)"
     )
+
+
+def open_data(args: argparse.Namespace) -> BlockSource:
+    """The data ``--model`` reads: Criteo-like inputs over Kaggle's tables x ``--scale`` (only its
+    table configs: ``synthetic_stream`` makes the inputs), or TBSM's source."""
+    if args.model == "dlrm":
+        return SyntheticCriteo(0, scale=args.scale)
+    try:
+        return open_taobao_source(args, args.batch_size)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from error
+
+
+def replayed_stream(args: argparse.Namespace, source: BlockSource, num_inputs: int) -> IdStream:
+    """The stream of ``num_inputs`` inputs replayed, with FAE's profile of others."""
+    if args.model == "dlrm":
+        return synthetic_stream(
+            num_inputs, epoch=args.epoch, scale=args.scale, seed=args.seed, sampling=args.sampling
+        )
+    try:
+        return taobao_stream(
+            source, num_inputs, seed=args.seed, sampling=args.sampling, holdout_size=args.holdout
+        )
+    except ValueError as error:
+        raise SystemExit(f"error: {error}: shorten --warmup or the lengths, or raise --num-users") from error
+
+
+def describe_data(args: argparse.Namespace, source: BlockSource) -> str:
+    """What the counted inputs are, in words."""
+    if args.model == "dlrm":
+        return (
+            f"synthetic inputs counted after a warm-up of {args.warmup:,} (Kaggle table sizes x {args.scale})"
+        )
+    return f"training inputs counted after a warm-up of {args.warmup:,} ({describe(args, source)})"
 
 
 def main(argv: list[str] | None = None) -> list[Point]:
@@ -602,17 +707,16 @@ def main(argv: list[str] | None = None) -> list[Point]:
     warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
     logger.setLevel(logging.INFO)
     started = time.perf_counter()
-    source = SyntheticCriteo(0, scale=args.scale)
+    source = open_data(args)
     fixed = FixedPlans(source.table_configs, args.batch_size)
     grid_points = grid(args, fixed)
     lengths = {key: [args.num_samples] for key in grid_points}
     for key in args.convergence_points:
-        lengths[key] = sorted({*lengths.get(key, []), *args.convergence_lengths})
+        if wanted := sorted({*lengths.get(key, []), *args.convergence_lengths}):
+            lengths[key] = wanted
     longest = max(max(n) for n in lengths.values()) if lengths else args.num_samples
-    stream = synthetic_stream(
-        args.warmup + longest, epoch=args.epoch, scale=args.scale, seed=args.seed, sampling=args.sampling
-    )
-    check_disjoint(stream, args.epoch)
+    stream = replayed_stream(args, source, args.warmup + longest)
+    check_disjoint(stream, args)
     by_length: dict[int, dict[tuple, Point]] = {}
     for (dim, world_size, cap), wanted in lengths.items():
         try:
@@ -627,8 +731,8 @@ def main(argv: list[str] | None = None) -> list[Point]:
     points = [by_length[args.num_samples][k] for k in grid_points if k in by_length.get(args.num_samples, {})]
     plot(points, stream, args.out)
     print(
-        f"{args.num_samples:,} synthetic inputs counted after a warm-up of {args.warmup:,} (Kaggle table "
-        f"sizes x {args.scale}), per-GPU batch {args.batch_size}, replayed on 1/{args.sampling} of the rows "
+        f"{args.num_samples:,} {describe_data(args, source)}, per-GPU batch {args.batch_size}, "
+        f"replayed on 1/{args.sampling} of the rows "
         f"(Belady 1/{args.belady_sampling}); every cache, Belady's included, warms on the same inputs; (d) "
         "Belady holds the device memory TorchRec leaves for embeddings and starts the warm-up preloaded with "
         "the rows it serves best, as the plans' HBM rows are; (b) caches have the sizes TorchRec's scale-up "

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from benchmarks.bench_hot_share import budget_ladder
+from benchmarks.common.id_stream import taobao_stream
+from fae_torchrec.data.synthetic_taobao import SyntheticTaobao
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,6 +25,28 @@ def _run(script: str, *args: str) -> str:
         text=True,
     )
     return done.stdout
+
+
+def _check_traffic_and_steps(out: str, dim: int, figures: Path) -> list[list[str]]:
+    """Check bench_traffic's traffic and step rows of two points at ``dim`` and its figures; return the
+    convergence rows (split at ``|``)."""
+    rows = [line.split("|") for line in out.splitlines() if re.match(rf"\s*{dim}\s+[12]\s", line)]
+    traffic = [r for r in rows if len(r) == 3 and len(r[0].split()) == 8]
+    steps = [r for r in rows if len(r) == 3 and len(r[0].split()) == 4]
+    assert len(traffic) == 2 and len(steps) == 3 * len(traffic), out
+    for row in traffic:
+        estimated, measured = (float(x.rstrip("%")) for x in row[0].split()[-2:])
+        assert 0 < estimated <= 100 and abs(estimated - measured) < 5, "hot-input share: estimate and replay"
+        fae, a, *caches, belady = (float(x) for x in row[1].split())
+        assert fae > 0 and a > 0 and len(caches) == 3
+        assert belady <= min(a, *caches), "Belady on equal terms moves least"
+    assert float(traffic[0][1].split()[-1]) > 0, "Belady's cache cannot hold every row of the stream"
+    for row in steps[len(traffic) :]:  # the traffic models: (c)'s step plus transfers
+        *plans, hbm = (float(x) for x in row[1].split())
+        assert all(step >= hbm for step in plans)
+    for picture in ("traffic.png", "step_time.png", "hot_share.png"):
+        assert (figures / picture).read_bytes()[:4] == b"\x89PNG"
+    return [r for r in rows if len(r) == 4]
 
 
 @pytest.mark.slow
@@ -39,29 +63,56 @@ def test_bench_traffic_prints_every_comparison_and_draws_the_curves(tmp_path):
     assert sampled and abs(int(sampled[1].replace(",", "")) - 20_000) < 1_000, (
         "5% of the epoch, not of the replay"
     )
-    rows = [line.split("|") for line in out.splitlines() if re.match(r"\s*128\s+[12]\s", line)]
-    traffic = [r for r in rows if len(r) == 3 and len(r[0].split()) == 8]
-    steps = [r for r in rows if len(r) == 3 and len(r[0].split()) == 4]
-    convergence = [r for r in rows if len(r) == 4]
-    assert len(traffic) == 2 and len(steps) == 3 * len(traffic), out
-    for row in traffic:
-        estimated, measured = (float(x.rstrip("%")) for x in row[0].split()[-2:])
-        assert 0 < estimated <= 100 and abs(estimated - measured) < 5, "hot-input share: estimate and replay"
-        fae, a, *caches, belady = (float(x) for x in row[1].split())
-        assert fae > 0 and a > 0 and len(caches) == 3
-        assert belady <= min(a, *caches), "Belady on equal terms moves least"
-    assert float(traffic[0][1].split()[-1]) > 0, "Belady's cache cannot hold every row of the stream"
-    for row in steps[len(traffic) :]:  # the traffic models: (c)'s step plus transfers
-        *plans, hbm = (float(x) for x in row[1].split())
-        assert all(step >= hbm for step in plans)
+    convergence = _check_traffic_and_steps(out, 128, tmp_path)
     for model in ("perf", "Gen4", "Gen5"):
         assert f"goal step a/FAE >= 2 ({model}): met at" in out
     assert "goal traffic FAE < b LFU: met at" in out and "goal traffic FAE <= 1.5 d: met at" in out
     assert [r[0].split()[4] for r in convergence] == ["100,000", "200,000", "400,000"]
     assert len({r[0].split()[5] for r in convergence}) == 1, "one hot budget at every length"
     assert "doubling the default 200,000 inputs to 400,000" in out
-    for picture in ("traffic.png", "step_time.png", "hot_share.png"):
-        assert (tmp_path / picture).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_bench_traffic_replays_tbsm_inputs_the_profile_did_not_read(tmp_path):
+    out = _run(
+        "bench_traffic.py", "--model", "tbsm", "--num-users", "10000", "--scale", "0.05", "--holdout", "4k",
+        "--warmup", "5k", "--num-samples", "10k", "--world-sizes", "1", "2", "--caps", "3MiB",
+        "--batch-size", "64", "--convergence-lengths", "5k", "20k", "--convergence-points", "16:1:3MiB",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert out.count("disjoint (checked)") == 1, "the profile reads other inputs than the replay"
+    profile = re.search(
+        r"^25,000 inputs replayed .+ profile: ([\d,]+) sampled inputs \([\d.]+% of the ([\d,]+) training "
+        r"inputs\) and a holdout of 4,000",
+        out,
+        flags=re.M,
+    )
+    assert profile, out
+    sampled, trained = (int(x.replace(",", "")) for x in profile.groups())
+    assert abs(sampled / trained - 0.2) < 0.01, "FAE's TBSM profile: 20% of the training inputs"
+    convergence = _check_traffic_and_steps(out, 16, tmp_path)
+    assert [r[0].split()[4] for r in convergence] == ["5,000", "10,000", "20,000"]
+    assert "doubling the default 10,000 inputs to 20,000" in out
+
+
+def test_taobao_stream_replays_in_training_order_what_the_profile_left():
+    source = SyntheticTaobao(2000, scale=0.01)
+    stream = taobao_stream(source, 5000, holdout_size=1000)
+    replayed, profiled = stream.replayed, stream.profiled
+    assert len(replayed) == stream.num_inputs == len(stream.worst_rank) == 5000
+    assert np.all(np.diff(replayed) > 0) and np.all(np.diff(profiled) > 0), "in training order"
+    assert (
+        len(profiled)
+        == stream.stats.num_sampled + len(stream.stats.holdout)
+        == stream.stats.num_sampled + 1000
+    )
+    assert not np.isin(replayed, profiled).any() and not stream.profile_overlaps()
+    before = np.union1d(replayed, profiled[profiled < replayed[-1]])
+    assert np.array_equal(before, np.arange(replayed[-1] + 1)), "the first inputs the profile left"
+    assert profiled[-1] < source.num_train
+    assert np.array_equal(stream.ids[stream.inputs == 0], source.train.ids[replayed[0]]), "every id kept"
+    with pytest.raises(ValueError, match="inputs to replay"):
+        taobao_stream(source, source.num_train, holdout_size=1000)
 
 
 def test_bench_profile_and_bench_hot_set_run_small():

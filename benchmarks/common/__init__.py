@@ -4,5 +4,6 @@
 it can be replayed; ``cache_model``: FBGEMM's set-associative LRU and LFU caches and Belady's
 replacement over that stream; ``plan_traffic``: a TorchRec ``ShardingPlan``'s UVM caches replayed
 through the cache model; ``example_runs``: runs ``examples/train_dlrm_fae.py`` as its own
-process(es) and reads its metrics; ``arguments``: command-line values.
+process(es) and reads its metrics; ``training_data``: the model a command line picks, and a profile of
+its training inputs that tells which it sampled; ``arguments``: command-line values.
 """

@@ -1,12 +1,18 @@
 """The id stream of a data set, kept small enough to replay: FAE's profile, the rows' ranks, and a
 row-sampled copy of every lookup.
 
-The profile is made on other inputs than the ones replayed, as FAE's planner would see them: the
-synthetic data are made chunk by chunk, each chunk from its own seed, and the profile reads the chunks
-after the replayed ones. It samples 5% of an epoch (FAE profiles 5% of the training data; Criteo
-Kaggle's epoch by default), whatever the length replayed, so every length is measured with one hot set,
-and keeps a holdout of inputs it did not sample (the planner estimates the hot-input share on it). A
-second pass ranks every replayed lookup's row in FAE's global order (``RowRanking``). With the top
+The profile is made on other inputs than the ones replayed, as FAE's planner would see them, and keeps
+a holdout of inputs it did not sample (the planner estimates the hot-input share on it):
+
+- DLRM (``synthetic_stream``): the synthetic data are made chunk by chunk, each chunk from its own
+  seed, and the profile reads the chunks after the replayed ones. It samples 5% of an epoch (FAE
+  profiles 5% of the training data; Criteo Kaggle's epoch by default), whatever the length replayed,
+  so every length is measured with one hot set.
+- TBSM (``taobao_stream``): a data set of a fixed size. The profile samples 20% of the training inputs
+  (FAE's TBSM setting) and draws its holdout from the others; the stream is the rest of them, in
+  training order.
+
+A second pass ranks every replayed lookup's row in FAE's global order (``RowRanking``). With the top
 ``n`` ranked rows hot, an input is hot exactly when its worst rank is below ``n``, so one pass
 serves every hot-set budget. Only lookups of rows in the replayed ``1/sampling`` of the hash space are
 kept (``cache_model.sampled_rows``).
@@ -14,20 +20,21 @@ kept (``cache_model.sampled_rows``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 from tqdm import tqdm
 
 from benchmarks.common.cache_model import sampled_rows
+from benchmarks.common.training_data import SAMPLE, profile_training
 from fae_torchrec import AccessProfiler, AccessStats, HotSet
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES, KAGGLE_INPUTS
 from fae_torchrec.data.synthetic import CHUNK_SIZE
-
-#: Inputs FAE's profile samples, as a share of an epoch.
-PROFILE_SHARE = 0.05
+from fae_torchrec.data.taobao import TaobaoSource
+from fae_torchrec.seeds import generator
+from fae_torchrec.stats.holdout import Holdout
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,7 @@ class IdStream:
     ``inputs``, ``tables``, ``ids`` and ``ranks`` describe each kept lookup (its row's position in
     FAE's ranking; ``len(ranking)`` for rows the profile never saw); ``worst_rank`` is, per input, the
     largest rank among all its lookups, kept or not. ``replayed`` and ``profiled`` are the data set's
-    input indices the stream and its profile read.
+    input indices the stream and its profile read (ascending).
     """
 
     stats: AccessStats
@@ -48,8 +55,8 @@ class IdStream:
     ids: np.ndarray
     ranks: np.ndarray
     worst_rank: np.ndarray
-    replayed: range
-    profiled: range
+    replayed: range | np.ndarray
+    profiled: range | np.ndarray
 
     def rows(self) -> np.ndarray:
         """Global row key (table offset + id) of each kept lookup."""
@@ -64,6 +71,13 @@ class IdStream:
         everything = hot_set.total_hot == int(self.stats.layout.num_rows.sum())
         return np.iinfo(np.int64).max if everything else hot_set.total_hot
 
+    def profile_overlaps(self) -> bool:
+        """Whether the profile read an input the stream replays."""
+        replayed, profiled = self.replayed, self.profiled
+        if isinstance(replayed, range) and isinstance(profiled, range):
+            return max(replayed.start, profiled.start) < min(replayed.stop, profiled.stop)
+        return bool(np.isin(replayed, profiled).any())
+
 
 def synthetic_stream(
     num_inputs: int,
@@ -75,9 +89,9 @@ def synthetic_stream(
     holdout_size: int = 100_000,
 ) -> IdStream:
     """The first ``num_inputs`` inputs of the synthetic data set of ``scale`` and ``seed``, row-sampled,
-    profiled as FAE does on the chunks after them: ``PROFILE_SHARE x epoch`` sampled inputs and a
+    profiled as FAE does on the chunks after them: ``SAMPLE["dlrm"] x epoch`` sampled inputs and a
     holdout of ``holdout_size`` others."""
-    sampled = max(round(PROFILE_SHARE * epoch), 1)
+    sampled = max(round(SAMPLE["dlrm"] * epoch), 1)
     replay_chunks = -(-num_inputs // CHUNK_SIZE)
     first = replay_chunks * CHUNK_SIZE
     profiled = range(first, first + sampled + holdout_size)
@@ -86,16 +100,68 @@ def synthetic_stream(
         data.table_configs(), sampled / len(profiled), seed=seed, holdout_size=holdout_size
     )
     stats = profiler.profile(_columns(data, profiled), total=-(-len(profiled) // CHUNK_SIZE))
+    replayed = range(num_inputs)
+    blocks = _blocks(data, replayed)
+    return _stream(stats, DEFAULT_CAT_NAMES, blocks, replay_chunks, sampling, replayed, profiled)
+
+
+def taobao_stream(
+    source: TaobaoSource, num_inputs: int, *, seed: int = 0, sampling: int = 1, holdout_size: int = 20_000
+) -> IdStream:
+    """The first ``num_inputs`` training inputs of ``source`` that FAE's profile does not read, in
+    training order, row-sampled. The profile samples ``SAMPLE["tbsm"]`` of the training inputs and holds
+    out ``holdout_size`` others, drawn at random here (the profiler's own holdout does not say which
+    inputs it holds, and the stream leaves them out). Raises ``ValueError`` when fewer inputs are left."""
+    profiler = AccessProfiler(source.table_configs(), SAMPLE["tbsm"], seed, holdout_size=0)
+    blocks = source.split_blocks(False, None, CHUNK_SIZE)
+    stats, unprofiled, sampled = profile_training(profiler, blocks, source.feature_names)
+    others = np.flatnonzero(~sampled)
+    drawn = generator(seed, "holdout")  # independent of the data's and the profile's draws
+    held = np.zeros(len(others), dtype=bool)
+    held[drawn.choice(len(others), min(holdout_size, len(others)), replace=False)] = True
+    left = len(others) - int(held.sum())
+    if left < num_inputs:
+        raise ValueError(
+            f"{num_inputs:,} inputs to replay, but the profile of the {len(sampled):,} training inputs "
+            f"leaves {left:,}"
+        )
+    columns = _tables_of(stats, source.feature_names)
+    rows = unprofiled.ids[held] + stats.layout.row_offsets[columns]
+    holdout = Holdout(rows.reshape(-1), np.repeat(np.arange(len(rows)), len(columns)), len(rows))
+    ids = unprofiled.ids[~held][:num_inputs]
+    blocks = ((start, ids[start : start + CHUNK_SIZE]) for start in range(0, num_inputs, CHUNK_SIZE))
+    replayed = others[~held][:num_inputs]
+    profiled = np.sort(np.concatenate([np.flatnonzero(sampled), others[held]]))
+    total = -(-num_inputs // CHUNK_SIZE)
+    stats = replace(stats, holdout=holdout)
+    return _stream(stats, source.feature_names, blocks, total, sampling, replayed, profiled)
+
+
+def _tables_of(stats: AccessStats, feature_names: Sequence[str]) -> np.ndarray:
+    """The table index of each feature."""
+    return np.array([stats.layout.table_of(name) for name in feature_names])
+
+
+def _stream(
+    stats: AccessStats,
+    feature_names: Sequence[str],
+    blocks: Iterable[tuple[int, np.ndarray]],
+    total: int,
+    sampling: int,
+    replayed: range | np.ndarray,
+    profiled: range | np.ndarray,
+) -> IdStream:
+    """The ``IdStream`` of the ``total`` blocks of ids (each with its first input's index in the
+    stream), ranked by ``stats``."""
     ranking = stats.ranking()
     rank_of_row = np.full(int(stats.layout.num_rows.sum()), len(ranking.rows), dtype=np.int64)
     rank_of_row[ranking.rows] = np.arange(len(ranking.rows))
-    columns = np.array([stats.layout.table_of(name) for name in DEFAULT_CAT_NAMES])
+    columns = _tables_of(stats, feature_names)
     parts: dict[str, list[np.ndarray]] = {"inputs": [], "tables": [], "ids": [], "ranks": [], "worst": []}
-    replayed = range(num_inputs)
-    for start, ids in tqdm(_blocks(data, replayed), total=replay_chunks, desc="id stream", leave=False):
+    for start, ids in tqdm(blocks, total=total, desc="id stream", leave=False):
         _keep(ids, start, columns, stats.layout.row_offsets, rank_of_row, sampling, parts)
     inputs, tables, ids, ranks, worst = (np.concatenate(parts[k]) for k in parts)
-    return IdStream(stats, sampling, num_inputs, inputs, tables, ids, ranks, worst, replayed, profiled)
+    return IdStream(stats, sampling, len(replayed), inputs, tables, ids, ranks, worst, replayed, profiled)
 
 
 def _blocks(data: SyntheticCriteo, inputs: range) -> Iterator[tuple[int, np.ndarray]]:
