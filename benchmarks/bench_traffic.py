@@ -207,7 +207,11 @@ class FixedPlans:
 
     def default(self, dim: int, world_size: int, hbm_cap: int) -> BaselinePlan:
         topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=hbm_cap)
-        return self._made(("a", dim, world_size, hbm_cap), default_planner(topology, self.batch_size), dim)
+        return self._made(
+            ("a", dim, world_size, hbm_cap),
+            default_planner(topology, self.batch_size, tables=self.tables(dim)),
+            dim,
+        )
 
     def hbm(self, dim: int, world_size: int) -> BaselinePlan:
         topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=UNLIMITED_HBM)

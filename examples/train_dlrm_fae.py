@@ -72,6 +72,7 @@ from fae_torchrec.arguments import (
     non_negative_int,
     positive_float,
     positive_int,
+    share,
 )
 from fae_torchrec.data import SampleBlock
 from fae_torchrec.data.source import BlockSource
@@ -119,6 +120,7 @@ class ModelFamily:
         sparse_path: where the sparse module lives in the train module (``get_submodule``).
         named_defaults: option values a resume must match that are defaults computed from others.
         defaults: the family's own defaults of the driver's options (such as ``batch_size``).
+        warmup: the default ``--warmup`` of the stream order (other orders take none).
     """
 
     name: str
@@ -129,6 +131,7 @@ class ModelFamily:
     sparse_path: str
     named_defaults: Callable[[argparse.Namespace], dict] = lambda args: {}
     defaults: dict = field(default_factory=dict)
+    warmup: float = 0.0
 
 
 def _dlrm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -196,6 +199,12 @@ def parse_args(argv: list[str] | None = None, family: ModelFamily = DLRM_FAMILY)
         help="seed of the random step orders, to vary the order alone (default: --seed)",
     )
     parser.add_argument(
+        "--warmup",
+        type=share,
+        help="stream order: the share of the first epoch trained in cold steps only, before any hot step "
+        f"(default {family.warmup}; other orders take none)",
+    )
+    parser.add_argument(
         "--pipeline",
         choices=PIPELINES,
         help="sparse: TorchRec's TrainPipelineSparseDist (FAETrainPipeline for FAE), which overlaps the "
@@ -222,6 +231,8 @@ def parse_args(argv: list[str] | None = None, family: ModelFamily = DLRM_FAMILY)
     problem = _invalid_combination(args)
     if problem:
         parser.error(problem)
+    if args.warmup is None:
+        args.warmup = family.warmup if args.order == "stream" else 0.0
     return args
 
 
@@ -230,6 +241,8 @@ def _invalid_combination(args: argparse.Namespace) -> str | None:
     without a checkpoint), or None."""
     if args.resume and not args.checkpoint_dir:
         return "--resume needs --checkpoint-dir"
+    if args.warmup and args.order != "stream":
+        return f"--warmup {args.warmup}: a warm-up is part of the stream order, not of --order {args.order}"
     for option, directory in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir)):
         if directory is None:
             continue
@@ -380,7 +393,7 @@ def _train(
     fae = find_fae_module(dmp)  # FAE: the router splits the batches for the parts, by the part ids
     router = BatchRouter(
         partition, args.batch_size, world, rank, order=args.order,
-        seed=args.seed if args.order_seed is None else args.order_seed,
+        seed=args.seed if args.order_seed is None else args.order_seed, warmup=args.warmup,
         split=None if fae is None else fae.split,
     )  # fmt: skip
     validation_batches = _validation_batches(validation, partition.keys, args.batch_size, world, rank)
@@ -587,7 +600,7 @@ def _planner(
         return scaleup_planner(topology, stats, batch_size, prefetch_pipeline=prefetch)
     if mode == "hbm":
         return hbm_planner(topology, list(stats.tables), batch_size)  # no cache to prefetch into
-    return default_planner(topology, batch_size, constraints)
+    return default_planner(topology, batch_size, constraints, tables=stats.tables)
 
 
 def _kernels(plan: ShardingPlan) -> Counter[str]:

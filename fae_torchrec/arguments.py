@@ -70,6 +70,14 @@ def fraction(text: str) -> float:
     return value
 
 
+def share(text: str) -> float:
+    """A number in [0, 1]."""
+    value = _finite(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
 def byte_size(text: str) -> str:
     """A byte size :func:`parse_bytes` accepts (``0``, ``512KiB``, ``1.5GB``), kept as written."""
     try:

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.constants import POOLING_FACTOR
 from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer
 from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
@@ -49,11 +50,34 @@ class BaselinePlan:
         return Counter(option.compute_kernel for option in self.options)
 
 
+def per_feature_pooling(
+    tables: Sequence[EmbeddingBagConfig], constraints: dict[str, ParameterConstraints] | None = None
+) -> dict[str, ParameterConstraints]:
+    """``constraints`` with TorchRec's default pooling factor for every feature of each table.
+
+    Without ``pooling_factors`` TorchRec prices a table as one feature (``[POOLING_FACTOR]``), whatever
+    the number of features that read it: TBSM's tables, read by 21 features each, would be priced and
+    given buffers for a 21st of their lookups. A user's own pooling factors stay."""
+    constraints = dict(constraints or {})
+    for config in tables:
+        given = constraints.get(config.name, ParameterConstraints())
+        if given.pooling_factors == [POOLING_FACTOR] and len(config.feature_names) > 1:
+            pooling = [POOLING_FACTOR] * len(config.feature_names)
+            constraints[config.name] = replace(given, pooling_factors=pooling)
+    return constraints
+
+
 def default_planner(
-    topology: Topology, batch_size: int, constraints: dict[str, ParameterConstraints] | None = None
+    topology: Topology,
+    batch_size: int,
+    constraints: dict[str, ParameterConstraints] | None = None,
+    *,
+    tables: Sequence[EmbeddingBagConfig],
 ) -> EmbeddingShardingPlanner:
-    """(a) TorchRec's default planner (with the enumerator's choices in a fixed order), with the
-    user's ``constraints`` if any (such as ``CacheParams(prefetch_pipeline=True)``)."""
+    """(a) TorchRec's default planner (with the enumerator's choices in a fixed order) for ``tables``,
+    with the user's ``constraints`` if any (such as ``CacheParams(prefetch_pipeline=True)``) and every
+    feature of a table priced (``per_feature_pooling``)."""
+    constraints = per_feature_pooling(tables, constraints)
     return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=batch_size,
@@ -119,7 +143,9 @@ def hbm_planner(
 ) -> EmbeddingShardingPlanner:
     """(c) Every table in device memory (raises ``PlannerError`` where the model does not fit)."""
     kernels = [EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.value]
-    constraints = {config.name: ParameterConstraints(compute_kernels=kernels) for config in tables}
+    constraints = per_feature_pooling(
+        tables, {config.name: ParameterConstraints(compute_kernels=kernels) for config in tables}
+    )
     return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=batch_size,
@@ -149,5 +175,5 @@ def torchrec_default_plan(
 ) -> tuple[ShardingPlan, RankTotals, Counter[str]]:
     """TorchRec's default plan of ``tables`` (a dry run): the plan, its per-rank predictions, and how
     many tables each compute kernel got."""
-    result = dry_run(default_planner(topology, batch_size), tables)
+    result = dry_run(default_planner(topology, batch_size, tables=tables), tables)
     return result.plan, result.totals, result.kernels

@@ -203,6 +203,11 @@ def test_byte_sizes_beyond_int64_are_refused():
         (["--scale", "nan"], "argument --scale: not a finite number: 'nan'"),
         (["--ids-per-feature", "0"], "argument --ids-per-feature: must be a positive integer, got 0"),
         (["--resume"], "--resume needs --checkpoint-dir"),
+        (["--warmup", "1.5"], "argument --warmup: must be in [0, 1], got 1.5"),
+        (
+            ["--order", "phases", "--warmup", "0.1"],
+            "a warm-up is part of the stream order, not of --order phases",
+        ),
         (["--checkpoint-dir", "ck"], "--checkpoint-dir needs --checkpoint-every"),
     ],
 )

@@ -244,7 +244,8 @@ def test_row_sampled_replay_estimates_the_full_replay(algorithm):
 def test_device_resident_tables_move_nothing():
     config = EmbeddingBagConfig(name="t", embedding_dim=16, num_embeddings=1000, feature_names=["f"])
     plan = dry_run(
-        default_planner(Topology(world_size=2, compute_device="cuda", hbm_cap=1 << 30), 512), [config]
+        default_planner(Topology(world_size=2, compute_device="cuda", hbm_cap=1 << 30), 512, tables=[config]),
+        [config],
     )
     groups = cache_groups(plan.plan)
     assert not groups.shards

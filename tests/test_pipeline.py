@@ -203,7 +203,7 @@ def test_cold_caches_get_the_prefetch_pipeline_asked_for():
     assert cached, "some cold part is in a UVM cache"
     assert all(p.cache_params.prefetch_pipeline for p in cached)
     # the baseline the example pairs with it: TorchRec's default planner, given the same constraints
-    baseline = default_planner(topology, 32, constraints).plan(
+    baseline = default_planner(topology, 32, constraints, tables=tables).plan(
         EmbeddingBagCollection(tables, device=torch.device("meta")), get_default_sharders()
     )
     cached = [

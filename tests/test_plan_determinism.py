@@ -37,7 +37,7 @@ for device, world in (("cpu", 1), ("cpu", 2), ("cuda", 2)):
     plans[f"scaleup {device} x{world}"] = plan_layout(scaleup.plan)
 topology = Topology(world_size=2, compute_device="cuda", hbm_cap=64 << 20)
 plans["hbm cuda x2"] = plan_layout(dry_run(hbm_planner(topology, tables, 32), tables).plan)
-plans["default cuda x2"] = plan_layout(dry_run(default_planner(topology, 32), tables).plan)
+plans["default cuda x2"] = plan_layout(dry_run(default_planner(topology, 32, tables=tables), tables).plan)
 print(json.dumps(plans, sort_keys=True))
 """
 

@@ -11,7 +11,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, estimate_hot_share
 from fae_torchrec.cli import main
-from fae_torchrec.data import SyntheticCriteo
+from fae_torchrec.data import SyntheticCriteo, SyntheticTaobao
 from planner import AccessCacheStatistics, FAEShardingPlanner, default_planner, dry_run, torchrec_default_plan
 
 GIB = 1 << 30
@@ -96,7 +96,7 @@ def test_fae_plans_wherever_torchrec_does(kaggle_stats, world_size, hbm_cap, dim
     step no slower than TorchRec's."""
     stats = _stats_at_dim(kaggle_stats, dim)
     topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=hbm_cap)
-    default = dry_run(default_planner(topology, 2048), stats.tables)
+    default = dry_run(default_planner(topology, 2048, tables=stats.tables), stats.tables)
     planner = FAEShardingPlanner(topology, stats, batch_size=2048, hot_budget_bytes=0)
     plan = planner.plan(planner.meta_module(planner.choose_hot_set()), get_default_sharders())
     assert set(plan.plan) == {"cold"}
@@ -105,6 +105,23 @@ def test_fae_plans_wherever_torchrec_does(kaggle_stats, world_size, hbm_cap, dim
         knob = FAEShardingPlanner(topology, stats, batch_size=2048, num_candidates=2)
         knob.choose_hot_set()
         assert knob.report.step <= planner.report.step * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_tables_read_by_many_features_are_priced_for_every_feature(world_size):
+    """TorchRec prices a table without pooling factors as one feature, and TBSM's tables are read by
+    21 features each: the default planner is told one pooling factor per feature, so FAE with no hot
+    rows (TorchRec's own choice of kernels) plans what it plans and predicts the same step."""
+    data = SyntheticTaobao(5000, batch_size=4096, scale=0.05, seed=0)
+    tables = data.table_configs(16)
+    stats = AccessProfiler(tables, 0.2, seed=0, holdout_size=2000).profile(data)
+    topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=8 << 20)  # model: 16 MiB
+    default = dry_run(default_planner(topology, 256, tables=tables), tables)
+    assert [len(option.input_lengths) for option in default.options] == [21, 21, 21]
+    assert default.kernels[EmbeddingComputeKernel.FUSED.value] < 3, "some table lives outside HBM"
+    planner = FAEShardingPlanner(topology, stats, batch_size=256, hot_budget_bytes=0)
+    planner.plan(planner.meta_module(planner.choose_hot_set()), get_default_sharders())
+    assert planner.report.step == pytest.approx(default.totals.step, rel=1e-6)
 
 
 def test_cpu_topology_uses_cpu_kernels():

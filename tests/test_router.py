@@ -53,6 +53,20 @@ def _positions(is_hot, steps, world_size):
     return positions
 
 
+def _check_steps(steps, num_hot, num_cold, batch_size, world_size):
+    """Every input exactly once; hot steps full and only hot; no rank idle, none twice loaded."""
+    expected = Counter([(HOT, i) for i in range(num_hot)] + [(COLD, i) for i in range(num_cold)])
+    assert _covered(steps, world_size) == expected
+    for step in steps:
+        sizes = [step.size(r) for r in range(world_size)]
+        assert min(sizes) >= 1, "every rank trains on something at every step"
+        if step.hot:
+            assert sizes == [batch_size] * world_size
+            assert all(part == HOT for spans in step.spans for part, _, _ in spans)
+        else:
+            assert max(sizes) < 2 * batch_size
+
+
 @pytest.mark.parametrize("arrangement", ["random", "first", "last"])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 @pytest.mark.parametrize("order", ORDERS)
@@ -65,16 +79,7 @@ def test_every_input_exactly_once_and_hot_steps_only_hot(
     steps = make_schedule(
         _mask(num_hot, num_cold, arrangement=arrangement), batch_size, world_size, order, seed=1
     )
-    expected = Counter([(HOT, i) for i in range(num_hot)] + [(COLD, i) for i in range(num_cold)])
-    assert _covered(steps, world_size) == expected
-    for step in steps:
-        sizes = [step.size(r) for r in range(world_size)]
-        assert min(sizes) >= 1, "every rank trains on something at every step"
-        if step.hot:
-            assert sizes == [batch_size] * world_size
-            assert all(part == HOT for spans in step.spans for part, _, _ in spans)
-        else:
-            assert max(sizes) < 2 * batch_size
+    _check_steps(steps, num_hot, num_cold, batch_size, world_size)
     if order == "phases":
         kinds = [s.hot for s in steps]
         assert kinds == sorted(kinds), "all cold steps, then all hot steps"
@@ -120,6 +125,31 @@ def test_stream_order_trains_every_input_close_to_where_the_baseline_does(share)
     assert moved["shuffled"].mean() > 30
 
 
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize(
+    ("num_hot", "num_cold", "batch_size"), [(25, 13, 4), (24, 0, 4), (8, 1, 4), (300, 200, 4), (700, 20, 8)]
+)
+@pytest.mark.parametrize("warmup", [0.25, 1.0])
+def test_warm_up_trains_the_first_blocks_in_cold_steps(world_size, num_hot, num_cold, batch_size, warmup):
+    is_hot = _mask(num_hot, num_cold)
+    steps = make_schedule(is_hot, batch_size, world_size, "stream", seed=1, warmup=warmup)
+    _check_steps(steps, num_hot, num_cold, batch_size, world_size)
+    warm = round(warmup * -(-len(is_hot) // (batch_size * world_size)))  # blocks of one step's inputs
+    cold = len(steps) - sum(step.hot for step in steps)  # the last cold step runs at the epoch's end
+    assert not any(step.hot for step in steps[: max(min(warm, cold - 1), 0)]), (
+        "a warm-up block fills a cold step"
+    )
+    without = make_schedule(is_hot, batch_size, world_size, "stream", seed=1)
+    hot, hot_without = sum(step.hot for step in steps), sum(step.hot for step in without)
+    assert hot_without - warm - 1 <= hot <= hot_without, "a warm-up block takes at most one hot step"
+    if warmup == 1.0:
+        assert hot == 0
+    later = make_schedule(is_hot, batch_size, world_size, "stream", seed=1, epoch=1, warmup=warmup)
+    assert later == make_schedule(is_hot, batch_size, world_size, "stream", seed=1, epoch=1), (
+        "first epoch only"
+    )
+
+
 def test_schedule_errors():
     assert make_schedule(np.zeros(0, dtype=bool), 4, 2) == [], "no input, no step"
     with pytest.raises(ValueError, match="2 inputs left for cold steps but 3 ranks"):
@@ -127,6 +157,12 @@ def test_schedule_errors():
     assert [s.hot for s in make_schedule(_mask(8, 1), 4, 2)] == [False], "a hot step's inputs make room"
     with pytest.raises(ValueError, match="unknown order 'random'"):
         make_schedule(_mask(1, 1), 1, 1, "random")
+    with pytest.raises(ValueError, match=r"warm-up must be a share of the first epoch in \[0, 1\], got 1.5"):
+        make_schedule(_mask(1, 1), 1, 1, warmup=1.5)
+    with pytest.raises(
+        ValueError, match="a warm-up is part of the stream order, not of the 'shuffled' order"
+    ):
+        make_schedule(_mask(1, 1), 1, 1, "shuffled", warmup=0.1)
 
 
 def test_partition_in_memory_and_on_disk(data, tmp_path):

@@ -11,7 +11,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.modules.split_features import SplitFeatures
 from fae_torchrec.train.partition import HotColdPartition
-from fae_torchrec.train.schedule import Step, initial_run, interleave, make_schedule
+from fae_torchrec.train.schedule import Step, check_warmup, initial_run, interleave, make_schedule
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class BatchRouter:
         world_size, rank: this rank's place; every rank computes the same schedule.
         order: ``stream`` (the default), ``shuffled``, ``phases`` or ``adaptive`` (see ``schedule``).
         seed: seed of the random orders (with the epoch).
+        warmup: the stream order's share of the first epoch trained in cold steps only (see ``schedule``).
         keys: the feature names of the ``KeyedJaggedTensor``: the partition's (``partition.keys``);
             optional, and refused when they differ.
         split: makes each batch's ``sparse_features`` a ``SplitFeatures`` before the step, given the
@@ -50,11 +51,13 @@ class BatchRouter:
         rank: int = 0,
         order: str = "stream",
         seed: int = 0,
+        warmup: float = 0.0,
         keys: Sequence[str] | None = None,
         split: Callable[[KeyedJaggedTensor, bool, bool], SplitFeatures] | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range [0, {world_size})")
+        check_warmup(warmup, order)
         if keys is not None and tuple(keys) != partition.keys:
             raise ValueError(
                 f"keys {list(keys)} are not the partition's feature names {list(partition.keys)}"
@@ -65,6 +68,7 @@ class BatchRouter:
         self.rank = rank
         self.order = order
         self.seed = seed
+        self.warmup = warmup
         self.split = split
         self._position: dict = {}
         self._relayout = False
@@ -77,6 +81,7 @@ class BatchRouter:
             self.order,
             self.seed,
             epoch,
+            self.warmup,
         )
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[RoutedBatch]:

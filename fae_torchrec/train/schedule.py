@@ -6,8 +6,15 @@ runs both parts, so a hot input trains correctly there). Cold steps take the col
 way; the inputs that do not fill a last cold step are spread over the ranks of the final cold step,
 whose batches grow by at most ``batch_size`` (or, with no full cold step, make up the only one).
 Every input is trained on exactly once per epoch, and the whole schedule is a function of which
-inputs are hot, the batch size, the world size, the order, the seed and the epoch: every rank
-computes the same one without a collective.
+inputs are hot, the batch size, the world size, the order, the seed, the warm-up and the epoch:
+every rank computes the same one without a collective.
+
+Warm-up (stream order): the first ``warmup`` share of the first epoch's blocks train in cold steps
+only, their hot inputs with their cold ones. A model fresh from its initialisation is fragile: TBSM
+under Adagrad sits near a constant prediction for its first tens of steps before it learns, and
+FAE's hot steps, label-biased samples of the data (hot inputs click more or less often than the
+rest), can keep it there for good (BENCHMARKS.md, section 6). The warm-up gives it the data's own mix
+until it has left that state, at the cost of ``warmup`` of the first epoch's hot steps.
 
 Orders:
     ``stream`` (the default): the data in blocks of one step's inputs, the blocks in a random order
@@ -66,25 +73,30 @@ def make_schedule(
     order: str = "stream",
     seed: int = 0,
     epoch: int = 0,
+    warmup: float = 0.0,
 ) -> list[Step]:
     """The steps of one epoch (see the module docstring). ``is_hot`` says which inputs of the data,
-    in its order, are entirely hot (``HotColdPartition.is_hot``); each part keeps the data's order."""
+    in its order, are entirely hot (``HotColdPartition.is_hot``); each part keeps the data's order.
+    ``warmup`` is the share of the first epoch's blocks that train in cold steps only (stream order)."""
     if order not in ORDERS:
         raise ValueError(f"unknown order {order!r}; choose from {ORDERS}")
     if batch_size <= 0 or world_size <= 0:
         raise ValueError(f"batch size and world size must be positive, got {batch_size} and {world_size}")
-    num_inputs, num_hot = len(is_hot), int(np.count_nonzero(is_hot))
+    check_warmup(warmup, order)
+    num_inputs = len(is_hot)
     round_size = batch_size * world_size
+    rng = generator(seed, "schedule", epoch)
+    if order == "stream":
+        hot_stream, cold_stream = _block_streams(is_hot, round_size, rng, warmup if epoch == 0 else 0.0)
+    else:
+        num_hot = int(np.count_nonzero(is_hot))
+        hot_stream = _Stream([HOT], [0], [num_hot])
+        cold_stream = _Stream([COLD], [0], [num_inputs - num_hot])
+    num_hot = len(hot_stream)
     hot_steps = num_hot // round_size
     if hot_steps and 0 < num_inputs - hot_steps * round_size < world_size:
         hot_steps -= 1  # too few inputs left for every rank in a cold step: one hot step's join them
     used_hot = hot_steps * round_size
-    rng = generator(seed, "schedule", epoch)
-    if order == "stream":
-        hot_stream, cold_stream = _block_streams(is_hot, round_size, rng)
-    else:
-        hot_stream = _Stream([HOT], [0], [num_hot])
-        cold_stream = _Stream([COLD], [0], [num_inputs - num_hot])
     # the cold stream ends with the hot inputs left over from the hot steps
     cold_stream = cold_stream.followed_by(hot_stream.cut(used_hot, num_hot))
     if 0 < len(cold_stream) < world_size:
@@ -118,6 +130,14 @@ def make_schedule(
     else:
         kinds = rng.permutation(np.array([True] * len(hot) + [False] * len(cold), dtype=bool)).tolist()
     return merge(hot, cold, kinds)
+
+
+def check_warmup(warmup: float, order: str) -> None:
+    """Raise ``ValueError`` unless ``warmup`` is a share in [0, 1], and 0 for orders but ``stream``."""
+    if not 0.0 <= warmup <= 1.0:
+        raise ValueError(f"warm-up must be a share of the first epoch in [0, 1], got {warmup}")
+    if warmup and order != "stream":
+        raise ValueError(f"a warm-up is part of the stream order, not of the {order!r} order")
 
 
 def initial_run(hot_steps: int) -> int:
@@ -157,9 +177,12 @@ def _step_bounds(length: int, round_size: int, world_size: int) -> list[list[tup
     return result
 
 
-def _block_streams(is_hot: np.ndarray, round_size: int, rng: np.random.Generator) -> tuple[_Stream, _Stream]:
+def _block_streams(
+    is_hot: np.ndarray, round_size: int, rng: np.random.Generator, warmup: float
+) -> tuple[_Stream, _Stream]:
     """The stream order's hot and cold streams: the data in blocks of ``round_size`` inputs, the full
-    blocks in a random order and a short last block last, each block's inputs sorted into its part."""
+    blocks in a random order and a short last block last, each block's inputs sorted into its part;
+    the first ``warmup`` share of the blocks read put their hot inputs in the cold stream too."""
     num_inputs = len(is_hot)
     starts = np.arange(0, num_inputs, round_size)
     full = num_inputs // round_size
@@ -172,20 +195,32 @@ def _block_streams(is_hot: np.ndarray, round_size: int, rng: np.random.Generator
     hot_before = np.concatenate([[0], np.cumsum(per_block)])  # hot inputs before each block's start
     blocks = np.concatenate([rng.permutation(full), np.arange(full, len(starts))])
     cold_before = np.append(starts, num_inputs) - hot_before
-    return tuple(
-        _Stream([part] * len(blocks), before[blocks], before[blocks + 1] - before[blocks])
-        for part, before in ((HOT, hot_before), (COLD, cold_before))
+    hot_length = hot_before[blocks + 1] - hot_before[blocks]
+    warm = np.arange(len(blocks)) < round(warmup * len(blocks))
+    hot = _Stream([HOT] * len(blocks), hot_before[blocks], np.where(warm, 0, hot_length))
+    # each block's cold inputs, followed in a warm-up block by its hot ones: ranges in reading order
+    read = np.repeat(np.arange(len(blocks)), 1 + warm)
+    second = np.concatenate([[False], read[1:] == read[:-1]])
+    first = blocks[read]
+    cold = _Stream(
+        np.where(second, HOT, COLD).tolist(),
+        np.where(second, hot_before[first], cold_before[first]),
+        np.where(second, hot_length[read], cold_before[first + 1] - cold_before[first]),
+        read,
     )
+    return hot, cold
 
 
 class _Stream:
     """Ranges of the parts one after another, cut into steps by position in the stream. In the stream
-    order range ``i`` holds the inputs of the ``i``-th block read (``block_of``)."""
+    order ``blocks[i]`` is the block read whose inputs range ``i`` holds (``block_of``; by default
+    range ``i`` holds the ``i``-th block's)."""
 
-    def __init__(self, parts: list[str], starts, lengths) -> None:
+    def __init__(self, parts: list[str], starts, lengths, blocks=None) -> None:
         self.parts = list(parts)
         self.starts = np.asarray(starts, dtype=np.int64)
         self.ends = np.cumsum(np.asarray(lengths, dtype=np.int64))  # stream positions where ranges end
+        self.blocks = np.arange(len(self.ends)) if blocks is None else np.asarray(blocks, dtype=np.int64)
 
     def __len__(self) -> int:
         return int(self.ends[-1]) if len(self.ends) else 0
@@ -203,14 +238,16 @@ class _Stream:
         return tuple(spans)
 
     def followed_by(self, spans: tuple[Span, ...]) -> _Stream:
-        """This stream, then ``spans`` (in the stream order: after the last block)."""
+        """This stream, then ``spans`` (in the stream order: read after the last block)."""
         lengths = np.diff(np.concatenate([[0], self.ends]))
+        after = int(self.blocks[-1]) + 1 if len(self.blocks) else 0
         return _Stream(
             self.parts + [part for part, _, _ in spans],
             np.concatenate([self.starts, np.array([start for _, start, _ in spans], dtype=np.int64)]),
             np.concatenate([lengths, np.array([stop - start for _, start, stop in spans], dtype=np.int64)]),
+            np.concatenate([self.blocks, np.full(len(spans), after, dtype=np.int64)]),
         )
 
     def block_of(self, positions) -> np.ndarray:
         """The block whose reading brings the stream to each of ``positions`` (stream order only)."""
-        return np.searchsorted(self.ends, np.asarray(positions, dtype=np.int64), "left")
+        return self.blocks[np.searchsorted(self.ends, np.asarray(positions, dtype=np.int64), "left")]
