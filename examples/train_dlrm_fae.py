@@ -199,6 +199,14 @@ def parse_args(argv: list[str] | None = None, family: ModelFamily = DLRM_FAMILY)
         help="seed of the random step orders, to vary the order alone (default: --seed)",
     )
     parser.add_argument(
+        "--balance",
+        type=share,
+        default=0.0,
+        help="the share of the label bias of hot steps taken out: of the hot inputs of the label they "
+        "over-represent, as many as would make them click at the data's rate, times this, train in "
+        "cold steps (1: hot steps at the data's click rate)",
+    )
+    parser.add_argument(
         "--warmup",
         type=share,
         help="stream order: the share of the first epoch trained in cold steps only, before any hot step "
@@ -326,7 +334,14 @@ def _profile_and_partition(
         if args.baseline
         else stats.hot_set(parse_bytes(args.budget))
     )
-    HotColdPartition.write(_blocks(source, False, args), hot_set, source.feature_names, directory)
+    HotColdPartition.write(
+        _blocks(source, False, args),
+        hot_set,
+        source.feature_names,
+        directory,
+        balance=args.balance,
+        seed=args.seed,
+    )
     stats.save(Path(args.out) / "stats.npz")
     return stats, SampleBlock.concat(held_out)
 

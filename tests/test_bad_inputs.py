@@ -204,6 +204,7 @@ def test_byte_sizes_beyond_int64_are_refused():
         (["--ids-per-feature", "0"], "argument --ids-per-feature: must be a positive integer, got 0"),
         (["--resume"], "--resume needs --checkpoint-dir"),
         (["--warmup", "1.5"], "argument --warmup: must be in [0, 1], got 1.5"),
+        (["--balance", "-0.5"], "argument --balance: must be in [0, 1], got -0.5"),
         (
             ["--order", "phases", "--warmup", "0.1"],
             "a warm-up is part of the stream order, not of --order phases",

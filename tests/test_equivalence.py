@@ -101,7 +101,7 @@ def _setup(model: str, world_size: int):
 
 def _same_training(
     rank: int, world_size: int, optimizer_name: str, constrained: bool, split_before: bool = False,
-    model: str = "dlrm",
+    model: str = "dlrm", balance: float = 0.0,
 ) -> None:  # fmt: skip
     optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
     embedding = EmbeddingOptimizer(optimizer, kwargs)
@@ -134,7 +134,9 @@ def _same_training(
     hot_types = {s.sharding_type for s in fae_plan.plan[prefix + "hot"].values()}
     assert constrained or "data_parallel" in hot_types, "an FAE hot part is data-parallel"
 
-    partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
+    partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names, balance=balance)
+    if balance:  # label balance: some entirely-hot inputs train in cold steps
+        assert hot_set.is_hot_input(partition.cold.feature_ids(data.feature_names)).any()
     router = BatchRouter(partition, 32, world_size=world_size, rank=rank, seed=1)
     routed = list(router.epoch(0))[:STEPS]
     assert len(routed) >= 20 and any(r.hot for r in routed) and not all(r.hot for r in routed)
@@ -188,5 +190,8 @@ def test_batches_split_before_the_step_train_the_same_model(tmp_path, world_size
 def test_fae_tbsm_ends_with_the_baseline_parameters(tmp_path, world_size, optimizer_name, plan):
     """TBSM (5 steps of three ids here, 21 in the reference) over tables that each read one feature per
     step: an input is hot only when every id of every step is. Each optimizer on 1 and 2 ranks, each
-    rank count with a forced and an unconstrained plan."""
-    run_on_ranks(_same_training, world_size, tmp_path, optimizer_name, plan == "table_wise", False, "tbsm")
+    rank count with a forced and an unconstrained plan; the partition label-balanced as TBSM's example
+    makes it (``--balance 0.5``)."""
+    run_on_ranks(
+        _same_training, world_size, tmp_path, optimizer_name, plan == "table_wise", False, "tbsm", 0.5
+    )

@@ -11,7 +11,7 @@ from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
 from fae_torchrec.stats.hot_set import COLD, HOT
-from fae_torchrec.train.partition import HotColdPartition
+from fae_torchrec.train.partition import HotColdPartition, balanced
 from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.schedule import ORDERS, make_schedule
 
@@ -202,6 +202,48 @@ def test_partition_in_memory_and_on_disk(data, tmp_path):
     (tmp_path / "part" / "partition.json").write_text('{"ids_per_feature": [1]}')
     with pytest.raises(ValueError, match=r"partition\.json: no feature names; .* write it again"):
         HotColdPartition.open(tmp_path / "part")
+
+
+@pytest.mark.parametrize("positives", [300, 40])
+@pytest.mark.parametrize("balance", [0.0, 0.5, 1.0])
+def test_balance_takes_out_a_share_of_the_hot_inputs_of_the_label_they_over_represent(positives, balance):
+    # 1,000 inputs, half positive; 400 hot, of which ``positives`` positive (75% or 10%)
+    labels = np.zeros(1000, dtype=np.int32)
+    labels[:positives] = labels[400 : 900 - positives] = 1
+    hot = np.arange(1000) < 400
+    kept = balanced(hot, labels, balance, np.random.default_rng(0))
+    assert not (kept & ~hot).any(), "only hot inputs go"
+    gone = hot & ~kept
+    majority = 1 if positives > 200 else 0
+    assert (labels[gone] == majority).all()
+    excess = abs(positives - (400 - positives))  # at a rate of one half, the rest must be as many
+    assert gone.sum() == round(balance * excess)
+    assert labels[kept].mean() == pytest.approx((positives - majority * gone.sum()) / (400 - gone.sum()))
+    if balance == 1.0:
+        assert labels[kept].mean() == 0.5, "the hot part clicks at the data's rate"
+    assert np.array_equal(kept, balanced(hot, labels, balance, np.random.default_rng(0))), "seeded"
+    assert np.array_equal(balanced(hot, np.ones(1000), 1.0, np.random.default_rng(0)), hot), "no negatives"
+
+
+def test_balanced_partition_keeps_every_input_and_trains_the_others_cold(data, tmp_path):
+    synthetic, hot_set = data
+    plain = HotColdPartition.of(synthetic.blocks(), hot_set, DEFAULT_CAT_NAMES)
+    full = HotColdPartition.of(synthetic.blocks(), hot_set, DEFAULT_CAT_NAMES, balance=1.0, seed=2)
+    disk = HotColdPartition.write(
+        synthetic.blocks(), hot_set, DEFAULT_CAT_NAMES, tmp_path / "part", balance=1.0, seed=2
+    )
+    assert np.array_equal(disk.is_hot, full.is_hot) and np.array_equal(disk.cold.labels, full.cold.labels)
+    assert len(full.hot) + len(full.cold) == len(plain.is_hot)
+    assert not (full.is_hot & ~plain.is_hot).any() and len(full.hot) < len(plain.hot)
+    labels = SampleBlock.concat(list(synthetic.blocks())).labels
+    assert abs(full.hot.labels.mean() - labels.mean()) < abs(plain.hot.labels.mean() - labels.mean())
+    assert abs(full.hot.labels.mean() - labels.mean()) < 0.01
+    moved = hot_set.is_hot_input(full.cold.feature_ids(DEFAULT_CAT_NAMES))
+    assert moved.sum() == len(plain.hot) - len(full.hot), "the cold part holds the hot inputs taken out"
+    other = HotColdPartition.of(synthetic.blocks(), hot_set, DEFAULT_CAT_NAMES, balance=1.0, seed=3)
+    assert not np.array_equal(other.is_hot, full.is_hot), "the seed draws them"
+    with pytest.raises(ValueError, match=r"label balance must be a share in \[0, 1\], got 2"):
+        HotColdPartition.of(synthetic.blocks(), hot_set, DEFAULT_CAT_NAMES, balance=2)
 
 
 def test_router_serves_each_rank_its_inputs(data):

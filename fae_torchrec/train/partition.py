@@ -7,6 +7,14 @@ lives in memory or in a directory of ``.npy`` files (``hot_dense.npy``, ``hot_id
 ``hot_part_ids.npy``, ``hot_labels.npy``, the same for ``cold``, and ``is_hot.npy``, which inputs of the
 data went to the hot part), written chunk by chunk while the data streams past, and read back
 memory-mapped.
+
+Label balance: entirely-hot inputs are not a random sample of the data; they click more often than the
+rest (TBSM, whose negatives are random, mostly cold, items) or less (Criteo), so every hot step is a
+label-biased batch, and the bias costs accuracy (BENCHMARKS.md, section 6). With ``balance`` b, each
+block of the data sends to the cold part a random b of the hot inputs that would have to leave for the
+rest to click at the block's rate, all of the label they over-represent (a cold step trains a hot input
+as the baseline would): b = 1 makes hot steps click at the data's rate, at the cost of those inputs'
+hot steps.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from fae_torchrec.data.block import SampleBlock
+from fae_torchrec.seeds import generator
 from fae_torchrec.stats.hot_set import COLD, HOT, PARTS, HotSet
 
 _FIELDS = ("dense", "ids", "labels", "part_ids")
@@ -30,9 +39,10 @@ _HEADER_BYTES = 128
 
 @dataclass(frozen=True)
 class HotColdPartition:
-    """The entirely-hot inputs of a data set (``hot``), all the others (``cold``), for each input of
-    the data, in its order, whether it is entirely hot (``is_hot``; the stream order needs it), and
-    the feature names of the parts' id columns (``keys``: the batches' ``KeyedJaggedTensor`` keys)."""
+    """The entirely-hot inputs of a data set (``hot``; label-balanced, see the module docstring), all
+    the others (``cold``), for each input of the data, in its order, whether it went to the hot part
+    (``is_hot``; the stream order needs it), and the feature names of the parts' id columns (``keys``:
+    the batches' ``KeyedJaggedTensor`` keys)."""
 
     hot: SampleBlock
     cold: SampleBlock
@@ -53,12 +63,20 @@ class HotColdPartition:
         return {HOT: self.hot, COLD: self.cold}[name]
 
     @classmethod
-    def of(cls, blocks: Iterable[SampleBlock], hot_set: HotSet, keys: Sequence[str]) -> HotColdPartition:
-        """Partition in memory."""
+    def of(
+        cls,
+        blocks: Iterable[SampleBlock],
+        hot_set: HotSet,
+        keys: Sequence[str],
+        balance: float = 0.0,
+        seed: int = 0,
+    ) -> HotColdPartition:
+        """Partition in memory (``balance``: see the module docstring; ``seed`` draws its inputs)."""
+        check_balance(balance)
         parts: dict[str, list[SampleBlock]] = {HOT: [], COLD: []}
         is_hot = []
-        for block in blocks:
-            block, hot = _with_part_ids(block, hot_set, keys)
+        for index, block in enumerate(blocks):
+            block, hot = _with_part_ids(block, hot_set, keys, balance, generator(seed, "balance", index))
             parts[HOT].append(block.select(hot))
             parts[COLD].append(block.select(~hot))
             is_hot.append(hot)
@@ -75,16 +93,21 @@ class HotColdPartition:
         keys: Sequence[str],
         directory: str | os.PathLike,
         total: int | None = None,
+        balance: float = 0.0,
+        seed: int = 0,
     ) -> HotColdPartition:
-        """Partition to ``directory`` block by block (memory stays one block), then open it."""
+        """Partition to ``directory`` block by block (memory stays one block), then open it
+        (``balance`` and ``seed`` as in :meth:`of`)."""
+        check_balance(balance)
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         writers: dict[tuple[str, str], _NpyAppender] = {}
         is_hot = _NpyAppender(directory / "is_hot.npy", np.dtype(bool), ())
         ids_per_feature = None
-        for block in tqdm(blocks, total=total, desc="partitioning", unit="block", leave=False):
+        blocks = tqdm(blocks, total=total, desc="partitioning", unit="block", leave=False)
+        for index, block in enumerate(blocks):
             ids_per_feature = block.ids_per_feature
-            block, hot = _with_part_ids(block, hot_set, keys)
+            block, hot = _with_part_ids(block, hot_set, keys, balance, generator(seed, "balance", index))
             is_hot.append(hot)
             for part, chosen in ((HOT, block.select(hot)), (COLD, block.select(~hot))):
                 for field in _FIELDS:
@@ -134,10 +157,35 @@ class HotColdPartition:
             raise ValueError(f"{directory}: damaged partition: {error}") from error
 
 
+def check_balance(balance: float) -> None:
+    """Raise ``ValueError`` unless ``balance`` is a share in [0, 1]."""
+    if not 0.0 <= balance <= 1.0:
+        raise ValueError(f"label balance must be a share in [0, 1], got {balance}")
+
+
+def balanced(hot: np.ndarray, labels: np.ndarray, balance: float, rng: np.random.Generator) -> np.ndarray:
+    """``hot`` less a random share ``balance`` of its excess inputs of the label it over-represents:
+    the inputs to take out so that the rest carry positives at the rate of all of ``labels``."""
+    positive = labels != 0
+    rate = float(positive.mean()) if len(labels) else 0.0
+    num_positive = int(np.count_nonzero(hot & positive))
+    num_negative = int(np.count_nonzero(hot)) - num_positive
+    if balance == 0 or not 0 < rate < 1 or num_positive == rate * (num_positive + num_negative):
+        return hot
+    if num_positive > rate * (num_positive + num_negative):
+        majority, excess = hot & positive, num_positive - num_negative * rate / (1 - rate)
+    else:
+        majority, excess = hot & ~positive, num_negative - num_positive * (1 - rate) / rate
+    out = hot.copy()
+    out[rng.choice(np.flatnonzero(majority), round(balance * excess), replace=False)] = False
+    return out
+
+
 def _with_part_ids(
-    block: SampleBlock, hot_set: HotSet, keys: Sequence[str]
+    block: SampleBlock, hot_set: HotSet, keys: Sequence[str], balance: float, rng: np.random.Generator
 ) -> tuple[SampleBlock, np.ndarray]:
-    """``block`` with its part ids, and which of its inputs are entirely hot (no negative part id)."""
+    """``block`` with its part ids, and which of its inputs go to the hot part: the entirely hot ones
+    (no negative part id), label-balanced by ``balance``."""
     layout = hot_set.layout
     if sorted(keys) != sorted(layout.features):
         raise ValueError(f"batch features do not match the tables: {list(keys)} against {layout.features}")
@@ -149,7 +197,7 @@ def _with_part_ids(
         axis=1,
     )
     block = SampleBlock(block.dense, block.ids, block.labels, block.ids_per_feature, part_ids)
-    return block, (part_ids >= 0).all(axis=1)
+    return block, balanced((part_ids >= 0).all(axis=1), block.labels, balance, rng)
 
 
 class _NpyAppender:
