@@ -170,7 +170,7 @@ def balanced(hot: np.ndarray, labels: np.ndarray, balance: float, rng: np.random
     rate = float(positive.mean()) if len(labels) else 0.0
     num_positive = int(np.count_nonzero(hot & positive))
     num_negative = int(np.count_nonzero(hot)) - num_positive
-    if balance == 0 or not 0 < rate < 1 or num_positive == rate * (num_positive + num_negative):
+    if balance == 0 or not 0 < rate < 1:
         return hot
     if num_positive > rate * (num_positive + num_negative):
         majority, excess = hot & positive, num_positive - num_negative * rate / (1 - rate)
