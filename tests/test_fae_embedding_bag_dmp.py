@@ -106,3 +106,40 @@ def _assert_tables(actual: dict, expected: dict) -> None:
 @pytest.mark.slow
 def test_initial_tables_are_the_same_in_every_layout(tmp_path):
     run_on_ranks(_initial_tables_in_every_layout, 2, tmp_path)
+
+
+def _parts_overlap(rank: int, world_size: int) -> None:
+    tables = _tables()
+    split = FAEEmbeddingBagCollection(tables, _hot_set(tables))
+    sharders = [EmbeddingBagCollectionSharder()]
+    # table-wise: every part's lookup ends in an output all-to-all, whose wait is recorded
+    constraints = {
+        f"{table.name}_{part}": ParameterConstraints(sharding_types=["table_wise"])
+        for table in tables
+        for part in ("hot", "cold")
+    }
+    planner = EmbeddingShardingPlanner(
+        Topology(world_size=world_size, compute_device="cpu"), batch_size=16, constraints=constraints
+    )
+    plan = planner.collective_plan(split, sharders, dist.GroupMember.WORLD)
+    model = DistributedModelParallel(split, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    events = []
+    for part in ("hot", "cold"):
+        module = getattr(model.module, part)
+        forward = module.forward
+
+        def recorded(*args, _part=part, _forward=forward, **kwargs):
+            events.append(f"lookup {_part}")
+            output = _forward(*args, **kwargs)
+            output.callbacks.append(lambda result, _part=_part: events.append(f"wait {_part}") or result)
+            return output
+
+        module.forward = recorded
+    model(_batch("mixed", seed=rank))
+    assert events == ["lookup hot", "lookup cold", "wait hot", "wait cold"]
+
+
+@pytest.mark.slow
+def test_a_cold_step_looks_up_both_parts_before_it_waits_for_either(tmp_path):
+    """The hot part's output all-to-all is in flight while the cold part looks its ids up."""
+    run_on_ranks(_parts_overlap, 2, tmp_path)

@@ -355,14 +355,18 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         own too), so a hot step returns the hot part's output as it is and a cold step adds the
         cold part's output to it (``_add``): no per-feature work."""
         tracing = is_fx_symbolic_tracing()
+        # every lookup first: a sharded part returns at once, its output all-to-all in flight, so
+        # one part's all-to-all overlaps the next part's lookup (reading an output waits for it)
+        looked_up = [
+            (part, getattr(self, part)(kjt), kjt)
+            for part, kjt in ((HOT, hot), (COLD, cold))
+            if getattr(self, part) is not None and kjt is not None
+        ]
         outputs = []
-        for part, kjt in ((HOT, hot), (COLD, cold)):
-            module = getattr(self, part)
-            if module is not None and kjt is not None:
-                looked_up = module(kjt)
-                # under tracing (an analysis of the model by TorchRec's pipeline) keys are not known
-                keys = tuple(self._part_key_names[part] if tracing else looked_up.keys())
-                outputs.append((keys, looked_up.values(), part, kjt))
+        for part, pooled, kjt in looked_up:
+            # under tracing (an analysis of the model by TorchRec's pipeline) keys are not known
+            keys = tuple(self._part_key_names[part] if tracing else pooled.keys())
+            outputs.append((keys, pooled.values(), part, kjt))
         (keys, values, _, _), *rest = outputs
         missing = tuple(f for f in self._layout.features if f not in keys)
         if missing:  # features whose table has no row in the parts looked up: zeros
