@@ -1,12 +1,14 @@
 """Partition, schedule and router: every input exactly once per epoch, hot steps hot, ranks in step."""
 
 from collections import Counter
+from dataclasses import replace
 from itertools import pairwise
 
 import numpy as np
 import pytest
+import torch
 
-from fae_torchrec import AccessProfiler
+from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
@@ -269,6 +271,39 @@ def test_router_serves_each_rank_its_inputs(data):
     assert BatchRouter(partition, 64, keys=DEFAULT_CAT_NAMES).partition is partition
     with pytest.raises(ValueError, match=r"keys \['cat_1', 'cat_0'.* are not the partition's feature names"):
         BatchRouter(partition, 64, keys=["cat_1", "cat_0", *DEFAULT_CAT_NAMES[2:]])
+
+
+class _Unread(np.ndarray):
+    """An array that no numpy function may read (concatenate, copy, ...); views of it are fine."""
+
+    def __array_function__(self, func, types, args, kwargs):
+        raise AssertionError(f"np.{func.__name__} read the original ids")
+
+
+def test_a_split_router_reads_the_part_ids_only(data):
+    """FAE's batches come from the part ids: the original ids of a partition are not read (a memory-
+    mapped partition would page them in), even for batches made of several spans."""
+    synthetic, hot_set = data
+    partition = HotColdPartition.of(synthetic.blocks(), hot_set, DEFAULT_CAT_NAMES)
+    unread = replace(
+        partition,
+        hot=replace(partition.hot, ids=partition.hot.ids.view(_Unread)),
+        cold=replace(partition.cold, ids=partition.cold.ids.view(_Unread)),
+    )
+    split = FAEEmbeddingBagCollection(synthetic.table_configs(), hot_set, device=torch.device("meta")).split
+    served = list(BatchRouter(unread, 64, split=split).epoch(0))
+    expected = list(BatchRouter(partition, 64).epoch(0))
+    assert any(len(step.spans[0]) > 1 for step in make_schedule(partition.is_hot, 64, 1, "stream", 0, 0))
+    for routed, plain in zip(served, expected, strict=True):
+        features = routed.batch.sparse_features
+        assert features.is_hot == routed.hot == plain.hot
+        original = split(plain.batch.sparse_features, plain.hot)
+        for part in ("hot", "cold"):
+            ours, theirs = getattr(features, part), getattr(original, part)
+            assert torch.equal(ours.values(), theirs.values())
+            assert torch.equal(ours.lengths(), theirs.lengths())
+    with pytest.raises(AssertionError, match="read the original ids"):
+        list(BatchRouter(unread, 64).epoch(0))
 
 
 def _drive(router, feedback_at, start=0, stop=None):

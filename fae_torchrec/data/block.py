@@ -53,19 +53,23 @@ class SampleBlock:
             None if any(ids is None for ids in part_ids) else np.concatenate(part_ids),
         )
 
+    def as_part_ids(self) -> SampleBlock:
+        """The block with its part ids in place of its ids: what a split model reads. Slices of it
+        copy (or page in, from a memory-mapped partition) no original id."""
+        if self.part_ids is None:
+            raise ValueError("this block carries no part ids (a partition's blocks do)")
+        return SampleBlock(self.dense, self.part_ids, self.labels, self.ids_per_feature)
+
     def feature_ids(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
         """Per feature, its ids as an ``(n, ids_per_feature)`` array (input for ``FeatureIds.of``)."""
         bounds = np.concatenate([[0], np.cumsum(self.ids_per_feature)])
         return {key: self.ids[:, bounds[f] : bounds[f + 1]] for f, key in enumerate(keys)}
 
-    def to_batch(self, keys: Sequence[str], part_ids: bool = False) -> Batch:
-        """A TorchRec ``Batch`` whose ``KeyedJaggedTensor`` has one key per feature, in order; its
-        values are the ``part_ids`` when asked (for ``FAEEmbeddingBagCollection.split``)."""
+    def to_batch(self, keys: Sequence[str]) -> Batch:
+        """A TorchRec ``Batch`` whose ``KeyedJaggedTensor`` has one key per feature, in order."""
         n = len(self)
         counts = np.asarray(self.ids_per_feature)
-        ids = self.part_ids if part_ids else self.ids
-        if ids is None:
-            raise ValueError("this block carries no part ids (a partition's blocks do)")
+        ids = self.ids
         if np.all(counts == 1):
             values = np.require(ids.T, requirements=["C", "W"]).reshape(-1)
         else:

@@ -142,14 +142,13 @@ class BatchRouter:
         self._position = dict(state)
 
     def _batch(self, epoch: int, index: int, step: Step) -> RoutedBatch:
-        block = SampleBlock.concat(
-            [self.partition.part(part).slice(start, stop) for part, start, stop in step.spans[self.rank]]
-        )
+        spans = [self.partition.part(part).slice(start, stop) for part, start, stop in step.spans[self.rank]]
         if self.split is None:
-            return RoutedBatch(epoch, index, step.hot, block.to_batch(self.partition.keys))
-        part_ids = block.part_ids is not None  # remapped when the partition was written: split by sign
-        batch = block.to_batch(self.partition.keys, part_ids=part_ids)
-        batch = Batch(
-            batch.dense_features, self.split(batch.sparse_features, step.hot, part_ids), batch.labels
-        )
+            return RoutedBatch(
+                epoch, index, step.hot, SampleBlock.concat(spans).to_batch(self.partition.keys)
+            )
+        # the part ids (remapped when the partition was written: split by sign); the original ids
+        # are left unread
+        batch = SampleBlock.concat([span.as_part_ids() for span in spans]).to_batch(self.partition.keys)
+        batch = Batch(batch.dense_features, self.split(batch.sparse_features, step.hot, True), batch.labels)
         return RoutedBatch(epoch, index, step.hot, batch)
