@@ -45,6 +45,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common.arguments import fail
 from benchmarks.common.training_data import NUM_USERS, SAMPLE, describe, model_parser, profile_training
 from fae_torchrec import AccessProfiler, AccessStats, HotSet, format_bytes, hot_share_curve, parse_bytes
 from fae_torchrec.arguments import byte_size, fraction, int_at_least, positive_int
@@ -223,12 +224,12 @@ def main(argv: list[str] | None = None) -> dict[str, list]:
     try:
         source, every = open_data(args)
     except ValueError as error:
-        raise SystemExit(f"error: {error}") from error
+        fail(str(error))
     title = describe(args, source)
     stats, unprofiled = profile(args, source, every)
     held_out = list(source.split_blocks(True, every, BLOCK))
     if not held_out:
-        raise SystemExit(f"error: --data {' '.join(args.data)} has no validation input")
+        fail(f"--data {' '.join(args.data)} has no validation input")
     validation = SampleBlock.concat(held_out)
     print(
         f"data: {title}; profiled {stats.num_sampled:,} of {stats.num_inputs:,} training inputs "

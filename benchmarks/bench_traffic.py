@@ -100,7 +100,7 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import CacheAlgorithm
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from benchmarks.common.arguments import count
+from benchmarks.common.arguments import count, fail
 from benchmarks.common.cache_model import BatchedKeys, belady_moves, sampled_rows
 from benchmarks.common.id_stream import IdStream, synthetic_stream, taobao_stream
 from benchmarks.common.plan_traffic import Traffic, cache_groups, replay
@@ -677,7 +677,7 @@ def open_data(args: argparse.Namespace) -> BlockSource:
     try:
         return open_taobao_source(args, args.batch_size)
     except ValueError as error:
-        raise SystemExit(f"error: {error}") from error
+        fail(str(error))
 
 
 def replayed_stream(args: argparse.Namespace, source: BlockSource, num_inputs: int) -> IdStream:
@@ -691,7 +691,7 @@ def replayed_stream(args: argparse.Namespace, source: BlockSource, num_inputs: i
             source, num_inputs, seed=args.seed, sampling=args.sampling, holdout_size=args.holdout
         )
     except ValueError as error:
-        raise SystemExit(f"error: {error}: shorten --warmup or the lengths, or raise --num-users") from error
+        fail(f"{error}: shorten --warmup or the lengths, or raise --num-users")
 
 
 def describe_data(args: argparse.Namespace, source: BlockSource) -> str:

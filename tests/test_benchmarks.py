@@ -189,3 +189,17 @@ def test_bench_hot_share_ladder_doubles_up_to_the_whole_model():
     assert budget_ladder(5 * mib).tolist() == [mib, 2 * mib, 4 * mib, 5 * mib]
     assert budget_ladder(4 * mib).tolist() == [mib, 2 * mib, 4 * mib]
     assert budget_ladder(mib // 2).tolist() == [mib // 2]
+
+
+@pytest.mark.parametrize("script", ["bench_hot_share.py", "bench_traffic.py"])
+def test_bad_data_exits_with_status_2_and_says_why(script):
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--model", "tbsm", "--data", "nosuchkind"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1] == (
+        "error: --data: unknown kind 'nosuchkind'; choose from synthetic, taobao-csv"
+    )
