@@ -84,7 +84,7 @@ from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.pipeline import FAEPrefetchTrainPipeline, FAETrainPipeline
 from fae_torchrec.train.router import BatchRouter, RoutedBatch
-from fae_torchrec.train.schedule import ORDERS
+from fae_torchrec.train.schedule import ORDERS, check_warmup
 from fae_torchrec.train.step import find_fae_module, train_step
 from planner import FAEShardingPlanner
 from planner.baseline import default_planner, hbm_planner, scaleup_planner
@@ -236,11 +236,11 @@ def parse_args(argv: list[str] | None = None, family: ModelFamily = DLRM_FAMILY)
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
     parser.set_defaults(**family.defaults)
     args = parser.parse_args(argv)
+    if args.warmup is None:
+        args.warmup = family.warmup if args.order == "stream" else 0.0
     problem = _invalid_combination(args)
     if problem:
         parser.error(problem)
-    if args.warmup is None:
-        args.warmup = family.warmup if args.order == "stream" else 0.0
     return args
 
 
@@ -249,8 +249,10 @@ def _invalid_combination(args: argparse.Namespace) -> str | None:
     without a checkpoint), or None."""
     if args.resume and not args.checkpoint_dir:
         return "--resume needs --checkpoint-dir"
-    if args.warmup and args.order != "stream":
-        return f"--warmup {args.warmup}: a warm-up is part of the stream order, not of --order {args.order}"
+    try:
+        check_warmup(args.warmup, args.order)
+    except ValueError as error:
+        return f"--warmup {args.warmup}: {error}"
     for option, directory in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir)):
         if directory is None:
             continue
