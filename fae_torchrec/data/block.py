@@ -69,13 +69,12 @@ class SampleBlock:
         """A TorchRec ``Batch`` whose ``KeyedJaggedTensor`` has one key per feature, in order."""
         n = len(self)
         counts = np.asarray(self.ids_per_feature)
-        ids = self.ids
         if np.all(counts == 1):
-            values = np.require(ids.T, requirements=["C", "W"]).reshape(-1)
+            values = np.require(self.ids.T, requirements=["C", "W"]).reshape(-1)
         else:
             bounds = np.concatenate([[0], np.cumsum(counts)])
             values = np.concatenate(
-                [ids[:, bounds[f] : bounds[f + 1]].reshape(-1) for f in range(len(counts))]
+                [self.ids[:, bounds[f] : bounds[f + 1]].reshape(-1) for f in range(len(counts))]
             )
         return Batch(
             dense_features=torch.from_numpy(np.require(self.dense, requirements=["C", "W"])),

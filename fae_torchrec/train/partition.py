@@ -166,12 +166,14 @@ def check_balance(balance: float) -> None:
 def balanced(hot: np.ndarray, labels: np.ndarray, balance: float, rng: np.random.Generator) -> np.ndarray:
     """``hot`` less a random share ``balance`` of its excess inputs of the label it over-represents:
     the inputs to take out so that the rest carry positives at the rate of all of ``labels``."""
+    if balance == 0:  # the default: no count over the block
+        return hot
     positive = labels != 0
     rate = float(positive.mean()) if len(labels) else 0.0
+    if not 0 < rate < 1:
+        return hot
     num_positive = int(np.count_nonzero(hot & positive))
     num_negative = int(np.count_nonzero(hot)) - num_positive
-    if balance == 0 or not 0 < rate < 1:
-        return hot
     if num_positive > rate * (num_positive + num_negative):
         majority, excess = hot & positive, num_positive - num_negative * rate / (1 - rate)
     else:
