@@ -5,9 +5,11 @@ Each world size trains the ``--model``'s example (``examples/train_dlrm_fae.py``
 steps on the hot part only) and as ``--baseline`` (the unsplit model planned by TorchRec's default
 planner), ``--repeats`` times each, alternating, both on TorchRec's train pipeline by default (FAE on
 ``FAETrainPipeline``, the baseline on the stock ``TrainPipelineSparseDist``; ``--pipeline none`` for the
-plain loop). Every figure is the example's own wall-clock measure of its training steps
-(``metrics.json``): samples/s, mean hot and cold step times, and the routing time (getting a step's
-batch from the router, which on the pipeline splits FAE's batches for the parts).
+plain loop). Both train on the training inputs the profile did not sample (the example's
+``--exclude-profiled``): the hot set is chosen on inputs disjoint from those the speed is measured on.
+Every figure is the example's own wall-clock measure of its training steps (``metrics.json``):
+samples/s, mean hot and cold step times, and the routing time (getting a step's batch from the router,
+which on the pipeline splits FAE's batches for the parts).
 
 FAE's machinery is what its steps do that the baseline's do not: the extra routing time, which is the
 split of each batch for the parts (by sign, from the part ids the partition stored: the remap was done
@@ -21,7 +23,7 @@ TBSM on the Taobao-like histories of ``--num-users`` users (about 5.6 training i
 input) over the TBSM reference run's table sizes (987,994 users, 4,162,024 items, 9,439 categories)
 times ``--scale``. Both take a 16 MiB hot-row budget by default: for TBSM at the default 50,000 users
 it holds every row the profile's 20% sample sees (some 223,000 rows, 13.6 MiB), which makes about 36%
-of the unprofiled training inputs hot, half of all of them (``bench_hot_share.py`` draws the curve).
+of the unprofiled training inputs hot, the ones trained on (``bench_hot_share.py`` draws the curve).
 
 World size 1 is one process with torch's default threads; more ranks run under torchrun, which gives
 each rank one thread. Run it on an otherwise idle machine: a step whose threads wait on a core another
@@ -106,11 +108,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def example_args(args: argparse.Namespace) -> list[str]:
-    """The example's options shared by every run."""
+    """The example's options shared by every run: both modes train on the inputs the profile left out
+    (``--exclude-profiled``), so that no figure comes from the inputs that chose the hot set."""
     return [
         *data_size(args), "--scale", str(args.scale), "--dim", str(args.dim),
         "--batch-size", str(args.batch_size), "--budget", args.budget, "--order", args.order,
-        "--seed", str(args.seed), "--pipeline", args.pipeline,
+        "--seed", str(args.seed), "--pipeline", args.pipeline, "--exclude-profiled",
     ]  # fmt: skip
 
 
@@ -276,7 +279,10 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, dict]]:
         fae["split_ms"] = split_ms(args, out / f"ws{world_size}-fae-{best}", world_size)
         extra_ms = fae["routing_ms"] - baseline["routing_ms"]
         fae["machinery_share"] = extra_ms / mean_step_ms(fae)
-        print(f"\nworld size {world_size} (the median of {args.repeats} repetitions by ratio)")
+        print(
+            f"\nworld size {world_size} (the median of {args.repeats} repetitions by ratio; "
+            f"{fae['train_inputs']:,} training inputs, the profile's sample left out)"
+        )
         print(
             f"{'mode':<10}{'samples/s':>12}{'hot ms':>9}{'cold ms':>9}{'hot steps':>11}{'routing ms':>12}"
             f"{'peak RSS GiB':>14}"

@@ -186,6 +186,12 @@ def parse_args(argv: list[str] | None = None, family: ModelFamily = DLRM_FAMILY)
     parser.add_argument("--batch-size", type=positive_int, default=512, help="per-rank batch size")
     parser.add_argument("--epochs", type=positive_int, default=1)
     parser.add_argument("--sample", type=fraction, default=0.05, help="profiled fraction of inputs")
+    parser.add_argument(
+        "--exclude-profiled",
+        action="store_true",
+        help="train (either mode) on the training inputs the profile did not sample only, so that what "
+        "the run measures comes from inputs disjoint from those that chose the hot set (benchmarks)",
+    )
     parser.add_argument("--budget", type=byte_size, default="256KiB", help="hot-row budget (FAE)")
     parser.add_argument(
         "--order",
@@ -316,10 +322,17 @@ def _profile_and_partition(
     is written to ``directory``."""
     data = " ".join(args.data)
     profiler = AccessProfiler(tables, args.sample, seed=args.seed)
-    for block in tqdm(_blocks(source, False, args), desc="profiling", unit="block", leave=False):
+    sampled = [  # per training block, which of its inputs the profile counted
         profiler.update(block.to_batch(source.feature_names))
+        for block in tqdm(_blocks(source, False, args), desc="profiling", unit="block", leave=False)
+    ]
     if profiler.num_inputs == 0:
         raise ValueError(f"no training input: --data {data} has no inputs")
+    if args.exclude_profiled and profiler.num_sampled == profiler.num_inputs:
+        raise ValueError(
+            f"--exclude-profiled: --sample {args.sample} profiled all {profiler.num_inputs} training "
+            f"inputs of --data {data}, which leaves none to train on"
+        )
     held_out = list(_blocks(source, True, args))
     if not held_out:
         every = getattr(args, "val_every", None)
@@ -336,8 +349,11 @@ def _profile_and_partition(
         if args.baseline
         else stats.hot_set(parse_bytes(args.budget))
     )
+    training = _blocks(source, False, args)
+    if args.exclude_profiled:
+        training = (block.select(~mask) for block, mask in zip(training, sampled, strict=True))
     HotColdPartition.write(
-        _blocks(source, False, args),
+        training,
         hot_set,
         source.feature_names,
         directory,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fae_torchrec import AccessStats
 from tests.conftest import realdata
 from tests.distributed import run_launched
 
@@ -34,6 +35,9 @@ def _bench_train(
     assert set(rows) == {"fae", "torchrec"}, out
     assert all(int(value.replace(",", "")) > 0 for value in rows.values())
     assert f"world size {world_size} (the median of {repeats} repetitions" in out
+    trained = re.search(r"; ([\d,]+) training inputs, the profile's sample left out\)", out)
+    stats = AccessStats.load(tmp_path / f"ws{world_size}-fae-0" / "stats.npz")
+    assert trained and int(trained[1].replace(",", "")) == stats.num_inputs - stats.num_sampled, out
     ratios = re.search(rf"samples/s per repetition: ([\d.x, ]+); mean ([\d.]+)x, (\d) of {repeats}", out)
     assert ratios, out
     per_repetition = [float(value.rstrip("x")) for value in ratios[1].split(", ")]

@@ -6,9 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from fae_torchrec import AccessStats
+from fae_torchrec import AccessStats, HotColdPartition
 from tests.conftest import realdata, taobao_slice
 from tests.distributed import run_launched
 
@@ -104,6 +105,43 @@ def test_resumed_run_ends_where_the_straight_run_ends(tmp_path):
     )  # fmt: skip
     assert fresh.returncode == 2, fresh.stderr[-2000:]
     assert "holds checkpoints of an earlier run (steps [" in fresh.stderr and "pass --resume" in fresh.stderr
+
+
+def test_exclude_profiled_trains_on_exactly_the_inputs_the_profile_left_out(tmp_path):
+    """The baseline trains on every training input, FAE with --exclude-profiled on the others than the
+    profile's sample (the same seed draws the same sample): as multisets of rows, the baseline's inputs
+    are FAE's plus the profiled ones, so none is trained and profiled at once and none is lost."""
+    data = ["--num-samples", "4000", "--scale", "0.001", "--batch-size", "64"]
+    fae = _run(tmp_path / "fae", *data, "--exclude-profiled", launcher=(sys.executable,))
+    baseline = _run(tmp_path / "base", *data, "--baseline", launcher=(sys.executable,))
+    stats = AccessStats.load(tmp_path / "fae" / "out" / "stats.npz")
+    assert 0 < stats.num_sampled < stats.num_inputs == baseline["train_inputs"]
+    assert fae["train_inputs"] == baseline["train_inputs"] - stats.num_sampled
+
+    def row_counts(partition_dir: Path) -> np.ndarray:
+        partition = HotColdPartition.open(partition_dir)
+        columns = np.array([stats.layout.table_of(key) for key in partition.keys])
+        rows = np.concatenate(
+            [p.ids + stats.layout.row_offsets[columns] for p in (partition.hot, partition.cold)]
+        )
+        return np.bincount(rows.reshape(-1), minlength=int(stats.layout.row_offsets[-1]))
+
+    profiled = np.concatenate(stats.counts)
+    trained = row_counts(tmp_path / "fae" / "out" / "partition-fae")
+    assert profiled.sum() > 0 and trained.sum() > 0
+    assert np.array_equal(row_counts(tmp_path / "base" / "out" / "partition-baseline"), trained + profiled)
+
+
+def test_exclude_profiled_refuses_a_sample_of_every_input(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--out", str(tmp_path), "--num-samples", "300", "--scale", "0.001",
+         "--sample", "1", "--exclude-profiled"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert (
+        "--exclude-profiled: --sample 1.0 profiled all 270 training inputs of --data synthetic" in run.stderr
+    )
 
 
 @pytest.mark.parametrize(
