@@ -1,7 +1,8 @@
 """Training throughput of FAE against TorchRec's planners at capped HBM: one prepared run for a GPU.
 
-Trains ``examples/train_dlrm_fae.py`` four times on the same built-in synthetic data and compares the
-example's wall-clock samples/s (training steps only):
+Trains ``examples/train_dlrm_fae.py`` four times on the same built-in synthetic data, on the inputs the
+profile did not sample (``--exclude-profiled``), and compares the example's wall-clock samples/s
+(training steps only):
 
 - FAE: hot rows in HBM, cold rows in UVM-cached tables (``FAEShardingPlanner``), at ``--hbm-cap``;
 - (a) ``torchrec``: TorchRec's default planner, at ``--hbm-cap``;
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict | None]:
     started = time.perf_counter()
     common = [
         "--num-samples", str(args.num_samples), "--scale", str(args.scale), "--dim", str(args.dim),
-        "--batch-size", str(args.batch_size), "--budget", args.budget,
+        "--batch-size", str(args.batch_size), "--budget", args.budget, "--exclude-profiled",
     ]  # fmt: skip
     if cuda and args.hbm_cap is not None:
         common += ["--hbm-cap", args.hbm_cap]
