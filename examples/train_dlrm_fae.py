@@ -322,10 +322,11 @@ def _profile_and_partition(
     is written to ``directory``."""
     data = " ".join(args.data)
     profiler = AccessProfiler(tables, args.sample, seed=args.seed)
-    sampled = [  # per training block, which of its inputs the profile counted
-        profiler.update(block.to_batch(source.feature_names))
-        for block in tqdm(_blocks(source, False, args), desc="profiling", unit="block", leave=False)
-    ]
+    profiled = []  # with --exclude-profiled, per training block, the inputs the profile counted
+    for block in tqdm(_blocks(source, False, args), desc="profiling", unit="block", leave=False):
+        counted = profiler.update(block.to_batch(source.feature_names))
+        if args.exclude_profiled:
+            profiled.append(np.flatnonzero(counted).astype(np.int32))
     if profiler.num_inputs == 0:
         raise ValueError(f"no training input: --data {data} has no inputs")
     if args.exclude_profiled and profiler.num_sampled == profiler.num_inputs:
@@ -351,7 +352,10 @@ def _profile_and_partition(
     )
     training = _blocks(source, False, args)
     if args.exclude_profiled:
-        training = (block.select(~mask) for block, mask in zip(training, sampled, strict=True))
+        training = (
+            block.select(np.delete(np.arange(len(block)), counted))
+            for block, counted in zip(training, profiled, strict=True)
+        )
     HotColdPartition.write(
         training,
         hot_set,
