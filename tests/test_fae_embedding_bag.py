@@ -243,6 +243,17 @@ def test_a_split_by_the_sign_of_part_ids_equals_the_split_by_lookup(weighted, ki
         split.split(_part_ids(_batch("mixed", weighted=weighted), hot_set), True, True)
 
 
+def test_a_split_by_the_sign_of_part_ids_is_refused_off_the_host():
+    tables = _tables()
+    hot_set = _hot_set(tables)
+    split = FAEEmbeddingBagCollection(tables, hot_set)
+    on_device = _part_ids(_batch("mixed"), hot_set).to(torch.device("meta"))
+    with pytest.raises(
+        ValueError, match="runs on the host, before the batch moves to its device; these ids are on meta"
+    ):
+        split.split(on_device, None, True)
+
+
 @pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])
 @pytest.mark.parametrize("kind", ["hot", "cold", "mixed"])
 def test_split_before_the_step_gives_the_same_embeddings_and_gradients(pooling, kind):

@@ -218,11 +218,14 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self, features: KeyedJaggedTensor, parts: tuple[str, ...], part_ids: bool = False
     ) -> dict[str, KeyedJaggedTensor]:
         """The inputs of ``parts`` (those that exist) for ``features`` in table order, whose values
-        are original ids or, with ``part_ids``, signed part ids (``HotSet.signed_part_ids``).
+        are original ids or, with ``part_ids``, signed part ids (``HotSet.signed_part_ids``; both
+        parts: ``_split_by_sign``).
 
-        Vectorised for the data path: one cumulative count of the hot ids places every id, hot ids
+        Vectorised on any device: one cumulative count of the hot ids places every id, hot ids
         first, in one scatter (the order within each part is kept); single-id bags take their
         lengths straight from the mask."""
+        if part_ids and COLD in parts:
+            return self._split_by_sign(features, parts)
         lengths, weights = features.lengths(), features.weights_or_none()
         ids, is_hot = (features.values(), None) if part_ids else self._remap(features)
         if COLD not in parts:
@@ -233,9 +236,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             if self.hot is None:
                 return {}
             return {HOT: self._part_input(HOT, ids, lengths, weights, features.length_per_key(), features)}
-        if part_ids:
-            is_hot = ids >= 0
-        # int32 and in place: this runs on every batch, in the data path
+        # int32 and in place: this runs on every batch
         hot_through = torch.cumsum(is_hot, 0, dtype=torch.int32)  # hot ids up to and including each id
         num_hot = int(hot_through[-1]) if len(hot_through) else 0
         # hot ids go to their running count - 1, cold ids after all hot ones, in order
@@ -255,24 +256,63 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             ends = torch.cumsum(lengths, 0)
             hot_lengths = kept[ends] - kept[ends - lengths]
         cold_ids = ordered[num_hot:]
+        hot_weights, cold_weights = (
+            (None, None) if weights is None else (weights[:num_hot], weights[num_hot:])
+        )
+        return self._part_inputs(
+            parts,
+            features,
+            (ordered[:num_hot], hot_lengths, hot_weights),
+            (cold_ids, lengths - hot_lengths, cold_weights),
+        )
+
+    def _split_by_sign(
+        self, features: KeyedJaggedTensor, parts: tuple[str, ...]
+    ) -> dict[str, KeyedJaggedTensor]:
+        """``_split`` of signed part ids into both parts, in numpy: it runs in the data path, on the
+        host, where numpy's boolean indexing gathers each part's ids in one pass (``_split``'s
+        scatter, for remapped ids on any device, takes several; the whole split here costs about
+        half). Raises ``ValueError`` for ids on a device: split before the batch moves there."""
+        if features.values().device.type != "cpu":
+            raise ValueError(
+                f"a split by the sign of part ids runs on the host, before the batch moves to its device; "
+                f"these ids are on {features.values().device}"
+            )
+        ids, lengths = features.values().numpy(), features.lengths().numpy()
+        weights = features.weights_or_none()
+        is_hot = ids >= 0
+        if len(lengths) == len(ids) and (len(lengths) == 0 or lengths.min() >= 1):
+            hot_lengths = is_hot.astype(lengths.dtype)  # every bag holds one id
+        else:  # ids kept per bag: differences of the running count at the bags' ends
+            kept = np.concatenate([[0], np.cumsum(is_hot)])
+            ends = np.cumsum(lengths)
+            hot_lengths = (kept[ends] - kept[ends - lengths]).astype(lengths.dtype)
+        cold_ids = ids[~is_hot]
+        np.invert(cold_ids, out=cold_ids)  # a cold id c is stored as ~c
+        hot_weights = cold_weights = None
+        if weights is not None:
+            hot_weights, cold_weights = (torch.from_numpy(weights.numpy()[m]) for m in (is_hot, ~is_hot))
+        return self._part_inputs(
+            parts,
+            features,
+            (torch.from_numpy(ids[is_hot]), torch.from_numpy(hot_lengths), hot_weights),
+            (torch.from_numpy(cold_ids), torch.from_numpy(lengths - hot_lengths), cold_weights),
+        )
+
+    def _part_inputs(
+        self,
+        parts: tuple[str, ...],
+        features: KeyedJaggedTensor,
+        hot: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+        cold: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+    ) -> dict[str, KeyedJaggedTensor]:
+        """The ``KeyedJaggedTensor`` of each of ``parts`` that exists, from the ids, per-bag lengths
+        and weights of the ``hot`` and ``cold`` parts of ``features``."""
         # ids per feature in each part, given to the parts' inputs: TorchRec's input distribution
         # needs them, and finding them from the lengths there costs more than the whole split here
-        hot_per_feature = hot_lengths.view(len(self._layout.features), -1).sum(1).tolist()
+        hot_per_feature = hot[1].view(len(self._layout.features), -1).sum(1).tolist()
         cold_per_feature = [n - h for n, h in zip(features.length_per_key(), hot_per_feature, strict=True)]
-        pieces = {
-            HOT: (
-                ordered[:num_hot],
-                hot_lengths,
-                None if weights is None else weights[:num_hot],
-                hot_per_feature,
-            ),
-            COLD: (
-                ~cold_ids if part_ids else cold_ids,
-                lengths - hot_lengths,
-                None if weights is None else weights[num_hot:],
-                cold_per_feature,
-            ),
-        }
+        pieces = {HOT: (*hot, hot_per_feature), COLD: (*cold, cold_per_feature)}
         return {
             part: self._part_input(part, *pieces[part], features)
             for part in parts
@@ -383,41 +423,20 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self, values: torch.Tensor, keys: tuple[str, ...], other: torch.Tensor, other_keys: tuple[str, ...]
     ) -> torch.Tensor:
         """``values`` (pooled, ``keys`` order, every feature) plus ``other`` (``other_keys`` order)
-        feature by feature: one ``index_add`` over features when all tables have one dimension (as
-        DLRM's interaction needs), else ``other`` aligned to ``keys`` in slices."""
-        dims = {self._dims[f] for f in keys}
-        if len(dims) > 1:
-            return values + self._aligned(other, other_keys, keys)
-        (dim,) = dims
-        position = {f: i for i, f in enumerate(keys)}
-        index = torch.tensor([position[f] for f in other_keys], device=values.device)
-        rows = values.shape[0]
-        summed = values.view(rows, len(keys), dim).index_add(1, index, other.view(rows, len(other_keys), dim))
-        return summed.view(rows, -1)
-
-    def _aligned(self, values: torch.Tensor, keys: tuple[str, ...], order: tuple[str, ...]) -> torch.Tensor:
-        """``values`` (pooled, ``keys`` order) as columns in ``order``, zeros for keys it lacks: one
-        slice per run of keys consecutive in both orders."""
+        feature by feature: ``other``'s columns are added in runs, one per stretch of features
+        consecutive in both orders (a cold part's features mostly make one stretch of the hot part's
+        output)."""
         start = dict(zip(keys, np.cumsum([0] + [self._dims[f] for f in keys]).tolist(), strict=False))
-        pieces: list[list] = []  # [first column in values, or None for zeros; width]
-        for feature in order:
-            source, dim = start.get(feature), self._dims[feature]
-            if pieces:
-                begin, width = pieces[-1]
-                if (begin is None and source is None) or (begin is not None and source == begin + width):
-                    pieces[-1][1] += dim
-                    continue
-            pieces.append([source, dim])
-        if len(pieces) == 1 and pieces[0] == [0, sum(self._dims[f] for f in keys)]:
-            return values
-        rows = values.shape[0]
-        return torch.cat(
-            [
-                values.new_zeros(rows, width) if begin is None else values[:, begin : begin + width]
-                for begin, width in pieces
-            ],
-            dim=1,
-        )
+        runs: list[list[int]] = []  # [column in values, column in other, width]
+        source = 0
+        for feature in other_keys:
+            column, dim = start[feature], self._dims[feature]
+            if runs and runs[-1][0] + runs[-1][2] == column:
+                runs[-1][2] += dim
+            else:
+                runs.append([column, source, dim])
+            source += dim
+        return _add_columns(values, other, tuple(tuple(run) for run in runs))
 
     def _bag_sizes(
         self,
@@ -460,3 +479,29 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
 
     def is_weighted(self) -> bool:
         return self._is_weighted
+
+
+class _AddColumns(torch.autograd.Function):
+    """``values`` with ``other``'s columns added in runs (column in ``values``, column in ``other``,
+    width; together ``other``'s columns in order): a few wide slice adds where ``index_add`` over
+    features makes one narrow strided add per feature. The backward hands ``values`` its gradient
+    as it is and ``other`` the runs' columns of it."""
+
+    @staticmethod
+    def forward(ctx, values: torch.Tensor, other: torch.Tensor, runs: tuple) -> torch.Tensor:
+        ctx.runs = runs
+        summed = values.clone()
+        for column, source, width in runs:
+            summed[:, column : column + width] += other[:, source : source + width]
+        return summed
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        pieces = [grad[:, column : column + width] for column, _, width in ctx.runs]
+        return grad, pieces[0].contiguous() if len(pieces) == 1 else torch.cat(pieces, dim=1), None
+
+
+@torch.fx.wrap
+def _add_columns(values: torch.Tensor, other: torch.Tensor, runs: tuple) -> torch.Tensor:
+    """``_AddColumns``, kept whole in TorchRec's FX trace of the model (a trace cannot enter it)."""
+    return _AddColumns.apply(values, other, runs)
