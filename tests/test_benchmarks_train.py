@@ -71,12 +71,12 @@ def test_bench_train_runs_tbsm(tmp_path):
 
 @pytest.mark.slow
 def test_bench_train_plain_loop(tmp_path):
-    _bench_train(tmp_path, "1", "--pipeline", "none")
+    _bench_train(tmp_path, "1", "--pipeline", "none", repeats=1)  # repetitions: test_bench_train_one_rank
 
 
 @pytest.mark.slow
 def test_bench_train_two_ranks(tmp_path):
-    _bench_train(tmp_path, "2")
+    _bench_train(tmp_path, "2", repeats=1)
 
 
 @pytest.mark.slow
