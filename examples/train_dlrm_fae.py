@@ -24,12 +24,14 @@ on Taobao-like data.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
 import resource
 import tempfile
 import time
+import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -375,7 +377,13 @@ def main(argv: list[str] | None = None, family: ModelFamily = DLRM_FAMILY) -> di
     rank, world, device = init_distributed()
     try:
         return _train(args, rank, world, device, family)
+    except BaseException as error:
+        traceback.clear_frames(error.__traceback__)  # a failed run's model goes with its frames
+        raise
     finally:
+        # the model's DDP wrappers hold the process group: freed only at exit, the group's threads
+        # can abort the process (a command that should exit with status 2 then dies of SIGABRT)
+        gc.collect()
         dist.destroy_process_group()
 
 

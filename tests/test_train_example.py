@@ -107,6 +107,35 @@ def test_resumed_run_ends_where_the_straight_run_ends(tmp_path):
     assert "holds checkpoints of an earlier run (steps [" in fresh.stderr and "pass --resume" in fresh.stderr
 
 
+def test_a_run_frees_its_model_before_it_destroys_the_process_group(tmp_path):
+    """The model's DDP wrappers hold the process group. A run, failed (here: --resume with no checkpoint,
+    refused once the model is built) or not, frees them before it destroys the group: left to the
+    interpreter's exit, the group's threads once aborted a command that was exiting with status 2."""
+    probe = (
+        "import gc, sys\n"
+        f"sys.path.insert(0, {str(EXAMPLE.parent)!r})\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "import train_dlrm_fae as example\n"
+        "def alive():\n"
+        "    return sum(isinstance(o, DDP) for o in gc.get_objects())\n"
+        "args = ['--out', sys.argv[1], '--num-samples', '3000', '--scale', '0.001', '--batch-size', '64']\n"
+        "example.main(args)\n"
+        "print('after a run', alive())\n"
+        "try:\n"
+        "    example.main(args + ['--checkpoint-dir', sys.argv[2], '--resume'])\n"
+        "except ValueError as error:\n"
+        "    print('refused:', error)\n"
+        "print('after a failed run', alive())\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "out"), str(tmp_path / "empty")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "refused:" in run.stdout and "no checkpoint to resume from" in run.stdout
+    assert "after a run 0" in run.stdout and "after a failed run 0" in run.stdout, run.stdout
+
+
 def test_exclude_profiled_trains_on_exactly_the_inputs_the_profile_left_out(tmp_path):
     """The baseline trains on every training input, FAE with --exclude-profiled on the others than the
     profile's sample (the same seed draws the same sample): as multisets of rows, the baseline's inputs
