@@ -16,6 +16,7 @@ below the baseline, and draws the per-seed AUC differences to
     python benchmarks/bench_accuracy.py --order stream shuffled phases    # several orders, one baseline
     python benchmarks/bench_accuracy.py --data criteo-tsv ROWS --example-args "--sample 0.25 --budget 1MiB"
     python benchmarks/bench_accuracy.py --model tbsm               # TBSM on Taobao-like histories
+    python benchmarks/bench_accuracy.py --jobs 2                   # two runs at once, a core each
 
 Real rows are read from where they are (never copied into the repository); each seed then varies the
 initial weights and the schedule, not the data.
@@ -25,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import matplotlib
@@ -76,6 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--example-args",
         default="",
         help="more options of the example for both modes, e.g. '--sample 0.25 --budget 1MiB'",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=1,
+        help="example runs at once, each on an equal share of the cores (the runs are independent)",
     )
     parser.add_argument("--out", default="runs/bench_accuracy", help="the runs go here")
     parser.add_argument("--figures", default="benchmarks/figures", help="bench_accuracy.png goes here")
@@ -141,8 +150,9 @@ def main(argv: list[str] | None = None) -> dict[str, np.ndarray]:
         CONTROL: ["--baseline"],
         **{order: ["--order", order] for order in orders},
     }
-    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
-    for seed in tqdm(range(args.seeds), desc="seeds", unit="seed"):
+    threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
+
+    def train(mode: str, seed: int) -> dict:
         common = [
             "--data",
             *args.data,
@@ -151,12 +161,21 @@ def main(argv: list[str] | None = None) -> dict[str, np.ndarray]:
             *data_options(args),
             *shlex.split(args.example_args),
         ]
-        for mode, extra in modes.items():
-            out = Path(args.out) / f"{mode.replace(' ', '-')}-{seed}"
-            order_seed = ["--order-seed", str(seed + CONTROL_SEED_OFFSET)] if mode == CONTROL else []
-            runs[mode].append(run_example([*common, *extra, *order_seed], out, model=args.model))
-            for partition in out.glob("partition-*"):  # metrics stay; the partition's .npy files go
-                shutil.rmtree(partition)
+        out = Path(args.out) / f"{mode.replace(' ', '-')}-{seed}"
+        order_seed = ["--order-seed", str(seed + CONTROL_SEED_OFFSET)] if mode == CONTROL else []
+        metrics = run_example([*common, *modes[mode], *order_seed], out, model=args.model, threads=threads)
+        for partition in out.glob("partition-*"):  # metrics stay; the partition's .npy files go
+            shutil.rmtree(partition)
+        return metrics
+
+    tasks = [(mode, seed) for seed in range(args.seeds) for mode in modes]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        done = list(
+            tqdm(pool.map(lambda task: train(*task), tasks), total=len(tasks), desc="runs", unit="run")
+        )
+    runs = {
+        mode: [metrics for (m, _), metrics in zip(tasks, done, strict=True) if m == mode] for mode in modes
+    }
     values = {
         f"{mode} {figure}": np.array([run[figure] for run in mode_runs])
         for mode, mode_runs in runs.items()

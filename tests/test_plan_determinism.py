@@ -42,18 +42,31 @@ print(json.dumps(plans, sort_keys=True))
 """
 
 
-def _plans(hash_seed: str) -> dict:
-    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-    run = subprocess.run(
-        [sys.executable, "-c", PLANS], cwd=ROOT, env=env, capture_output=True, text=True, check=False
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+def _plans(*hash_seeds: str) -> list[dict]:
+    """The plans of one process per hash seed, the processes run side by side."""
+    command = [sys.executable, "-c", PLANS]
+    runs = [
+        subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for seed in hash_seeds
+    ]
+    plans = []
+    for run in runs:
+        stdout, stderr = run.communicate()
+        assert run.returncode == 0, stderr[-3000:]
+        plans.append(json.loads(stdout.strip().splitlines()[-1]))
+    return plans
 
 
 @pytest.mark.slow
 def test_plans_do_not_depend_on_the_hash_seed():
-    first = _plans("0")
+    first, *others = _plans("0", "1", "2", "3")
     assert any("data_parallel" in v for v in first["fae cpu x2"].values())
-    for seed in ("1", "2", "3"):
-        assert _plans(seed) == first, f"PYTHONHASHSEED={seed} planned otherwise than 0"
+    for seed, plans in zip(("1", "2", "3"), others, strict=True):
+        assert plans == first, f"PYTHONHASHSEED={seed} planned otherwise than 0"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -47,14 +48,18 @@ def launcher(world_size: int) -> list[str]:
     ]
 
 
-def run_example(args: Sequence[str], out: str | Path, world_size: int = 1, model: str = "dlrm") -> dict:
+def run_example(
+    args: Sequence[str], out: str | Path, world_size: int = 1, model: str = "dlrm", threads: int | None = None
+) -> dict:
     """Train ``model``'s example with ``args`` on ``world_size`` ranks, writing to ``out``; its metrics.
+    ``threads`` caps each rank's intra-op threads (``OMP_NUM_THREADS``), for runs side by side.
 
     Raises ``RuntimeError`` with the tail of the example's stderr when it fails.
     """
     out = Path(out)
     command = [*launcher(world_size), str(EXAMPLES[model]), *args, "--out", str(out)]
-    run = subprocess.run(command, capture_output=True, text=True, check=False)
+    env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    run = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if run.returncode != 0:
         tail = "\n".join(run.stderr.splitlines()[-ERROR_TAIL_LINES:])
         raise RuntimeError(f"{' '.join(command)} failed with exit status {run.returncode}:\n{tail}")
