@@ -3,7 +3,8 @@
 Each world size trains the ``--model``'s example (``examples/train_dlrm_fae.py``, or
 ``examples/train_tbsm_fae.py`` for ``--model tbsm``) on the same built-in synthetic data as FAE (hot
 steps on the hot part only) and as ``--baseline`` (the unsplit model planned by TorchRec's default
-planner), ``--repeats`` times each, alternating, both on TorchRec's train pipeline by default (FAE on
+planner), ``--repeats`` times each, alternating (FAE first in even repetitions, the baseline first in odd
+ones, so that neither always runs first), both on TorchRec's train pipeline by default (FAE on
 ``FAETrainPipeline``, the baseline on the stock ``TrainPipelineSparseDist``; ``--pipeline none`` for the
 plain loop). Both train on the training inputs the profile did not sample (the example's
 ``--exclude-profiled``): the hot set is chosen on inputs disjoint from those the speed is measured on.
@@ -29,7 +30,7 @@ World size 1 is one process with torch's default threads; more ranks run under t
 each rank one thread. Run it on an otherwise idle machine: a step whose threads wait on a core another
 process keeps busy can take many times as long (the script warns when it sees one).
 
-    python benchmarks/bench_train.py                  # world sizes 1 and 2, 3 repeats: ~14 min on 2 cores
+    python benchmarks/bench_train.py                  # world sizes 1 and 2, 4 repeats: ~18 min on 2 cores
     python benchmarks/bench_train.py --world-sizes 1 --num-samples 200000 --scale 0.05
     python benchmarks/bench_train.py --model tbsm --world-sizes 1 --repeats 1   # TBSM: ~1 min a mode
 
@@ -92,7 +93,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--pipeline", default="sparse", choices=("sparse", "none"), help="the example's --pipeline"
     )
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each mode per world size")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=4,
+        help="runs of each mode per world size (even: each mode first as often)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--split-steps", type=int, default=200, help="steps whose split is timed alone")
     parser.add_argument("--out", default="runs/bench_train", help="the runs go here")
@@ -260,7 +266,8 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, dict]]:
     for world_size in args.world_sizes:
         runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
         for repeat in range(args.repeats):
-            for mode, extra in zip(MODES, ([], ["--baseline"]), strict=True):
+            pairs = list(zip(MODES, ([], ["--baseline"]), strict=True))
+            for mode, extra in pairs if repeat % 2 == 0 else pairs[::-1]:
                 busy = busy_cores()
                 if busy is not None and busy > BUSY_CORES:
                     print(

@@ -60,6 +60,10 @@ def _bench_train(
 
 def test_bench_train_one_rank(tmp_path):
     _bench_train(tmp_path, "1")
+    written = sorted(tmp_path.glob("ws1-*-*/metrics.json"), key=lambda path: path.stat().st_mtime_ns)
+    assert [path.parent.name for path in written] == [
+        "ws1-fae-0", "ws1-torchrec-0", "ws1-torchrec-1", "ws1-fae-1"
+    ], "the mode that runs first alternates"  # fmt: skip
 
 
 def test_bench_train_runs_tbsm(tmp_path):
