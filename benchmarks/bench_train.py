@@ -263,10 +263,10 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, dict]]:
         f"{args.batch_size} per rank, FAE budget {args.budget}, order {args.order}, pipeline "
         f"{args.pipeline}, {args.repeats} runs of each mode"
     )
+    pairs = list(zip(MODES, ([], ["--baseline"]), strict=True))  # each mode with its example options
     for world_size in args.world_sizes:
         runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
         for repeat in range(args.repeats):
-            pairs = list(zip(MODES, ([], ["--baseline"]), strict=True))
             for mode, extra in pairs if repeat % 2 == 0 else pairs[::-1]:
                 busy = busy_cores()
                 if busy is not None and busy > BUSY_CORES:
