@@ -6,6 +6,8 @@ PIP := $(PY) -m pip
 VARIANT ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 STAMP := $(VENV)/.installed-$(VARIANT)
 PYTEST_ARGS ?=
+# pytest workers: two keep both cores busy while a test waits on imports or on its other rank.
+TEST_WORKERS ?= 2
 
 .PHONY: train test lint clean
 
@@ -23,7 +25,7 @@ train: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format .
