@@ -134,6 +134,23 @@ def test_gradients_reach_each_row_in_its_part():
     _assert_same_gradients(ebc, split)
 
 
+def test_a_cold_step_adds_the_cold_output_into_the_hot_output():
+    """No copy of a batch's pooled embeddings: the result is the hot part's output, added to in place,
+    and both parts still get the gradients of a sum (every table with hot rows: none is padded)."""
+    tables = _tables()[:3]
+    ebc = _ebc(tables)
+    split = FAEEmbeddingBagCollection.from_ebc(ebc, _hot_set(tables))
+    hot_outputs = []
+    split.hot.register_forward_hook(lambda module, args, output: hot_outputs.append(output.values()))
+    batch = _batch("mixed")
+    result = split(batch)
+    assert result.values().data_ptr() == hot_outputs[0].data_ptr()
+    _assert_same(ebc(batch), result)
+    ebc(batch).values().square().sum().backward()
+    result.values().square().sum().backward()
+    _assert_same_gradients(ebc, split)
+
+
 def test_round_trip_to_the_original_layout_is_bit_identical():
     tables = _tables()
     ebc, split = _split_pair()

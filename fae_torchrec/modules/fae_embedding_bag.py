@@ -484,16 +484,18 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
 class _AddColumns(torch.autograd.Function):
     """``values`` with ``other``'s columns added in runs (column in ``values``, column in ``other``,
     width; together ``other``'s columns in order): a few wide slice adds where ``index_add`` over
-    features makes one narrow strided add per feature. The backward hands ``values`` its gradient
-    as it is and ``other`` the runs' columns of it."""
+    features makes one narrow strided add per feature. The adds go into ``values`` in place: it is
+    the first part's fresh output, which nothing else reads and no backward needs, and a copy of it
+    would cost more than the adds (a batch x all features' dims). The backward hands ``values`` its
+    gradient as it is and ``other`` the runs' columns of it."""
 
     @staticmethod
     def forward(ctx, values: torch.Tensor, other: torch.Tensor, runs: tuple) -> torch.Tensor:
         ctx.runs = runs
-        summed = values.clone()
         for column, source, width in runs:
-            summed[:, column : column + width] += other[:, source : source + width]
-        return summed
+            values[:, column : column + width] += other[:, source : source + width]
+        ctx.mark_dirty(values)
+        return values
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
