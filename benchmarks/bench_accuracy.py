@@ -44,6 +44,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common.example_runs import EXAMPLES, data_size, run_example
+from benchmarks.common.statistics import standard_error
 from fae_torchrec.arguments import positive_int
 from fae_torchrec.train.schedule import ORDERS
 
@@ -109,7 +110,7 @@ def paired(other: np.ndarray, baseline: np.ndarray, higher_is_better: bool) -> s
     """Mean difference from the baseline, its standard error, and the seeds where it is worse (at
     all, and by more than ``MARGIN``)."""
     difference = other - baseline
-    error = difference.std(ddof=1) / np.sqrt(len(difference)) if len(difference) > 1 else float("nan")
+    error = standard_error(difference)
     better = difference if higher_is_better else -difference
     return (
         f"mean difference {difference.mean():+.4f} (SE {error:.4f}), worse at {int(np.sum(better < 0))} "

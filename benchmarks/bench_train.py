@@ -60,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from benchmarks.common.example_runs import EXAMPLES, data_size, run_example
+from benchmarks.common.statistics import standard_error
 from fae_torchrec import (
     AccessStats,
     BatchRouter,
@@ -305,7 +306,8 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, dict]]:
         print(
             "ratio FAE / torchrec samples/s per repetition: "
             + ", ".join(f"{r:.2f}x" for r in ratios)
-            + f"; mean {np.mean(ratios):.2f}x, {sum(r >= 1 for r in ratios)} of {len(ratios)} at least 1.0x"
+            + f"; mean {np.mean(ratios):.2f}x (SE {standard_error(ratios):.2f}), "
+            f"{sum(r >= 1 for r in ratios)} of {len(ratios)} at least 1.0x"
         )
         hot_ratio = (fae["hot_step_ms"] or float("nan")) / baseline["cold_step_ms"]
         print(f"FAE hot step / baseline step: {hot_ratio:.2f}x (goal < 1.0x: {_verdict(hot_ratio < 1)})")

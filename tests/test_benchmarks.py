@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks.bench_hot_share import budget_ladder
 from benchmarks.common.id_stream import taobao_stream
+from benchmarks.common.statistics import standard_error
 from fae_torchrec.data.synthetic_taobao import SyntheticTaobao
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,6 +190,12 @@ def test_bench_hot_share_ladder_doubles_up_to_the_whole_model():
     assert budget_ladder(5 * mib).tolist() == [mib, 2 * mib, 4 * mib, 5 * mib]
     assert budget_ladder(4 * mib).tolist() == [mib, 2 * mib, 4 * mib]
     assert budget_ladder(mib // 2).tolist() == [mib // 2]
+
+
+def test_standard_error_of_a_mean():
+    assert standard_error([1.0, 3.0]) == pytest.approx(1.0)  # sample deviation sqrt(2), over sqrt(2)
+    assert standard_error(np.full(5, 0.7)) == 0.0
+    assert np.isnan(standard_error([2.0]))
 
 
 @pytest.mark.parametrize("script", ["bench_hot_share.py", "bench_traffic.py"])

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.bench_train import example_args
 from benchmarks.bench_train import parse_args as bench_train_args
+from benchmarks.common.statistics import standard_error
 from fae_torchrec import AccessStats
 from tests.conftest import realdata
 from tests.distributed import run_launched
@@ -40,10 +41,16 @@ def _bench_train(
     trained = re.search(r"; ([\d,]+) training inputs, the profile's sample left out\)", out)
     stats = AccessStats.load(tmp_path / f"ws{world_size}-fae-0" / "stats.npz")
     assert trained and int(trained[1].replace(",", "")) == stats.num_inputs - stats.num_sampled, out
-    ratios = re.search(rf"samples/s per repetition: ([\d.x, ]+); mean ([\d.]+)x, (\d) of {repeats}", out)
+    ratios = re.search(
+        rf"samples/s per repetition: ([\d.x, ]+); mean ([\d.]+)x \(SE ([\d.]+|nan)\), (\d) of {repeats}", out
+    )
     assert ratios, out
     per_repetition = [float(value.rstrip("x")) for value in ratios[1].split(", ")]
     assert len(per_repetition) == repeats and min(per_repetition) > 0 and float(ratios[2]) > 0, out
+    if repeats > 1:  # the standard error of the mean ratio, from the printed (rounded) ratios
+        assert float(ratios[3]) == pytest.approx(standard_error(per_repetition), abs=0.006), out
+    else:
+        assert ratios[3] == "nan", out
     machinery = re.search(
         r"FAE machinery: routing ([\d.]+) ms - the baseline's ([\d.]+) ms = (-?[\d.]+) ms.*split alone takes "
         r"([\d.]+) ms per step from the partition's part ids \(([\d.]+) ms by looking",
