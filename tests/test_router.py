@@ -159,7 +159,9 @@ def test_schedule_errors():
     assert [s.hot for s in make_schedule(_mask(8, 1), 4, 2)] == [False], "a hot step's inputs make room"
     with pytest.raises(ValueError, match="unknown order 'random'"):
         make_schedule(_mask(1, 1), 1, 1, "random")
-    with pytest.raises(ValueError, match=r"warm-up must be a share of the first epoch in \[0, 1\], got 1.5"):
+    with pytest.raises(
+        ValueError, match=r"warm-up \(of the first epoch\) must be a share in \[0, 1\], got 1.5"
+    ):
         make_schedule(_mask(1, 1), 1, 1, warmup=1.5)
     with pytest.raises(
         ValueError, match="a warm-up is part of the stream order, not of the 'shuffled' order"

@@ -123,7 +123,7 @@ def test_empty_and_invalid_arguments():
     assert list(SyntheticCriteo(0)) == []
     with pytest.raises(ValueError, match="batch_size"):
         SyntheticCriteo(10, batch_size=0)
-    with pytest.raises(ValueError, match="correlation"):
+    with pytest.raises(ValueError, match=r"correlation must be a share in \[0, 1\], got 1.5"):
         SyntheticCriteo(10, correlation=1.5)
     with pytest.raises(ValueError, match="ids_per_feature must be positive"):
         SyntheticCriteo(10, ids_per_feature=0)

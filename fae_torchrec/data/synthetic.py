@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fae_torchrec.arguments import check_share
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.criteo import (
     CAT_FEATURE_COUNT,
@@ -121,8 +122,7 @@ class SyntheticCriteo(CriteoSource):
         exponents = _per_feature("exponent", exponent, np.float64)
         counts = _per_feature("ids_per_feature", ids_per_feature, np.int64)
         self.ids_per_feature = tuple(int(c) for c in counts)
-        if not 0.0 <= correlation <= 1.0:
-            raise ValueError(f"correlation must be in [0, 1], got {correlation}")
+        check_share(correlation, "correlation")
         if not 0.0 < ctr < 1.0:
             raise ValueError(f"ctr must be in (0, 1), got {ctr}")
         if popular_rows <= 0:

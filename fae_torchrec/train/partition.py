@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from fae_torchrec.arguments import check_share
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.seeds import generator
 from fae_torchrec.stats.hot_set import COLD, HOT, PARTS, HotSet
@@ -72,7 +73,7 @@ class HotColdPartition:
         seed: int = 0,
     ) -> HotColdPartition:
         """Partition in memory (``balance``: see the module docstring; ``seed`` draws its inputs)."""
-        check_balance(balance)
+        check_share(balance, "label balance")
         parts: dict[str, list[SampleBlock]] = {HOT: [], COLD: []}
         is_hot = []
         for index, block in enumerate(blocks):
@@ -98,7 +99,7 @@ class HotColdPartition:
     ) -> HotColdPartition:
         """Partition to ``directory`` block by block (memory stays one block), then open it
         (``balance`` and ``seed`` as in :meth:`of`)."""
-        check_balance(balance)
+        check_share(balance, "label balance")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         writers: dict[tuple[str, str], _NpyAppender] = {}
@@ -155,12 +156,6 @@ class HotColdPartition:
             return cls(blocks[HOT], blocks[COLD], np.load(is_hot, mmap_mode="r"), tuple(described["keys"]))
         except ValueError as error:
             raise ValueError(f"{directory}: damaged partition: {error}") from error
-
-
-def check_balance(balance: float) -> None:
-    """Raise ``ValueError`` unless ``balance`` is a share in [0, 1]."""
-    if not 0.0 <= balance <= 1.0:
-        raise ValueError(f"label balance must be a share in [0, 1], got {balance}")
 
 
 def balanced(hot: np.ndarray, labels: np.ndarray, balance: float, rng: np.random.Generator) -> np.ndarray:

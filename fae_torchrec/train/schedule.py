@@ -42,6 +42,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from fae_torchrec.arguments import check_share
 from fae_torchrec.seeds import generator
 from fae_torchrec.stats.hot_set import COLD, HOT
 
@@ -134,8 +135,7 @@ def make_schedule(
 
 def check_warmup(warmup: float, order: str) -> None:
     """Raise ``ValueError`` unless ``warmup`` is a share in [0, 1], and 0 for orders but ``stream``."""
-    if not 0.0 <= warmup <= 1.0:
-        raise ValueError(f"warm-up must be a share of the first epoch in [0, 1], got {warmup}")
+    check_share(warmup, "warm-up (of the first epoch)")
     if warmup and order != "stream":
         raise ValueError(f"a warm-up is part of the stream order, not of the {order!r} order")
 
