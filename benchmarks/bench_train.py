@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from benchmarks.common.arguments import add_training_options
 from benchmarks.common.example_runs import EXAMPLES, data_size, run_example
 from benchmarks.common.statistics import standard_error
 from fae_torchrec import (
@@ -84,13 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=sorted(EXAMPLES), default="dlrm", help="the model, by its example")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--num-samples", type=int, default=2_000_000, help="synthetic inputs (DLRM)")
+    add_training_options(parser)
     parser.add_argument("--num-users", type=int, default=50_000, help="synthetic users (TBSM)")
-    parser.add_argument("--scale", type=float, default=1.0, help="table sizes = Kaggle's or TBSM's x scale")
-    parser.add_argument("--dim", type=int, default=16, help="embedding dimension")
-    parser.add_argument("--batch-size", type=int, default=2048, help="per-rank batch size")
-    parser.add_argument("--budget", default="16MiB", help="FAE's hot-row budget")
-    parser.add_argument("--order", default="stream", help="FAE's hot/cold step order")
     parser.add_argument(
         "--pipeline", default="sparse", choices=("sparse", "none"), help="the example's --pipeline"
     )
@@ -100,7 +96,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=4,
         help="runs of each mode per world size (even: each mode first as often)",
     )
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--split-steps", type=int, default=200, help="steps whose split is timed alone")
     parser.add_argument("--out", default="runs/bench_train", help="the runs go here")
     parser.add_argument("--figures", default="benchmarks/figures", help="bench_train.png goes here")

@@ -387,9 +387,27 @@ def main(argv: list[str] | None = None, family: ModelFamily = DLRM_FAMILY) -> di
         dist.destroy_process_group()
 
 
-def _train(
-    args: argparse.Namespace, rank: int, world: int, device: torch.device, family: ModelFamily
-) -> dict:
+@dataclass
+class Training:
+    """A run ready to train (``build_training``): its data, plan, sharded model, dense optimizer and
+    router, the first step's batches not yet read."""
+
+    mode: str
+    tables: list[EmbeddingBagConfig]
+    validation: SampleBlock
+    partition: HotColdPartition
+    plan: ShardingPlan
+    model: DistributedModelParallel
+    optimizer: torch.optim.Optimizer
+    router: BatchRouter
+    fae: bool
+
+
+def build_training(
+    args: argparse.Namespace, rank: int, world: int, device: torch.device, family: ModelFamily = DLRM_FAMILY
+) -> Training:
+    """Prepare the data (:func:`prepare_data`), build and plan the model of ``args`` (FAE's, or the
+    baseline's with ``--baseline``), shard it with DMP in its initial state and make its router."""
     if args.optimizer == "adam" and device.type == "cpu":
         raise ValueError(
             "--optimizer adam: FBGEMM has no fused Adam on CPU; use it on GPU, or another optimizer"
@@ -441,11 +459,23 @@ def _train(
         seed=args.seed if args.order_seed is None else args.order_seed, warmup=args.warmup,
         split=None if fae is None else fae.split,
     )  # fmt: skip
-    validation_batches = _validation_batches(validation, partition.keys, args.batch_size, world, rank)
     logger.info(
         "%s: %d training inputs (%d hot, %.1f%%), %d validation inputs, %d ranks",
         mode, num_train, len(partition.hot), 100 * len(partition.hot) / num_train, len(validation), world,
     )  # fmt: skip
+    return Training(mode, tables, validation, partition, plan, dmp, dense, router, fae is not None)
+
+
+def _train(
+    args: argparse.Namespace, rank: int, world: int, device: torch.device, family: ModelFamily
+) -> dict:
+    training = build_training(args, rank, world, device, family)
+    mode, tables, partition, plan = training.mode, training.tables, training.partition, training.plan
+    dmp, dense, router = training.model, training.optimizer, training.router
+    num_train = len(partition.hot) + len(partition.cold)
+    validation_batches = _validation_batches(
+        training.validation, partition.keys, args.batch_size, world, rank
+    )
 
     progress = {
         "step": 0,
@@ -470,7 +500,7 @@ def _train(
         history, counts = progress["history"], progress["counts"]
         first_epoch, first_step = position["router"]["epoch"], position["router"]["step"]
         logger.info("resumed at epoch %d, step %d", first_epoch, first_step)
-    runner = _StepRunner(args.pipeline, dmp, dense, device, fae=fae is not None)
+    runner = StepRunner(args.pipeline, dmp, dense, device, fae=training.fae)
     # this run's wall times (after a resume: since it), in seconds: per hot and per cold step, and of
     # getting each step's batch from the router (onto the device, in the plain loop)
     seen, step_index, step_seconds, routing_seconds = 0, progress["step"], {"hot": [], "cold": []}, 0.0
@@ -550,7 +580,7 @@ def _steps_to_pause(step_index: int, left: int, args: argparse.Namespace) -> int
     return min([left] + [every - step_index % every for every in pauses if every])
 
 
-class _StepRunner:
+class StepRunner:
     """Trains routed batches in the plain loop (``--pipeline none``) or on TorchRec's train pipeline
     (``FAETrainPipeline`` for FAE, ``TrainPipelineSparseDist`` for a baseline) or prefetch pipeline
     (``FAEPrefetchTrainPipeline``, ``PrefetchTrainPipelineSparseDist``), and yields per step the

@@ -118,6 +118,38 @@ def test_bench_gpu_rejects_a_bad_hbm_cap():
     assert "--hbm-cap: not a byte size: 'lots'" in run.stderr
 
 
+def test_bench_interleaved_trains_both_models_in_one_process_in_turns(tmp_path):
+    """Both models train in stretches of --stretch steps, in one process (or one per rank), until one
+    has trained all its steps; the summary counts the pairs after the warm-up, the last one left out."""
+    out = _script("benchmarks/bench_interleaved.py", *TINY, "--world-sizes", "1", "2", "--stretch", "2",
+                  "--epochs", "1", "--out", str(tmp_path), "--figures", str(tmp_path))  # fmt: skip
+    for world_size in (1, 2):
+        stretches = json.loads((tmp_path / f"ws{world_size}" / "stretches.json").read_text())
+        fae, baseline = stretches["fae"], stretches["torchrec"]
+        assert len(fae) == len(baseline) > 4
+        assert all(row[4] == 2 for row in fae[:-1] + baseline[:-1]), "full stretches but the last"
+        assert min(fae[-1][4], baseline[-1][4]) < 2, "the run ends when a model has trained every step"
+        assert sum(row[3] for row in fae) > 0 and sum(row[3] for row in baseline) == 0  # hot steps
+        assert all(row[0] > 0 and row[1] > 0 for row in fae[:-1] + baseline[:-1])
+        counted = re.search(rf"^world size {world_size}: (\d+) pairs of 2-step stretches counted", out, re.M)
+        assert counted and int(counted[1]) == len(fae) - 3, out  # 2 warm-up pairs and the last
+        assert re.search(
+            r"per pair: mean [\d.]+x \(SE [\d.]+\), median [\d.]+x, \d+ of \d+ at least 1.0x", out
+        ), out
+    assert (tmp_path / "bench_interleaved.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_interleaved_needs_two_pairs_to_compare(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_interleaved.py"), *TINY, "--world-sizes", "1",
+         "--stretch", "2", "--epochs", "1", "--warmup-pairs", "1000", "--out", str(tmp_path), "--figures",
+         str(tmp_path)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "pairs of stretches counted after --warmup-pairs 1000: need at least 2" in run.stderr
+
+
 def test_bench_accuracy_pairs_fae_with_the_baseline_by_seed(tmp_path):
     out = _script("benchmarks/bench_accuracy.py", "--seeds", "2", "--num-samples", "4000", "--order",
                   "stream", "--jobs", "2", "--out", str(tmp_path), "--figures", str(tmp_path))  # fmt: skip

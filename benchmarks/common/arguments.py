@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import NoReturn
 
@@ -16,3 +17,15 @@ def fail(message: str) -> NoReturn:
     """Stop on bad input as argparse does: ``error: message`` on stderr, exit status 2."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def add_training_options(parser: argparse.ArgumentParser) -> None:
+    """The example's options that a training benchmark gives both modes alike: data size, tables,
+    batch, FAE's budget and order, seed."""
+    parser.add_argument("--num-samples", type=int, default=2_000_000, help="synthetic inputs (DLRM)")
+    parser.add_argument("--scale", type=float, default=1.0, help="table sizes = Kaggle's (TBSM's) x scale")
+    parser.add_argument("--dim", type=int, default=16, help="embedding dimension")
+    parser.add_argument("--batch-size", type=int, default=2048, help="per-rank batch size")
+    parser.add_argument("--budget", default="16MiB", help="FAE's hot-row budget")
+    parser.add_argument("--order", default="stream", help="FAE's hot/cold step order")
+    parser.add_argument("--seed", type=int, default=0)
