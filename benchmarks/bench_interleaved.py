@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from itertools import chain, islice
+from itertools import chain, count, islice
 from pathlib import Path
 
 import matplotlib
@@ -40,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common.arguments import add_training_options, fail
+from benchmarks.common.arguments import add_training_options, fail, training_options
 from benchmarks.common.example_runs import ERROR_TAIL_LINES, EXAMPLES, launcher
 from benchmarks.common.statistics import standard_error
 from fae_torchrec.arguments import non_negative_int, positive_int
@@ -69,9 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def example_args(args: argparse.Namespace) -> list[str]:
     """The example's options both models share (on the train pipeline, without the profiled inputs)."""
     return [
-        "--num-samples", str(args.num_samples), "--scale", str(args.scale), "--dim", str(args.dim),
-        "--batch-size", str(args.batch_size), "--budget", args.budget, "--order", args.order,
-        "--seed", str(args.seed), "--epochs", str(args.epochs), "--pipeline", "sparse", "--exclude-profiled",
+        "--num-samples", str(args.num_samples), *training_options(args), "--epochs", str(args.epochs),
+        "--pipeline", "sparse",
     ]  # fmt: skip
 
 
@@ -89,21 +88,17 @@ def alternate(steps: dict[str, Iterator], stretch: int, world_size: int) -> dict
     first in odd pairs) until one runs out; per mode, per stretch, the ``FIELDS``."""
     modes = list(steps)
     stretches: dict[str, list[list[float]]] = {mode: [] for mode in modes}
-    for pair in range(sys.maxsize):
+    for pair in count():
         for mode in modes if pair % 2 == 0 else modes[::-1]:
-            record = [0.0] * len(FIELDS)
-            for routed, _, seconds, routing in islice(steps[mode], stretch):
-                record = [
-                    record[0] + routed.batch.labels.numel() * world_size,
-                    record[1] + seconds,
-                    record[2] + routing,
-                    record[3] + routed.hot,
-                    record[4] + 1,
-                ]
-            stretches[mode].append(record)
+            trained = [
+                (routed.batch.labels.numel() * world_size, seconds, routing, routed.hot, 1)
+                for routed, _, seconds, routing in islice(steps[mode], stretch)
+            ]
+            stretches[mode].append(
+                [float(sum(column)) for column in zip(*trained, strict=True)] or [0.0] * len(FIELDS)
+            )
         if any(stretches[mode][-1][4] < stretch for mode in modes):
             return stretches
-    raise AssertionError("unreachable")
 
 
 def _epochs(router, epochs: int) -> Iterator:

@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from benchmarks.common.arguments import add_training_options
+from benchmarks.common.arguments import add_training_options, training_options
 from benchmarks.common.example_runs import EXAMPLES, data_size, run_example
 from benchmarks.common.statistics import standard_error
 from fae_torchrec import (
@@ -112,11 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def example_args(args: argparse.Namespace) -> list[str]:
     """The example's options shared by every run: both modes train on the inputs the profile left out
     (``--exclude-profiled``), so that no figure comes from the inputs that chose the hot set."""
-    return [
-        *data_size(args), "--scale", str(args.scale), "--dim", str(args.dim),
-        "--batch-size", str(args.batch_size), "--budget", args.budget, "--order", args.order,
-        "--seed", str(args.seed), "--pipeline", args.pipeline, "--exclude-profiled",
-    ]  # fmt: skip
+    return [*data_size(args), *training_options(args), "--pipeline", args.pipeline]
 
 
 def busy_cores(seconds: float = 1.0) -> float | None:

@@ -29,3 +29,12 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", default="16MiB", help="FAE's hot-row budget")
     parser.add_argument("--order", default="stream", help="FAE's hot/cold step order")
     parser.add_argument("--seed", type=int, default=0)
+
+
+def training_options(args: argparse.Namespace) -> list[str]:
+    """The example's options of ``add_training_options`` but the data size, for both modes alike, with
+    ``--exclude-profiled``: no figure comes from the inputs that chose the hot set."""
+    return [
+        "--scale", str(args.scale), "--dim", str(args.dim), "--batch-size", str(args.batch_size),
+        "--budget", args.budget, "--order", args.order, "--seed", str(args.seed), "--exclude-profiled",
+    ]  # fmt: skip
