@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.bench_train import example_args
@@ -136,6 +137,13 @@ def test_bench_interleaved_trains_both_models_in_one_process_in_turns(tmp_path):
         assert re.search(
             r"per pair: mean [\d.]+x \(SE [\d.]+\), median [\d.]+x, \d+ of \d+ at least 1.0x", out
         ), out
+        # the end-to-end ratio: each model's inputs over its step and routing seconds, counted pairs
+        rate = {mode: np.asarray(rows[2:-1]) for mode, rows in stretches.items()}
+        rate = {mode: rows[:, 0].sum() / rows[:, 1:3].sum() for mode, rows in rate.items()}
+        routed = re.search(
+            rf"^world size {world_size}:(?:.*\n)*?.*with routing included ([\d.]+)x", out, re.M
+        )
+        assert routed and float(routed[1]) == pytest.approx(rate["fae"] / rate["torchrec"], abs=6e-4), out
     assert (tmp_path / "bench_interleaved.png").read_bytes()[:4] == b"\x89PNG"
 
 
