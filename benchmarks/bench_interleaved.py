@@ -3,7 +3,8 @@
 ``bench_train.py`` runs each mode as its own process, one after the other; on a shared machine whose
 speed drifts between runs (BENCHMARKS.md, section 2) that buries a difference of a few percent. Here each
 rank builds both models as ``examples/train_dlrm_fae.py`` does (``build_training``: FAE's, and the
-baseline's with ``--baseline``, on the same data, the profile's sample left out) and trains them in
+baseline's with ``--baseline``, on the same data, the profile's sample left out; TBSM's with ``--model
+tbsm``, as ``examples/train_tbsm_fae.py`` builds them) and trains them in
 alternating stretches of ``--stretch`` steps (FAE's first in every other pair), both on TorchRec's train
 pipeline, so that both see the same moments of the machine. Each pair of stretches gives a ratio, FAE's
 samples/s over the baseline's (the example's own step times, routing excluded); the first
@@ -16,6 +17,7 @@ plots the ratio per pair.
 
     python benchmarks/bench_interleaved.py                            # world sizes 1 and 2: ~5 min on 2 cores
     python benchmarks/bench_interleaved.py --epochs 4 --stretch 40    # the doubling: ~10 min
+    python benchmarks/bench_interleaved.py --model tbsm --batch-size 256   # TBSM, 50,000 synthetic users
 
 World size 1 is one process with torch's default threads; more ranks run under torchrun (one thread a
 rank). Each rank holds both models, so memory is about twice ``bench_train.py``'s.
@@ -43,7 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common.arguments import add_training_options, fail, training_options
-from benchmarks.common.example_runs import ERROR_TAIL_LINES, EXAMPLES, launcher
+from benchmarks.common.example_runs import ERROR_TAIL_LINES, EXAMPLES, data_size, launcher
 from benchmarks.common.statistics import standard_error
 from fae_torchrec.arguments import non_negative_int, positive_int
 
@@ -70,19 +72,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def example_args(args: argparse.Namespace) -> list[str]:
     """The example's options both models share (on the train pipeline, without the profiled inputs)."""
-    return [
-        "--num-samples", str(args.num_samples), *training_options(args), "--epochs", str(args.epochs),
-        "--pipeline", "sparse",
-    ]  # fmt: skip
+    return [*data_size(args), *training_options(args), "--epochs", str(args.epochs), "--pipeline", "sparse"]
 
 
-def _example():
-    """The DLRM example, imported from its file (``examples`` is not a package)."""
-    spec = importlib.util.spec_from_file_location("train_dlrm_fae", EXAMPLES["dlrm"])
+def _import(model: str):
+    """``model``'s example, imported from its file (``examples`` is not a package; the TBSM example
+    imports the DLRM one by its module name, which this registers first)."""
+    spec = importlib.util.spec_from_file_location(EXAMPLES[model].stem, EXAMPLES[model])
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def _example(model: str):
+    """The DLRM example's driver (``build_training``, ``StepRunner``...) and ``model``'s family."""
+    driver = _import("dlrm")
+    module = driver if model == "dlrm" else _import(model)
+    return driver, getattr(module, f"{model.upper()}_FAMILY")
 
 
 def alternate(steps: dict[str, Iterator], stretch: int, world_size: int) -> dict[str, list[list[float]]]:
@@ -110,14 +117,14 @@ def _epochs(router, epochs: int) -> Iterator:
 
 def worker(args: argparse.Namespace) -> None:
     """One rank: build both models, train them alternating, and (rank 0) write ``stretches.json``."""
-    example = _example()
+    example, family = _example(args.model)
     rank, world, device = example.init_distributed()
     out = Path(args.out)
     try:
         steps = {}
         for mode, extra in MODES.items():
-            options = example.parse_args([*example_args(args), *extra, "--out", str(out / mode)])
-            training = example.build_training(options, rank, world, device)
+            options = example.parse_args([*example_args(args), *extra, "--out", str(out / mode)], family)
+            training = example.build_training(options, rank, world, device, family)
             runner = example.StepRunner(
                 options.pipeline, training.model, training.optimizer, device, training.fae
             )
@@ -172,7 +179,7 @@ def report(world_size: int, summary: dict, stretch: int) -> str:
     )
 
 
-def plot(summaries: dict[int, dict], path: Path) -> None:
+def plot(summaries: dict[int, dict], model: str, path: Path) -> None:
     """FAE's ratio per pair of stretches, one line per world size."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, axis = plt.subplots(figsize=(7, 3.5))
@@ -183,7 +190,7 @@ def plot(summaries: dict[int, dict], path: Path) -> None:
     axis.axhline(1.0, color="gray", linewidth=0.8)
     axis.set_xlabel("pair of stretches")
     axis.set_ylabel("FAE / torchrec samples/s")
-    axis.set_title("DLRM on CPU, both models in one process")
+    axis.set_title(f"{model.upper()} on CPU, both models in one process")
     axis.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -196,8 +203,9 @@ def main(argv: list[str] | None = None) -> dict[int, dict]:
         worker(args)
         return {}
     started = time.perf_counter()
+    size = f"{args.num_users:,} users" if args.model == "tbsm" else f"{args.num_samples:,} inputs"
     print(
-        f"data: DLRM, {args.num_samples:,} inputs (synthetic), scale {args.scale}, dim {args.dim}, batch "
+        f"data: {args.model.upper()}, {size} (synthetic), scale {args.scale}, dim {args.dim}, batch "
         f"{args.batch_size} per rank, FAE budget {args.budget}, order {args.order}, {args.epochs} epochs, "
         f"stretches of {args.stretch} steps, pipeline sparse"
     )
@@ -213,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict[int, dict]:
         summaries[world_size] = summarize(json.loads((out / "stretches.json").read_text()), args.warmup_pairs)
         print(report(world_size, summaries[world_size], args.stretch))
     figure = Path(args.figures) / "bench_interleaved.png"
-    plot(summaries, figure)
+    plot(summaries, args.model, figure)
     print(f"\nwrote {figure}; total wall time {time.perf_counter() - started:.0f} s")
     return summaries
 

@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from benchmarks.common.arguments import add_training_options, training_options
-from benchmarks.common.example_runs import EXAMPLES, data_size, run_example
+from benchmarks.common.example_runs import data_size, run_example
 from benchmarks.common.statistics import standard_error
 from fae_torchrec import (
     AccessStats,
@@ -83,10 +83,8 @@ BUSY_CORES = 0.3
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=sorted(EXAMPLES), default="dlrm", help="the model, by its example")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2])
     add_training_options(parser)
-    parser.add_argument("--num-users", type=int, default=50_000, help="synthetic users (TBSM)")
     parser.add_argument(
         "--pipeline", default="sparse", choices=("sparse", "none"), help="the example's --pipeline"
     )

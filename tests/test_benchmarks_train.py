@@ -147,6 +147,20 @@ def test_bench_interleaved_trains_both_models_in_one_process_in_turns(tmp_path):
     assert (tmp_path / "bench_interleaved.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_interleaved_trains_tbsm_with_model_tbsm(tmp_path):
+    """``--model tbsm`` builds TBSM's models (three tables, users as the data size), as its example does."""
+    out = _script("benchmarks/bench_interleaved.py", "--model", "tbsm", "--num-users", "3000", "--scale",
+                  "0.01", "--batch-size", "64", "--world-sizes", "1", "--stretch", "2", "--epochs", "1",
+                  "--out", str(tmp_path), "--figures", str(tmp_path))  # fmt: skip
+    assert out.startswith("data: TBSM, 3,000 users (synthetic)"), out
+    for mode in ("fae", "torchrec"):
+        tables = AccessStats.load(tmp_path / "ws1" / mode / "stats.npz").tables
+        assert [t.name for t in tables] == ["t_user", "t_item", "t_category"], tables
+    stretches = json.loads((tmp_path / "ws1" / "stretches.json").read_text())
+    assert sum(row[3] for row in stretches["fae"]) > 0 and sum(row[3] for row in stretches["torchrec"]) == 0
+    assert re.search(r"^world size 1: \d+ pairs of 2-step stretches counted", out, re.M), out
+
+
 def test_bench_interleaved_needs_two_pairs_to_compare(tmp_path):
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_interleaved.py"), *TINY, "--world-sizes", "1",

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import NoReturn
 
+from benchmarks.common.example_runs import EXAMPLES
+
 
 def count(text: str) -> int:
     """A number of inputs: ``4000000``, ``4M`` or ``500k``."""
@@ -20,9 +22,11 @@ def fail(message: str) -> NoReturn:
 
 
 def add_training_options(parser: argparse.ArgumentParser) -> None:
-    """The example's options that a training benchmark gives both modes alike: data size, tables,
-    batch, FAE's budget and order, seed."""
+    """The example's options that a training benchmark gives both modes alike: the model, data size,
+    tables, batch, FAE's budget and order, seed."""
+    parser.add_argument("--model", choices=sorted(EXAMPLES), default="dlrm", help="the model, by its example")
     parser.add_argument("--num-samples", type=int, default=2_000_000, help="synthetic inputs (DLRM)")
+    parser.add_argument("--num-users", type=int, default=50_000, help="synthetic users (TBSM)")
     parser.add_argument("--scale", type=float, default=1.0, help="table sizes = Kaggle's (TBSM's) x scale")
     parser.add_argument("--dim", type=int, default=16, help="embedding dimension")
     parser.add_argument("--batch-size", type=int, default=2048, help="per-rank batch size")
