@@ -150,7 +150,7 @@ def test_bench_interleaved_trains_both_models_in_one_process_in_turns(tmp_path):
 def test_bench_interleaved_trains_tbsm_with_model_tbsm(tmp_path):
     """``--model tbsm`` builds TBSM's models (three tables, users as the data size), as its example does."""
     out = _script("benchmarks/bench_interleaved.py", "--model", "tbsm", "--num-users", "3000", "--scale",
-                  "0.01", "--batch-size", "64", "--world-sizes", "1", "--stretch", "2", "--epochs", "1",
+                  "0.01", "--batch-size", "256", "--world-sizes", "1", "--stretch", "2", "--epochs", "1",
                   "--out", str(tmp_path), "--figures", str(tmp_path))  # fmt: skip
     assert out.startswith("data: TBSM, 3,000 users (synthetic)"), out
     for mode in ("fae", "torchrec"):
@@ -163,9 +163,9 @@ def test_bench_interleaved_trains_tbsm_with_model_tbsm(tmp_path):
 
 def test_bench_interleaved_needs_two_pairs_to_compare(tmp_path):
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_interleaved.py"), *TINY, "--world-sizes", "1",
-         "--stretch", "2", "--epochs", "1", "--warmup-pairs", "1000", "--out", str(tmp_path), "--figures",
-         str(tmp_path)],
+        [sys.executable, str(ROOT / "benchmarks" / "bench_interleaved.py"), *TINY, "--num-samples", "8000",
+         "--world-sizes", "1", "--stretch", "2", "--epochs", "1", "--warmup-pairs", "1000", "--out",
+         str(tmp_path), "--figures", str(tmp_path)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert run.returncode == 2, run.stderr[-2000:]
