@@ -98,7 +98,7 @@ def test_bench_train_two_ranks(tmp_path):
 
 @pytest.mark.slow
 def test_bench_gpu_runs_on_cpu(tmp_path):
-    out = _script("benchmarks/bench_gpu.py", *TINY, "--out", str(tmp_path))
+    out = _script("benchmarks/bench_gpu.py", *TINY, "--num-samples", "12000", "--out", str(tmp_path))
     assert "plan like (a), TorchRec's CPU kernels" in out
     rows = re.findall(
         r"^(FAE|\(a\) torchrec|\(b\) scaleup|\(c\) hbm) +([\d,]+) +([\d.]+)x", out, re.MULTILINE
