@@ -1,7 +1,7 @@
 """The multi-rank test harness: a rank aborted by SIGABRT reruns the group once unless every rank had
 finished; other failures fail."""
 
-import atexit
+import multiprocessing.util
 import os
 from pathlib import Path
 
@@ -21,7 +21,8 @@ def _abort_after_finishing(rank: int, world_size: int, runs: str) -> None:
     with open(runs, "a") as file:
         file.write(f"{rank}\n")
     if rank == 1:
-        atexit.register(os.abort)  # as gloo's abort comes: when the rank tears down
+        # as gloo's abort comes: when the rank's process tears down, after the test returned
+        multiprocessing.util.Finalize(None, os.abort, exitpriority=0)
 
 
 def _always_abort(rank: int, world_size: int) -> None:
