@@ -46,12 +46,13 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common.arguments import fail
-from benchmarks.common.training_data import NUM_USERS, SAMPLE, describe, model_parser, profile_training
+from benchmarks.common.training_data import NUM_USERS, describe, model_parser, profile_training
 from fae_torchrec import AccessProfiler, AccessStats, HotSet, format_bytes, hot_share_curve, parse_bytes
 from fae_torchrec.arguments import byte_size, fraction, int_at_least, positive_int
 from fae_torchrec.data import SampleBlock
 from fae_torchrec.data.source import BlockSource
 from fae_torchrec.data.sources import (
+    PROFILE_SAMPLE,
     add_data_arguments,
     add_taobao_arguments,
     open_source,
@@ -87,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--sample",
         type=fraction,
-        help=f"profiled fraction of the training inputs, below 1 (default {SAMPLE[model]}, FAE's)",
+        help=f"profiled fraction of the training inputs, below 1 (default {PROFILE_SAMPLE[model]}, FAE's)",
     )
     parser.add_argument("--holdout", type=positive_int, default=100_000, help="the profile's holdout inputs")
     parser.add_argument(
@@ -99,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="runs/bench_hot_share", help="bench_hot_share.json goes here")
     parser.add_argument("--figures", default="benchmarks/figures", help="bench_hot_share.png goes here")
     args = parser.parse_args(argv)
-    args.sample = SAMPLE[model] if args.sample is None else args.sample
+    args.sample = PROFILE_SAMPLE[model] if args.sample is None else args.sample
     if args.sample == 1.0:
         parser.error("--sample must be below 1: the estimate and the measure need unprofiled inputs")
     return args

@@ -104,12 +104,12 @@ from benchmarks.common.arguments import count, fail
 from benchmarks.common.cache_model import BatchedKeys, belady_moves, sampled_rows
 from benchmarks.common.id_stream import IdStream, synthetic_stream, taobao_stream
 from benchmarks.common.plan_traffic import Traffic, cache_groups, replay
-from benchmarks.common.training_data import NUM_USERS, SAMPLE, describe, model_parser
+from benchmarks.common.training_data import NUM_USERS, describe, model_parser
 from fae_torchrec import HotSet, format_bytes, hot_share_curve, parse_bytes
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import KAGGLE_INPUTS
 from fae_torchrec.data.source import BlockSource
-from fae_torchrec.data.sources import add_taobao_arguments, open_taobao_source
+from fae_torchrec.data.sources import PROFILE_SAMPLE, add_taobao_arguments, open_taobao_source
 from fae_torchrec.stats.hot_set import COLD
 from planner import FAEShardingPlanner
 from planner.baseline import BaselinePlan, default_planner, dry_run, hbm_planner, scaleup_planner
@@ -601,7 +601,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "--epoch",
             type=count,
             default=KAGGLE_INPUTS,
-            help=f"inputs of an epoch; the profile samples {SAMPLE['dlrm']:.0%}",
+            help=f"inputs of an epoch; the profile samples {PROFILE_SAMPLE['dlrm']:.0%}",
         )
     else:
         add_taobao_arguments(parser, num_users=NUM_USERS, scale=1.0)

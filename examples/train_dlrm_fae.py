@@ -78,7 +78,7 @@ from fae_torchrec.arguments import (
 )
 from fae_torchrec.data import SampleBlock
 from fae_torchrec.data.source import BlockSource
-from fae_torchrec.data.sources import add_data_arguments, default_tables, open_source
+from fae_torchrec.data.sources import PROFILE_SAMPLE, add_data_arguments, default_tables, open_source
 from fae_torchrec.tables import TableLayout
 from fae_torchrec.train.checkpoint import Checkpoints
 from fae_torchrec.train.evaluation import evaluate
@@ -187,7 +187,9 @@ def parse_args(argv: list[str] | None = None, family: ModelFamily = DLRM_FAMILY)
     parser.add_argument("--dim", type=positive_int, default=16, help="embedding dimension")
     parser.add_argument("--batch-size", type=positive_int, default=512, help="per-rank batch size")
     parser.add_argument("--epochs", type=positive_int, default=1)
-    parser.add_argument("--sample", type=fraction, default=0.05, help="profiled fraction of inputs")
+    parser.add_argument(
+        "--sample", type=fraction, default=PROFILE_SAMPLE["dlrm"], help="profiled fraction of inputs"
+    )
     parser.add_argument(
         "--exclude-profiled",
         action="store_true",

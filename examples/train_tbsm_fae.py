@@ -22,7 +22,7 @@ from torch import nn
 from torchrec.models.dlrm import DLRMTrain
 from train_dlrm_fae import BLOCK, ModelFamily, run
 
-from fae_torchrec.data.sources import add_taobao_arguments, open_taobao_source
+from fae_torchrec.data.sources import PROFILE_SAMPLE, add_taobao_arguments, open_taobao_source
 from fae_torchrec.models import TBSM
 
 
@@ -42,7 +42,7 @@ TBSM_FAMILY = ModelFamily(
     sparse_path="model.embedding_bag_collection",
     # label balance and warm-up: without them FAE's hot steps, 60% positive against 40% for the other
     # inputs, cost TBSM accuracy, and can keep it at a constant prediction (BENCHMARKS.md, section 6)
-    defaults={"batch_size": 256, "sample": 0.2, "budget": "2MiB", "balance": 0.5},
+    defaults={"batch_size": 256, "sample": PROFILE_SAMPLE["tbsm"], "budget": "2MiB", "balance": 0.5},
     warmup=0.1,
 )
 

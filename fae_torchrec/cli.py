@@ -7,16 +7,24 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
 import torchrec
 from torchrec.distributed.planner.types import PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from fae_torchrec.arguments import blocking_file, byte_size, fraction, non_negative_int, positive_int
-from fae_torchrec.data.sources import add_data_arguments, open_source
+from fae_torchrec.data.sources import (
+    PROFILE_SAMPLE,
+    add_data_arguments,
+    add_taobao_arguments,
+    model_chooser,
+    open_source,
+    open_taobao_source,
+)
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import HotSet
 from fae_torchrec.stats.hot_share import estimate_hot_share, hot_share_curve
@@ -36,16 +44,27 @@ OPTIMIZERS: dict[str, type[torch.optim.Optimizer] | None] = {
 }
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
+    """The command line; ``profile`` takes the data options of the ``--model`` that ``argv`` names."""
+    chooser, model = model_chooser(argv, default="dlrm")
     parser = argparse.ArgumentParser(prog="fae-torchrec", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     profile = commands.add_parser(
         "profile",
+        parents=[chooser],
         help="count row accesses on a sample, choose the hot set, estimate the hot-input share",
     )
-    add_data_arguments(profile, num_samples=2_000_000, scale=1.0)
+    if model == "tbsm":
+        add_taobao_arguments(profile, num_users=100_000, scale=1.0)
+    else:
+        add_data_arguments(profile, num_samples=2_000_000, scale=1.0)
     profile.add_argument("--dim", type=positive_int, default=16, help="embedding dimension")
-    profile.add_argument("--sample", type=fraction, default=0.05, help="fraction of inputs counted")
+    profile.add_argument(
+        "--sample",
+        type=fraction,
+        default=PROFILE_SAMPLE[model],
+        help=f"fraction of inputs counted (default {PROFILE_SAMPLE[model]}, FAE's for {model})",
+    )
     profile.add_argument("--sample-seed", type=non_negative_int, default=0)
     profile.add_argument(
         "--holdout", type=non_negative_int, default=100_000, help="inputs kept for estimates"
@@ -97,10 +116,9 @@ def profile(args: argparse.Namespace) -> None:
     budget = parse_bytes(args.budget)
     optimizer = OPTIMIZERS[args.optimizer]
     _check_out_file(args.out)
-    data, total = open_source(args, args.batch_size)
-    tables = data.table_configs(args.dim)
+    tables, batches, total = _profiled_batches(args)
     profiler = AccessProfiler(tables, args.sample, args.sample_seed, args.holdout)
-    stats = profiler.profile(data, total=total)
+    stats = profiler.profile(batches, total=total)
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
     stats.save(args.out)
@@ -124,6 +142,19 @@ def profile(args: argparse.Namespace) -> None:
     else:
         print("estimated hot-input share: n/a (no holdout inputs: --holdout 0 or --sample 1)")
     print(f"wrote {', '.join(written)}")
+
+
+def _profiled_batches(args: argparse.Namespace) -> tuple[list[EmbeddingBagConfig], Iterable, int | None]:
+    """The tables, the batches ``profile`` reads and how many there are (None when unknown): every input
+    of Criteo-layout data; the training windows of Taobao-layout data (TBSM's validation users are held
+    out, as ``train_tbsm_fae.py`` holds them out)."""
+    if args.model == "tbsm":
+        source = open_taobao_source(args, args.batch_size)
+        blocks = source.split_blocks(validation=False, every=None, block_size=args.batch_size)
+        batches = (block.to_batch(source.feature_names) for block in blocks)
+        return source.table_configs(args.dim), batches, -(-source.num_train // args.batch_size)
+    data, total = open_source(args, args.batch_size)
+    return data.table_configs(args.dim), data, total
 
 
 def _check_out_file(out: str) -> None:
@@ -183,7 +214,7 @@ def plan(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logger.setLevel(logging.INFO)
-    args = _parser().parse_args(argv)
+    args = _parser(argv).parse_args(argv)
     try:
         {"profile": profile, "plan": plan}[args.command](args)
     except (ValueError, OSError, PlannerError) as error:

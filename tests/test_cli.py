@@ -6,7 +6,9 @@ import pytest
 
 from fae_torchrec import AccessStats
 from fae_torchrec.cli import main
-from tests.conftest import realdata
+from fae_torchrec.data.synthetic_taobao import SyntheticTaobao
+from fae_torchrec.data.taobao import tbsm_feature_names
+from tests.conftest import realdata, taobao_slice
 
 
 def test_profile_synthetic_prints_table_and_writes_stats_and_pictures(tmp_path, capsys):
@@ -33,6 +35,50 @@ def test_profile_real_criteo_tsv(tmp_path, capsys):
     assert sum(int(c.sum()) for c in stats.counts) == 26 * stats.num_sampled
     assert np.count_nonzero(stats.counts[8]) <= 3, "C9 takes 3 values in this sample"
     assert "estimated hot-input share" in capsys.readouterr().out
+
+
+def test_profile_tbsm_counts_the_training_windows_and_plans_them(tmp_path, capsys):
+    """``--model tbsm`` profiles Taobao-layout data as train_tbsm_fae.py does (training windows only,
+    20% of them by default), and ``plan`` plans its three tables from the file."""
+    out = tmp_path / "stats.npz"
+    main(["profile", "--model", "tbsm", "--num-users", "3000", "--scale", "0.01", "--budget", "16KiB",
+          "--out", str(out)])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert all(f"\nt_{table} " in printed for table in ("user", "item", "category")), printed
+    assert "estimated hot-input share:" in printed
+    stats = AccessStats.load(out)
+    source = SyntheticTaobao(3000, scale=0.01)
+    assert stats.num_inputs == source.num_train and 0.17 < stats.num_sampled / stats.num_inputs < 0.23
+    assert [config.feature_names for config in stats.tables] == [
+        [name for name in tbsm_feature_names() if name.startswith(table)]
+        for table in ("user", "item", "category")
+    ]
+    main(["plan", "--stats", str(out), "--world-size", "2", "--hbm-cap", "16MiB", "--batch-size", "256"])
+    planned = capsys.readouterr().out
+    assert "\nt_item " in planned and "predicted step ratio, TorchRec default / FAE:" in planned, planned
+
+
+def test_profile_tbsm_reads_the_real_taobao_slice(tmp_path):
+    out = tmp_path / "stats.npz"
+    main(["profile", "--model", "tbsm", "--data", "taobao-csv", str(taobao_slice()), "--out", str(out)])
+    stats = AccessStats.load(out)
+    assert stats.num_inputs == 26_630, "the training windows of the slice (test_taobao.py)"
+    assert [config.num_embeddings for config in stats.tables] == [66_455, 84_794, 3_914]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "tbsm", "--num-samples", "10"], "unrecognized arguments: --num-samples 10"),
+        (["--model", "tbsm", "--data", "criteo-tsv", "x"], "unknown kind 'criteo-tsv'"),
+        (["--model", "wdl"], "argument --model: invalid choice: 'wdl'"),
+    ],
+)
+def test_bad_model_options_are_reported(tmp_path, capsys, caplog, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["profile", "--num-users", "10", "--out", str(tmp_path / "s.npz"), *args])
+    assert exit_info.value.code == 2
+    assert message in caplog.text + capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -27,10 +27,11 @@ import numpy as np
 from tqdm import tqdm
 
 from benchmarks.common.cache_model import sampled_rows
-from benchmarks.common.training_data import SAMPLE, profile_training
+from benchmarks.common.training_data import profile_training
 from fae_torchrec import AccessProfiler, AccessStats, HotSet
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES, KAGGLE_INPUTS
+from fae_torchrec.data.sources import PROFILE_SAMPLE
 from fae_torchrec.data.synthetic import CHUNK_SIZE
 from fae_torchrec.data.taobao import TaobaoSource
 from fae_torchrec.seeds import generator
@@ -89,9 +90,9 @@ def synthetic_stream(
     holdout_size: int = 100_000,
 ) -> IdStream:
     """The first ``num_inputs`` inputs of the synthetic data set of ``scale`` and ``seed``, row-sampled,
-    profiled as FAE does on the chunks after them: ``SAMPLE["dlrm"] x epoch`` sampled inputs and a
-    holdout of ``holdout_size`` others."""
-    sampled = max(round(SAMPLE["dlrm"] * epoch), 1)
+    profiled as FAE does on the chunks after them: ``PROFILE_SAMPLE["dlrm"] x epoch`` sampled inputs
+    and a holdout of ``holdout_size`` others."""
+    sampled = max(round(PROFILE_SAMPLE["dlrm"] * epoch), 1)
     replay_chunks = -(-num_inputs // CHUNK_SIZE)
     first = replay_chunks * CHUNK_SIZE
     profiled = range(first, first + sampled + holdout_size)
@@ -109,10 +110,11 @@ def taobao_stream(
     source: TaobaoSource, num_inputs: int, *, seed: int = 0, sampling: int = 1, holdout_size: int = 20_000
 ) -> IdStream:
     """The first ``num_inputs`` training inputs of ``source`` that FAE's profile does not read, in
-    training order, row-sampled. The profile samples ``SAMPLE["tbsm"]`` of the training inputs and holds
-    out ``holdout_size`` others, drawn at random here (the profiler's own holdout does not say which
-    inputs it holds, and the stream leaves them out). Raises ``ValueError`` when fewer inputs are left."""
-    profiler = AccessProfiler(source.table_configs(), SAMPLE["tbsm"], seed, holdout_size=0)
+    training order, row-sampled. The profile samples ``PROFILE_SAMPLE["tbsm"]`` of the training inputs
+    and holds out ``holdout_size`` others, drawn at random here (the profiler's own holdout does not say
+    which inputs it holds, and the stream leaves them out). Raises ``ValueError`` when fewer inputs are
+    left."""
+    profiler = AccessProfiler(source.table_configs(), PROFILE_SAMPLE["tbsm"], seed, holdout_size=0)
     blocks = source.split_blocks(False, None, CHUNK_SIZE)
     stats, unprofiled, sampled = profile_training(profiler, blocks, source.feature_names)
     others = np.flatnonzero(~sampled)

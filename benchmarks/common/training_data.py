@@ -13,9 +13,8 @@ from tqdm import tqdm
 from fae_torchrec import AccessProfiler, AccessStats
 from fae_torchrec.data import SampleBlock
 from fae_torchrec.data.source import BlockSource
+from fae_torchrec.data.sources import model_chooser
 
-#: FAE's profiled fraction of the training inputs per model (the examples' ``--sample`` defaults).
-SAMPLE = {"tbsm": 0.2, "dlrm": 0.05}
 #: Synthetic TBSM users by default (``bench_train.py``'s default).
 NUM_USERS = 50_000
 
@@ -23,14 +22,9 @@ NUM_USERS = 50_000
 def model_parser(
     argv: list[str] | None, description: str, default: str
 ) -> tuple[argparse.ArgumentParser, str]:
-    """A parser with ``--model`` (``default`` when ``argv`` names none), and the model ``argv`` names: the
-    caller adds that model's data options (TBSM's and DLRM's share names such as ``--scale``, so one
-    parser cannot hold both)."""
-    chooser = argparse.ArgumentParser(add_help=False)
-    chooser.add_argument(
-        "--model", choices=sorted(SAMPLE), default=default, help="whose data (its data options follow)"
-    )
-    model = chooser.parse_known_args(argv)[0].model
+    """A parser with ``--model`` and the model ``argv`` names (``model_chooser``): the caller adds that
+    model's data options."""
+    chooser, model = model_chooser(argv, default)
     return argparse.ArgumentParser(description=description, parents=[chooser]), model
 
 

@@ -31,10 +31,28 @@ from fae_torchrec.data.taobao import (
 )
 from fae_torchrec.data.taobao_csv import TaobaoCsvReader
 
+#: FAE's profiled fraction of the training inputs, per model whose data a command line reads (DLRM's
+#: Criteo layout, TBSM's Taobao layout): the ``--sample`` defaults of the examples and of ``profile``.
+PROFILE_SAMPLE = {"dlrm": 0.05, "tbsm": 0.2}
 DATA_KINDS = ("synthetic", "criteo-tsv", "criteo-npy")
 TAOBAO_DATA_KINDS = ("synthetic", "taobao-csv")
 #: A Criteo Terabyte day as Criteo names it: ``day_0`` .. ``day_23`` (an npy prefix or a TSV file).
 _TERABYTE_DAY = re.compile(r"^day_\d+$")
+
+
+def model_chooser(argv: Sequence[str] | None, default: str) -> tuple[argparse.ArgumentParser, str]:
+    """A parent parser with ``--model`` (one of ``PROFILE_SAMPLE``'s) and the model ``argv`` names,
+    ``default`` when none: the caller adds that model's data options (``add_data_arguments`` or
+    ``add_taobao_arguments``, which share names such as ``--scale``, so one parser cannot hold both)."""
+    chooser = argparse.ArgumentParser(add_help=False)
+    chooser.add_argument(
+        "--model",
+        choices=sorted(PROFILE_SAMPLE),
+        default=default,
+        help=f"whose data: dlrm (Criteo layout) or tbsm (Taobao layout); its data options follow (default "
+        f"{default})",
+    )
+    return chooser, chooser.parse_known_args(argv)[0].model
 
 
 def add_data_arguments(parser: argparse.ArgumentParser, num_samples: int, scale: float) -> None:
