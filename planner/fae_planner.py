@@ -18,8 +18,10 @@ optimizer state counts in the storage estimates; the knob's own candidate module
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
+from collections.abc import Iterator
 from copy import deepcopy
 
 import numpy as np
@@ -94,7 +96,7 @@ class FAEShardingPlanner(ShardingPlanner):
         self.num_candidates = num_candidates
         self.report: FAEPlanReport | None = None
         #: Seconds of each run of TorchRec's planner so far, failed ones included (the knob runs it
-        #: once to three times per budget): where planning time goes.
+        #: once or more per budget): where planning time goes.
         self.torchrec_runs: list[float] = []
         self._ranking = stats.ranking(optimizer_class)
 
@@ -170,22 +172,19 @@ class FAEShardingPlanner(ShardingPlanner):
     ) -> tuple[ShardingPlan, FAEPlanReport]:
         """The plan of ``module`` split by ``hot_set``, and its report.
 
-        Whole cold parts in HBM are tried first; they may not pack onto the ranks, then caches only,
-        then caches or UVM without a cache. Without hot rows TorchRec's own choice of kernels,
-        sharding types and caches is a candidate too, and the faster of the plans is kept: so the
-        knob, which always tries the empty hot set, finds a plan wherever TorchRec's planner does,
-        and never predicts a slower one.
+        The cold parts are sized as ``_cold_sizings`` says, in turn, until TorchRec places them. Without
+        hot rows TorchRec's own choice of kernels, sharding types and caches is a candidate too, and the
+        faster of the plans is kept: so the knob, which always tries the empty hot set, finds a plan
+        wherever TorchRec's planner does, and never predicts a slower one.
         """
         world = self.topology.world_size
         pooling = step_pooling(self.stats, hot_set)
         caches = cold_cache_statistics(self.stats, hot_set, self.batch_size * world, pooling)
         memory = self.device_memory(module)
         cache_budget = CACHE_SHARE * max(float(memory.sum()) - hot_set.hot_bytes(self.optimizer_class), 0.0)
-        attempts = [self._load_factors(hot_set, cache_budget, caches, whole) for whole in (True, False)]
         device = self.topology.compute_device
-        tries = [(attempts[0], False), (attempts[1], False), (attempts[1], True)]
         candidates = []
-        for load_factors, uncached in tries[1:] if attempts[0] == attempts[1] else tries:
+        for load_factors, uncached in self._cold_sizings(hot_set, cache_budget, caches):
             sized = {name: (load_factors[name], cache) for name, cache in caches.items()}
             constraints = fae_constraints(
                 self.stats, hot_set, device, sized, self.constraints, uncached, pooling=pooling
@@ -282,6 +281,27 @@ class FAEShardingPlanner(ShardingPlanner):
             priced.append(option)
         enumerator.populate_estimates(priced)
         return RankTotals.of(priced, self.topology.world_size).step
+
+    def _cold_sizings(
+        self, hot_set: HotSet, cache_budget: float, caches: dict
+    ) -> Iterator[tuple[dict[str, float], bool]]:
+        """The cold parts' load factors to plan with in turn, and whether a part may also go without a
+        cache (``fused_uvm``): whole cold parts in HBM where the budget pays for them (they may not pack
+        onto the ranks); caches only, sized from the whole cache budget, then from 3/4 of it and on by
+        halves until every cache is at its floor (TorchRec's storage estimates add input and output
+        buffers that the sizing does not count, and a small cache that fits beats none); last, the first
+        caches or UVM without a cache. A sizing equal to the one before it is not tried again."""
+        whole = self._load_factors(hot_set, cache_budget, caches, whole_parts=True)
+        yield whole, False
+        first = previous = None
+        for share in itertools.chain([1.0, 0.75], (0.5**k for k in itertools.count(1))):
+            load_factors = self._load_factors(hot_set, share * cache_budget, caches, whole_parts=False)
+            if load_factors == previous:
+                break
+            first, previous = load_factors if first is None else first, load_factors
+            if load_factors != whole:
+                yield load_factors, False
+        yield first, True
 
     def _load_factors(
         self, hot_set: HotSet, cache_budget: float, caches: dict, whole_parts: bool

@@ -107,21 +107,41 @@ def test_fae_plans_wherever_torchrec_does(kaggle_stats, world_size, hbm_cap, dim
         assert knob.report.step <= planner.report.step * (1 + 1e-6)
 
 
+@pytest.fixture(scope="module")
+def tbsm_stats():
+    """Statistics of synthetic Taobao-like data (three tables read by 21 features each, 16 MiB)."""
+    data = SyntheticTaobao(5000, batch_size=4096, scale=0.05, seed=0)
+    return AccessProfiler(data.table_configs(16), 0.2, seed=0, holdout_size=2000).profile(data)
+
+
 @pytest.mark.parametrize("world_size", [1, 4])
-def test_tables_read_by_many_features_are_priced_for_every_feature(world_size):
+def test_tables_read_by_many_features_are_priced_for_every_feature(tbsm_stats, world_size):
     """TorchRec prices a table without pooling factors as one feature, and TBSM's tables are read by
     21 features each: the default planner is told one pooling factor per feature, so FAE with no hot
-    rows (TorchRec's own choice of kernels) plans what it plans and predicts the same step."""
-    data = SyntheticTaobao(5000, batch_size=4096, scale=0.05, seed=0)
-    tables = data.table_configs(16)
-    stats = AccessProfiler(tables, 0.2, seed=0, holdout_size=2000).profile(data)
+    rows, whose candidates include TorchRec's own choice of kernels, predicts no slower a step than it
+    (priced as one feature, the default's step would be a 21st of FAE's)."""
+    tables = tbsm_stats.tables
     topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=8 << 20)  # model: 16 MiB
     default = dry_run(default_planner(topology, 256, tables=tables), tables)
     assert [len(option.input_lengths) for option in default.options] == [21, 21, 21]
     assert default.kernels[EmbeddingComputeKernel.FUSED.value] < 3, "some table lives outside HBM"
-    planner = FAEShardingPlanner(topology, stats, batch_size=256, hot_budget_bytes=0)
+    planner = FAEShardingPlanner(topology, tbsm_stats, batch_size=256, hot_budget_bytes=0)
     planner.plan(planner.meta_module(planner.choose_hot_set()), get_default_sharders())
-    assert planner.report.step == pytest.approx(default.totals.step, rel=1e-6)
+    assert planner.report.step <= default.totals.step * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_caches_shrink_until_they_fit_before_a_cold_part_goes_without_one(tbsm_stats, world_size):
+    """TorchRec's storage estimates add buffers that the cache sizing does not count (21 features per
+    table here), so caches sized from the whole budget may not place. The knob then sizes them from
+    less, and keeps every cold part cached; it used to leave the item table in UVM without a cache."""
+    topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=8 << 20)
+    planner = FAEShardingPlanner(topology, tbsm_stats, batch_size=256)
+    plan = planner.plan(planner.meta_module(planner.choose_hot_set()), get_default_sharders())
+    kernels = {name: option.compute_kernel for name, option in plan.plan["cold"].items()}
+    assert EmbeddingComputeKernel.FUSED_UVM.value not in kernels.values(), kernels
+    assert kernels["t_item_cold"] == EmbeddingComputeKernel.FUSED_UVM_CACHING.value, "the largest table"
+    assert all(0 < option.cache_params.load_factor < 1 for option in plan.plan["cold"].values()), plan
 
 
 def test_cpu_topology_uses_cpu_kernels():
