@@ -2,8 +2,9 @@
 
 Hot tables may use HBM kernels only (``fused``, or ``dense`` where TorchRec picks data-parallel); cold
 tables use ``fused_uvm_caching`` with ``CacheParams`` (a load factor and ``AccessCacheStatistics``), or
-the HBM kernels where their load factor is 1 (the whole cold part fits in device memory), and when
-no sizing of the caches can be placed, ``fused_uvm`` (no cache) too. On a
+the HBM kernels where their load factor is 1 (the whole cold part fits in device memory), and in a
+plan of its own where only caches smaller than the budget pays for can be placed, or none,
+``fused_uvm`` (no cache) too. On a
 CPU topology both parts get TorchRec's CPU kernels and sharding types, so plans execute here. The
 sharding type of every part table is left to TorchRec's cost model unless the user constrains it.
 TorchRec plans one sharding for both kinds of step, so each part's pooling factor is the ids it looks

@@ -18,7 +18,6 @@ optimizer state counts in the storage estimates; the knob's own candidate module
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -50,6 +49,9 @@ logger = logging.getLogger(__name__)
 RESERVED_PERCENTAGE = 0.15
 #: Share of the memory left for embeddings that the cold caches may take (headroom for rounding).
 CACHE_SHARE = 0.9
+#: Shares of that cache budget the caches are sized from when TorchRec cannot place them at the whole
+#: (its storage estimates add buffers that the sizing does not count); a bounded number of plans.
+SMALLER_CACHE_SHARES = (0.75, 0.5, 0.25, 0.125, 0.0625, 0.03125)
 
 
 class FAEShardingPlanner(ShardingPlanner):
@@ -172,10 +174,12 @@ class FAEShardingPlanner(ShardingPlanner):
     ) -> tuple[ShardingPlan, FAEPlanReport]:
         """The plan of ``module`` split by ``hot_set``, and its report.
 
-        The cold parts are sized as ``_cold_sizings`` says, in turn, until TorchRec places them. Without
-        hot rows TorchRec's own choice of kernels, sharding types and caches is a candidate too, and the
-        faster of the plans is kept: so the knob, which always tries the empty hot set, finds a plan
-        wherever TorchRec's planner does, and never predicts a slower one.
+        The cold parts are sized as ``_cache_sizings`` says, in turn, until TorchRec places them. When
+        none places, or only caches smaller than the budget pays for, cold parts may also live in UVM
+        without a cache (``fused_uvm``), in a plan of its own. Without hot rows TorchRec's own choice of
+        kernels, sharding types and caches is a candidate too. Of the plans placed, the one TorchRec's
+        perf model prices fastest is kept: so the knob, which always tries the empty hot set, finds a
+        plan wherever TorchRec's planner does, and never predicts a slower one.
         """
         world = self.topology.world_size
         pooling = step_pooling(self.stats, hot_set)
@@ -183,27 +187,33 @@ class FAEShardingPlanner(ShardingPlanner):
         memory = self.device_memory(module)
         cache_budget = CACHE_SHARE * max(float(memory.sum()) - hot_set.hot_bytes(self.optimizer_class), 0.0)
         device = self.topology.compute_device
-        candidates = []
-        for load_factors, uncached in self._cold_sizings(hot_set, cache_budget, caches):
-            sized = {name: (load_factors[name], cache) for name, cache in caches.items()}
-            constraints = fae_constraints(
-                self.stats, hot_set, device, sized, self.constraints, uncached, pooling=pooling
+        candidates, failures = [], []
+
+        def constraints(load_factors: dict[str, float], **options: bool) -> dict[str, ParameterConstraints]:
+            sized = {name: (load_factors.get(name), cache) for name, cache in caches.items()}
+            return fae_constraints(
+                self.stats, hot_set, device, sized, self.constraints, pooling=pooling, **options
             )
+
+        def place(load_factors: dict[str, float], **options: bool) -> bool:
+            """Whether TorchRec places the parts with these cold sizes (the plan becomes a candidate)."""
             try:
-                candidates.append((*self._torchrec_plan(module, sharders, constraints), load_factors))
-                break
+                planned = self._torchrec_plan(module, sharders, constraints(load_factors, **options))
             except PlannerError as error:
-                failure = error
+                failures.append(error)
+                return False
+            candidates.append((*planned, load_factors))
+            return True
+
+        full = self._load_factors(hot_set, cache_budget, caches, whole_parts=False)
+        sizings = self._cache_sizings(hot_set, cache_budget, caches, full)
+        if next((smaller for load_factors, smaller in sizings if place(load_factors)), True):
+            place(full, uncached=True)
         if not hot_set.total_hot:
-            own = fae_constraints(
-                self.stats, hot_set, device, {}, self.constraints, torchrec_choice=True, pooling=pooling
-            )
-            try:
-                candidates.append((*self._torchrec_plan(module, sharders, own), {}))
-            except PlannerError as error:
-                failure = error
+            place({}, torchrec_choice=True)
         if not candidates:
-            needed = self._smallest_storage(module, sharders, constraints)
+            failure = failures[-1]
+            needed = self._smallest_storage(module, sharders, constraints(full, uncached=True))
             raise PlannerError(
                 self._too_small_message(needed, float(memory.sum()), failure), failure.error_type
             ) from failure
@@ -282,26 +292,26 @@ class FAEShardingPlanner(ShardingPlanner):
         enumerator.populate_estimates(priced)
         return RankTotals.of(priced, self.topology.world_size).step
 
-    def _cold_sizings(
-        self, hot_set: HotSet, cache_budget: float, caches: dict
+    def _cache_sizings(
+        self, hot_set: HotSet, cache_budget: float, caches: dict, full: dict[str, float]
     ) -> Iterator[tuple[dict[str, float], bool]]:
-        """The cold parts' load factors to plan with in turn, and whether a part may also go without a
-        cache (``fused_uvm``): whole cold parts in HBM where the budget pays for them (they may not pack
-        onto the ranks); caches only, sized from the whole cache budget, then from 3/4 of it and on by
-        halves until every cache is at its floor (TorchRec's storage estimates add input and output
-        buffers that the sizing does not count, and a small cache that fits beats none); last, the first
-        caches or UVM without a cache. A sizing equal to the one before it is not tried again."""
+        """The cold parts' load factors to plan with in turn, each once, and whether their caches are
+        smaller than the budget pays for: whole cold parts in HBM where the budget pays for them (they
+        may not pack onto the ranks); caches only (``full``, sized from the whole cache budget); then
+        caches sized from ``SMALLER_CACHE_SHARES`` of it until every cache is at its floor (TorchRec's
+        storage estimates add input and output buffers that the sizing does not count, and a small cache
+        that fits beats none)."""
         whole = self._load_factors(hot_set, cache_budget, caches, whole_parts=True)
         yield whole, False
-        first = previous = None
-        for share in itertools.chain([1.0, 0.75], (0.5**k for k in itertools.count(1))):
+        if full != whole:
+            yield full, False
+        previous = full
+        for share in SMALLER_CACHE_SHARES:
             load_factors = self._load_factors(hot_set, share * cache_budget, caches, whole_parts=False)
             if load_factors == previous:
-                break
-            first, previous = load_factors if first is None else first, load_factors
-            if load_factors != whole:
-                yield load_factors, False
-        yield first, True
+                return
+            previous = load_factors
+            yield load_factors, True
 
     def _load_factors(
         self, hot_set: HotSet, cache_budget: float, caches: dict, whole_parts: bool
