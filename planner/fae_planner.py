@@ -49,8 +49,8 @@ logger = logging.getLogger(__name__)
 RESERVED_PERCENTAGE = 0.15
 #: Share of the memory left for embeddings that the cold caches may take (headroom for rounding).
 CACHE_SHARE = 0.9
-#: Shares of that cache budget the caches are sized from when TorchRec cannot place them at the whole
-#: (its storage estimates add buffers that the sizing does not count); a bounded number of plans.
+#: Shares of that cache budget the caches are sized from when TorchRec cannot place the caches sized from
+#: all of it (its storage estimates add buffers that the sizing does not count); a bounded number of plans.
 SMALLER_CACHE_SHARES = (0.75, 0.5, 0.25, 0.125, 0.0625, 0.03125)
 
 

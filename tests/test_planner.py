@@ -114,12 +114,13 @@ def tbsm_stats():
     return AccessProfiler(data.table_configs(16), 0.2, seed=0, holdout_size=2000).profile(data)
 
 
-@pytest.mark.parametrize("world_size", [1, 4])
-def test_tables_read_by_many_features_are_priced_for_every_feature(tbsm_stats, world_size):
+@pytest.mark.parametrize(("world_size", "torchrec_choice"), [(1, False), (4, True)])
+def test_tables_read_by_many_features_are_priced_for_every_feature(tbsm_stats, world_size, torchrec_choice):
     """TorchRec prices a table without pooling factors as one feature, and TBSM's tables are read by
-    21 features each: the default planner is told one pooling factor per feature, so FAE with no hot
-    rows, whose candidates include TorchRec's own choice of kernels, predicts no slower a step than it
-    (priced as one feature, the default's step would be a 21st of FAE's)."""
+    21 features each: the default planner is told one pooling factor per feature, so where FAE with no
+    hot rows keeps TorchRec's own choice of kernels (4 GPUs: none of FAE's cache sizings places) it
+    predicts the default's step, and where FAE's own smaller caches place (1 GPU) a shorter one (priced
+    as one feature, either step would be a 21st of the other)."""
     tables = tbsm_stats.tables
     topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=8 << 20)  # model: 16 MiB
     default = dry_run(default_planner(topology, 256, tables=tables), tables)
@@ -127,7 +128,10 @@ def test_tables_read_by_many_features_are_priced_for_every_feature(tbsm_stats, w
     assert default.kernels[EmbeddingComputeKernel.FUSED.value] < 3, "some table lives outside HBM"
     planner = FAEShardingPlanner(topology, tbsm_stats, batch_size=256, hot_budget_bytes=0)
     planner.plan(planner.meta_module(planner.choose_hot_set()), get_default_sharders())
-    assert planner.report.step <= default.totals.step * (1 + 1e-6)
+    if torchrec_choice:
+        assert planner.report.step == pytest.approx(default.totals.step, rel=1e-6)
+    else:
+        assert default.totals.step / 21 < planner.report.step < default.totals.step
 
 
 @pytest.mark.parametrize("world_size", [1, 4])
