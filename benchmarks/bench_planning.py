@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 from torchrec.distributed.sharding_plan import get_default_sharders
 
-from benchmarks.common.arguments import count
 from fae_torchrec import AccessProfiler, format_bytes, parse_bytes
+from fae_torchrec.arguments import positive_int
 from fae_torchrec.data import SyntheticCriteo
 from planner import FAEShardingPlanner, torchrec_default_plan
 
@@ -41,7 +41,7 @@ def timed(work: Callable[[], object]) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--num-samples", type=count, default="2M", help="synthetic inputs profiled (5%% sampled)"
+        "--num-samples", type=positive_int, default="2M", help="synthetic inputs profiled (5%% sampled)"
     )
     parser.add_argument("--scale", type=float, default=1.0, help="table sizes = Kaggle's x scale")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[8, 32, 128])
@@ -66,7 +66,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{'TorchRec default wall s':>23} {'CPU s':>7} | {'FAE/TorchRec wall':>17}"
     )
     for world_size in args.world_sizes:
-        topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=args.hbm_cap)
+        topology = TopologyFactory.create_topology(
+            TrainerConfig(world_size=world_size, hbm_cap_bytes=args.hbm_cap),
+            kernel_config=KernelConfig(compute_device="cuda"),
+        )
         fae = FAEShardingPlanner(topology, stats, batch_size=args.batch_size, num_candidates=args.candidates)
         fae_wall, fae_cpu = timed(
             lambda fae=fae: fae.plan(fae.meta_module(fae.choose_hot_set()), get_default_sharders())

@@ -95,17 +95,24 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torchrec.distributed.planner import EmbeddingShardingPlanner
-from torchrec.distributed.planner.types import PlannerError, Topology
+from torchrec.distributed.planner.types import (
+    KernelConfig,
+    PlannerError,
+    Topology,
+    TopologyFactory,
+    TrainerConfig,
+)
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import CacheAlgorithm
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from benchmarks.common.arguments import count, fail
+from benchmarks.common.arguments import fail
 from benchmarks.common.cache_model import BatchedKeys, belady_moves, sampled_rows
 from benchmarks.common.id_stream import IdStream, synthetic_stream, taobao_stream
 from benchmarks.common.plan_traffic import Traffic, cache_groups, replay
 from benchmarks.common.training_data import NUM_USERS, describe, model_parser
 from fae_torchrec import HotSet, format_bytes, hot_share_curve, parse_bytes
+from fae_torchrec.arguments import non_negative_int, positive_int
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import KAGGLE_INPUTS
 from fae_torchrec.data.source import BlockSource
@@ -196,6 +203,14 @@ class Point:
         return self.step if model == "perf" else {p: self.traffic_step(p, PCIE[model]) for p in PLANS}
 
 
+def cuda_topology(world_size: int, hbm_cap: int) -> Topology:
+    """``world_size`` GPUs of ``hbm_cap`` bytes each (TorchRec's defaults otherwise)."""
+    return TopologyFactory.create_topology(
+        TrainerConfig(world_size=world_size, hbm_cap_bytes=hbm_cap),
+        kernel_config=KernelConfig(compute_device="cuda"),
+    )
+
+
 class FixedPlans:
     """TorchRec's plans that do not depend on the statistics, made once: (a) per grid point and (c)
     per embedding dim and GPUs."""
@@ -206,7 +221,7 @@ class FixedPlans:
         self.plans: dict[tuple, BaselinePlan] = {}
 
     def default(self, dim: int, world_size: int, hbm_cap: int) -> BaselinePlan:
-        topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=hbm_cap)
+        topology = cuda_topology(world_size, hbm_cap)
         return self._made(
             ("a", dim, world_size, hbm_cap),
             default_planner(topology, self.batch_size, tables=self.tables(dim)),
@@ -214,7 +229,7 @@ class FixedPlans:
         )
 
     def hbm(self, dim: int, world_size: int) -> BaselinePlan:
-        topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=UNLIMITED_HBM)
+        topology = cuda_topology(world_size, UNLIMITED_HBM)
         planner = hbm_planner(topology, self.tables(dim), self.batch_size)
         return self._made(("c", dim, world_size), planner, dim)
 
@@ -236,7 +251,7 @@ def measure_point(
     """Plan every way at one grid point and replay the stream through the plans' caches: one Point
     per length, counting that many inputs after the warm-up (all from one replay)."""
     stats = stream.stats.with_embedding_dim(dim)
-    topology = Topology(world_size=world_size, compute_device="cuda", hbm_cap=hbm_cap)
+    topology = cuda_topology(world_size, hbm_cap)
     batch = args.batch_size
     fae = FAEShardingPlanner(topology, stats, batch_size=batch, num_candidates=args.knob_candidates)
     hot_set = fae.choose_hot_set()
@@ -589,28 +604,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     default = DEFAULTS[model]
     parser.add_argument(
         "--num-samples",
-        type=count,
+        type=positive_int,
         default=default["num_samples"],
         help="inputs counted after the warm-up (e.g. 16M)",
     )
     parser.add_argument(
-        "--warmup", type=count, default=default["warmup"], help="inputs that warm the caches first"
+        "--warmup", type=non_negative_int, default=default["warmup"], help="inputs that warm the caches first"
     )
     if model == "dlrm":
         parser.add_argument(
             "--epoch",
-            type=count,
+            type=positive_int,
             default=KAGGLE_INPUTS,
             help=f"inputs of an epoch; the profile samples {PROFILE_SAMPLE['dlrm']:.0%}",
         )
     else:
         add_taobao_arguments(parser, num_users=NUM_USERS, scale=1.0)
         parser.add_argument(
-            "--holdout", type=count, default="20k", help="the profile's holdout, out of the unsampled inputs"
+            "--holdout",
+            type=positive_int,
+            default="20k",
+            help="the profile's holdout, out of the unsampled inputs",
         )
     parser.add_argument(
         "--convergence-lengths",
-        type=count,
+        type=positive_int,
         nargs="*",
         default=default["convergence_lengths"],
         help="inputs counted at the convergence points (twice --num-samples checks the default)",
@@ -640,7 +658,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/figures"))
     args = parser.parse_args(argv)
     args.caps = [parse_bytes(c) if isinstance(c, str) else c for c in args.caps]
-    args.convergence_lengths = [count(x) if isinstance(x, str) else x for x in args.convergence_lengths]
+    args.convergence_lengths = [
+        positive_int(x) if isinstance(x, str) else x for x in args.convergence_lengths
+    ]
     args.convergence_points = [_grid_point(x) if isinstance(x, str) else x for x in args.convergence_points]
     if args.belady_sampling % args.sampling:
         parser.error("--belady-sampling must be a multiple of --sampling")

@@ -49,7 +49,13 @@ import torchrec
 from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
+from torchrec.distributed.planner.types import (
+    KernelConfig,
+    ParameterConstraints,
+    PlannerError,
+    TopologyFactory,
+    TrainerConfig,
+)
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.train_pipeline import PrefetchTrainPipelineSparseDist, TrainPipelineSparseDist
 from torchrec.distributed.types import CacheParams, ShardingPlan, ShardingPlanner
@@ -666,7 +672,10 @@ def _planner(
     ``prefetch`` every UVM cache is planned for TorchRec's prefetch pipeline."""
     if mode == "hbm" and device.type == "cuda":
         hbm_cap = torch.cuda.get_device_properties(device).total_memory
-    topology = Topology(world_size=world, compute_device=device.type, hbm_cap=hbm_cap)
+    topology = TopologyFactory.create_topology(
+        TrainerConfig(world_size=world, hbm_cap_bytes=hbm_cap),
+        kernel_config=KernelConfig(compute_device=device.type),
+    )
     pipelined = ParameterConstraints(cache_params=CacheParams(prefetch_pipeline=True))
     constraints = {t.name: pipelined for t in stats.tables} if prefetch else None
     if mode == "fae":

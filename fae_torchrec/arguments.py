@@ -8,12 +8,20 @@ from pathlib import Path
 
 from fae_torchrec.units import parse_bytes
 
+#: Suffixes an integer may carry, as in ``--num-samples 2M`` or ``--holdout 100k``.
+SUFFIXES = {"k": 10**3, "m": 10**6}
+
 
 def _integer(text: str) -> int:
+    """``text`` as an integer: ``4000000``, ``4M``, ``500k`` or ``1.5k``."""
+    scale = SUFFIXES.get(text[-1:].lower())
     try:
-        return int(text)
+        value = float(text[:-1]) * scale if scale else int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        value = math.nan
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
+    return int(value)
 
 
 def _finite(text: str) -> float:

@@ -7,12 +7,14 @@ import logging
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 import torchrec
-from torchrec.distributed.planner.types import PlannerError, Topology
+from torchrec.distributed.planner.types import KernelConfig, PlannerError, TopologyFactory, TrainerConfig
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
@@ -169,13 +171,29 @@ def _check_out_file(out: str) -> None:
         raise ValueError(f"--out {out}: {blocker} is a file, not a directory")
 
 
+def _quiet_torchrec() -> None:
+    """Keep TorchRec's warnings off the terminal, its errors on: FAE runs TorchRec's planner once or more
+    per budget it tries, and every run repeats dry-run notices a user cannot act on (the storage
+    reservation FAE keeps on purpose, a dense size unknown in a dry run, no sharding spec for
+    data-parallel tables, which TorchRec logs on the root logger)."""
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    logging.getLogger().addFilter(
+        lambda record: record.levelno >= logging.ERROR or "torchrec" not in Path(record.pathname).parts
+    )
+    warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
+
+
 def plan(args: argparse.Namespace) -> None:
     from planner import FAEShardingPlanner, torchrec_default_plan
 
     stats = AccessStats.load(args.stats)
     if args.dim is not None:
         stats = stats.with_embedding_dim(args.dim)
-    topology = Topology(world_size=args.world_size, compute_device="cuda", hbm_cap=parse_bytes(args.hbm_cap))
+    _quiet_torchrec()
+    topology = TopologyFactory.create_topology(
+        TrainerConfig(world_size=args.world_size, hbm_cap_bytes=parse_bytes(args.hbm_cap)),
+        kernel_config=KernelConfig(compute_device="cuda"),
+    )
     start = time.perf_counter()
     try:
         planner = FAEShardingPlanner(

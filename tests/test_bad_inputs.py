@@ -48,6 +48,8 @@ def _exits_2(argv, capsys, caplog) -> str:
         (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got 0"),
         (["--num-samples", "0"], "argument --num-samples: must be a positive integer, got 0"),
         (["--num-samples", "ten"], "argument --num-samples: not an integer: 'ten'"),
+        (["--num-samples", "1.0001k"], "argument --num-samples: not an integer: '1.0001k'"),
+        (["--holdout", "2.5"], "argument --holdout: not an integer: '2.5'"),
         (["--dim", "-4"], "argument --dim: must be a positive integer, got -4"),
         (["--sample", "1.5"], "argument --sample: must be in (0, 1], got 1.5"),
         (["--sample", "nan"], "argument --sample: not a finite number: 'nan'"),
@@ -70,6 +72,14 @@ def test_bad_profile_options_name_the_option(tmp_path, capsys, caplog, args, mes
     out = tmp_path / "s.npz"
     assert message in _exits_2(["profile", "--num-samples", "10", "--out", str(out), *args], capsys, caplog)
     assert not out.exists()
+
+
+def test_counts_take_k_and_m_suffixes(tmp_path, capsys):
+    """``--num-samples 1.5k`` and ``--holdout 0.5K`` are 1,500 and 500 inputs, as the benchmarks take them."""
+    out = tmp_path / "s.npz"
+    main(["profile", "--num-samples", "1.5k", "--holdout", "0.5K", "--scale", "0.001", "--out", str(out)])
+    stats = AccessStats.load(out)
+    assert stats.num_inputs == 1500 and len(stats.holdout) == 500
 
 
 def test_profile_out_that_is_a_directory_or_under_a_file(tmp_path, capsys, caplog):

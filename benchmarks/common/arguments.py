@@ -9,12 +9,6 @@ from typing import NoReturn
 from benchmarks.common.example_runs import EXAMPLES
 
 
-def count(text: str) -> int:
-    """A number of inputs: ``4000000``, ``4M`` or ``500k``."""
-    scale = {"k": 10**3, "m": 10**6}.get(text[-1:].lower(), 1)
-    return round(float(text[:-1] if scale > 1 else text) * scale)
-
-
 def fail(message: str) -> NoReturn:
     """Stop on bad input as argparse does: ``error: message`` on stderr, exit status 2."""
     print(f"error: {message}", file=sys.stderr)
