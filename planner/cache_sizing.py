@@ -38,6 +38,64 @@ def cold_rows(hot_set: HotSet) -> np.ndarray:
     return hot_set.layout.num_rows - np.array([len(ids) for ids in hot_set.hot_ids], dtype=np.int64)
 
 
+class ColdCacheSizing:
+    """FAE's ranking of one hot set's cold rows, made once and read for every cache budget (the planner
+    sizes a hot set's caches up to eight times, and the ranking sorts every cold row the sample saw).
+
+    ``load_factors(budget, whole_parts)`` gives the load factor per table with cold rows, keyed by table
+    name; 1.0 puts the whole cold part in HBM. The budget first takes the most accessed cold rows seen in
+    the sample, over all tables; what is left pays for whole cold parts, the cheapest first while they
+    fit, and the rest goes to the other tables in proportion to their distinct cold lookups per batch
+    (rows the sample never saw are looked up too). No cache gets less than one batch's distinct rows
+    (``minimum_load_factor``), and cache load factors stay within ``LOAD_FACTOR_RANGE``. Without
+    ``whole_parts`` every cold table gets a cache.
+    """
+
+    def __init__(
+        self,
+        stats: AccessStats,
+        hot_set: HotSet,
+        caches: dict[str, AccessCacheStatistics],
+        optimizer_class: type[torch.optim.Optimizer] | None = None,
+    ) -> None:
+        self.tables = stats.tables
+        self.caches = caches
+        self.row_bytes = stats.layout.row_bytes(optimizer_class).astype(np.float64)
+        self.slot_bytes = self.row_bytes + CACHE_SLOT_AUX_BYTES
+        counts = seen_cold_counts(stats, hot_set)  # only rows seen in the sample are ranked
+        self.rows = cold_rows(hot_set).astype(np.float64)
+        tables = np.concatenate([np.full(len(c), t) for t, c in enumerate(counts)])
+        self.ranked_tables = tables[np.argsort(-np.concatenate(counts), kind="stable")]
+        self.cost = np.cumsum(self.slot_bytes[self.ranked_tables])
+        self.lookups = np.array([caches[c.name].lookups if c.name in caches else 0.0 for c in self.tables])
+
+    def load_factors(self, cache_budget_bytes: float, whole_parts: bool = True) -> dict[str, float]:
+        """Load factor per table with cold rows for a cache budget of ``cache_budget_bytes``."""
+        rows, row_bytes, slot_bytes = self.rows, self.row_bytes, self.slot_bytes
+        budget = cache_budget_bytes - CACHE_ROW_AUX_BYTES * float(rows.sum())
+        fits = np.searchsorted(self.cost, budget, side="right")
+        taken = np.bincount(self.ranked_tables[:fits], minlength=len(rows)).astype(np.float64)
+        spare = budget - (self.cost[fits - 1] if fits else 0.0)
+        extra = rows * row_bytes - taken * slot_bytes - rows * CACHE_ROW_AUX_BYTES
+        cheapest = np.argsort(extra, kind="stable")
+        cheapest = cheapest[rows[cheapest] > 0]
+        whole = cheapest[np.logical_and.accumulate(np.cumsum(extra[cheapest]) <= spare)]
+        in_hbm = np.zeros(len(rows), dtype=bool)
+        in_hbm[whole] = whole_parts
+        spare -= extra[in_hbm].sum()
+        cached_lookups = np.where(in_hbm, 0.0, self.lookups)
+        if spare > 0 and cached_lookups.sum() > 0:
+            taken += spare * cached_lookups / cached_lookups.sum() / slot_bytes
+        low, high = LOAD_FACTOR_RANGE
+        return {
+            config.name: 1.0
+            if in_hbm[t] or (whole_parts and taken[t] >= rows[t])
+            else float(min(max(self.caches[config.name].minimum_load_factor, taken[t] / rows[t], low), high))
+            for t, config in enumerate(self.tables)
+            if rows[t]
+        }
+
+
 def cache_load_factors(
     stats: AccessStats,
     hot_set: HotSet,
@@ -46,42 +104,7 @@ def cache_load_factors(
     optimizer_class: type[torch.optim.Optimizer] | None = None,
     whole_parts: bool = True,
 ) -> dict[str, float]:
-    """Load factor per table with cold rows, keyed by table name; 1.0 puts the whole cold part in HBM.
-
-    The budget first takes the most accessed cold rows seen in the sample, over all tables; what is
-    left pays for whole cold parts, the cheapest first while they fit, and the rest goes to the other
-    tables in proportion to their distinct cold lookups per batch (rows the sample never saw are looked
-    up too). No cache gets less than one batch's distinct rows (``minimum_load_factor``), and cache load
-    factors stay within ``LOAD_FACTOR_RANGE``. Without ``whole_parts`` every cold table gets a cache.
-    """
-    row_bytes = stats.layout.row_bytes(optimizer_class).astype(np.float64)
-    slot_bytes = row_bytes + CACHE_SLOT_AUX_BYTES
-    counts = seen_cold_counts(stats, hot_set)  # only rows seen in the sample are ranked
-    rows = cold_rows(hot_set).astype(np.float64)
-    budget = cache_budget_bytes - CACHE_ROW_AUX_BYTES * float(rows.sum())
-    tables = np.concatenate([np.full(len(c), t) for t, c in enumerate(counts)])
-    flat = np.concatenate(counts)
-    order = np.argsort(-flat, kind="stable")
-    cost = np.cumsum(slot_bytes[tables[order]])
-    fits = np.searchsorted(cost, budget, side="right")
-    taken = np.bincount(tables[order[:fits]], minlength=len(counts)).astype(np.float64)
-    spare = budget - (cost[fits - 1] if fits else 0.0)
-    lookups = np.array([caches[c.name].lookups if c.name in caches else 0.0 for c in stats.tables])
-    extra = rows * row_bytes - taken * slot_bytes - rows * CACHE_ROW_AUX_BYTES
-    cheapest = np.argsort(extra, kind="stable")
-    cheapest = cheapest[rows[cheapest] > 0]
-    whole = cheapest[np.logical_and.accumulate(np.cumsum(extra[cheapest]) <= spare)]
-    in_hbm = np.zeros(len(counts), dtype=bool)
-    in_hbm[whole] = whole_parts
-    spare -= extra[in_hbm].sum()
-    cached_lookups = np.where(in_hbm, 0.0, lookups)
-    if spare > 0 and cached_lookups.sum() > 0:
-        taken += spare * cached_lookups / cached_lookups.sum() / slot_bytes
-    low, high = LOAD_FACTOR_RANGE
-    return {
-        config.name: 1.0
-        if in_hbm[t] or (whole_parts and taken[t] >= rows[t])
-        else float(min(max(caches[config.name].minimum_load_factor, taken[t] / rows[t], low), high))
-        for t, config in enumerate(stats.tables)
-        if rows[t]
-    }
+    """Load factor per table with cold rows for one cache budget (``ColdCacheSizing`` says how)."""
+    return ColdCacheSizing(stats, hot_set, caches, optimizer_class).load_factors(
+        cache_budget_bytes, whole_parts
+    )

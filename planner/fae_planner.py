@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from copy import deepcopy
 
 import numpy as np
@@ -38,7 +38,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from fae_torchrec.modules import FAEEmbeddingBagCollection
 from fae_torchrec.stats import COLD, HOT, AccessStats, HotSet
 from fae_torchrec.units import format_bytes
-from planner.cache_sizing import cache_load_factors
+from planner.cache_sizing import ColdCacheSizing
 from planner.constraints import StepPooling, cold_cache_statistics, fae_constraints, step_pooling
 from planner.enumerator import OrderedEnumerator
 from planner.report import FAEPlanReport, RankTotals, part_paths
@@ -52,6 +52,30 @@ CACHE_SHARE = 0.9
 #: Shares of that cache budget the caches are sized from when TorchRec cannot place the caches sized from
 #: all of it (its storage estimates add buffers that the sizing does not count); a bounded number of plans.
 SMALLER_CACHE_SHARES = (0.75, 0.5, 0.25, 0.125, 0.0625, 0.03125)
+#: A plan's cold sizing: load factors by table, and the kernel options of ``fae_constraints``.
+Sizing = tuple[dict[str, float], dict[str, bool]]
+
+
+def place_largest(sizings: list[dict[str, float]], place: Callable[[dict[str, float]], bool]) -> bool:
+    """Whether ``place`` places one of ``sizings`` (ordered from the largest caches to the smallest),
+    the largest it places: tried first, then the smallest, then by bisection between them, so at
+    most ``2 + log2(len(sizings))`` runs of TorchRec's planner, where trying each in turn took one
+    per sizing (at 128 GPUs x 64 MiB none of them places, and a failed run takes 5 to 15 s). Assumes
+    that TorchRec places smaller caches wherever it places larger ones."""
+    if not sizings:
+        return False
+    if place(sizings[0]):
+        return True
+    if len(sizings) == 1 or not place(sizings[-1]):
+        return False
+    failed, placed = 0, len(sizings) - 1
+    while placed - failed > 1:
+        middle = (failed + placed) // 2
+        if place(sizings[middle]):
+            placed = middle
+        else:
+            failed = middle
+    return True
 
 
 class FAEShardingPlanner(ShardingPlanner):
@@ -101,6 +125,9 @@ class FAEShardingPlanner(ShardingPlanner):
         #: once or more per budget): where planning time goes.
         self.torchrec_runs: list[float] = []
         self._ranking = stats.ranking(optimizer_class)
+        #: The knob's hot set and the cold sizing of its plan (load factors, kernel options), which
+        #: ``plan`` tries first for that hot set.
+        self._chosen: tuple[HotSet, Sizing] | None = None
 
     def choose_hot_set(self) -> HotSet:
         """The hot set to build the model with: the given budget's, or the knob's choice.
@@ -122,14 +149,14 @@ class FAEShardingPlanner(ShardingPlanner):
         for budget in budgets:
             hot_set = self._ranking.hot_set(int(budget))
             try:
-                _, report = self._plan(self.meta_module(hot_set), hot_set, get_default_sharders())
+                _, report, sizing = self._plan(self.meta_module(hot_set), hot_set, get_default_sharders())
             except PlannerError as error:
                 logger.info("hot budget %s: no plan fits", format_bytes(budget))
                 failure = failure or error
                 continue
             logger.info("hot budget %s: predicted step %.3f ms", format_bytes(budget), report.step)
             if best is None or report.step < best[0]:
-                best, self.report = (report.step, hot_set), report
+                best, self.report, self._chosen = (report.step, hot_set), report, (hot_set, sizing)
         if best is None:
             raise PlannerError(str(failure).split("\n")[0], failure.error_type)
         return best[1]
@@ -143,7 +170,9 @@ class FAEShardingPlanner(ShardingPlanner):
         hot_set = split.hot_set()
         if hot_set.layout.describe() != self.stats.layout.describe():
             raise ValueError("the statistics are for other tables than the model's FAEEmbeddingBagCollection")
-        plan, self.report = self._plan(module, hot_set, sharders, path)
+        chosen = self._chosen
+        known = chosen[1] if chosen and all(map(np.array_equal, chosen[0].hot_ids, hot_set.hot_ids)) else None
+        plan, self.report, _ = self._plan(module, hot_set, sharders, path, known)
         logger.info("%s", self.report)
         return plan
 
@@ -170,16 +199,25 @@ class FAEShardingPlanner(ShardingPlanner):
             return error
 
     def _plan(
-        self, module: nn.Module, hot_set: HotSet, sharders: list, fae_path: str = ""
-    ) -> tuple[ShardingPlan, FAEPlanReport]:
-        """The plan of ``module`` split by ``hot_set``, and its report.
+        self,
+        module: nn.Module,
+        hot_set: HotSet,
+        sharders: list,
+        fae_path: str = "",
+        known: Sizing | None = None,
+    ) -> tuple[ShardingPlan, FAEPlanReport, Sizing]:
+        """The plan of ``module`` split by ``hot_set``, its report and the cold sizing it has.
 
-        The cold parts are sized as ``_cache_sizings`` says, in turn, until TorchRec places them. When
-        none places, or only caches smaller than the budget pays for, cold parts may also live in UVM
-        without a cache (``fused_uvm``), in a plan of its own. Without hot rows TorchRec's own choice of
+        The cold parts go whole into HBM where the cache budget pays for them, else into caches sized
+        from the whole budget; where TorchRec places neither, into the largest of the smaller caches
+        (``_smaller_sizings``) that it places, and they may also live in UVM without a cache
+        (``fused_uvm``), in a plan of its own. Without hot rows TorchRec's own choice of
         kernels, sharding types and caches is a candidate too. Of the plans placed, the one TorchRec's
         perf model prices fastest is kept: so the knob, which always tries the empty hot set, finds a
         plan wherever TorchRec's planner does, and never predicts a slower one.
+
+        A ``known`` sizing (the knob's, for the hot set it chose) is planned alone when TorchRec places
+        it: ``plan`` then repeats none of the knob's search (the model's dense part only takes memory).
         """
         world = self.topology.world_size
         pooling = step_pooling(self.stats, hot_set)
@@ -202,15 +240,18 @@ class FAEShardingPlanner(ShardingPlanner):
             except PlannerError as error:
                 failures.append(error)
                 return False
-            candidates.append((*planned, load_factors))
+            candidates.append((*planned, (load_factors, options)))
             return True
 
-        full = self._load_factors(hot_set, cache_budget, caches, whole_parts=False)
-        sizings = self._cache_sizings(hot_set, cache_budget, caches, full)
-        if next((smaller for load_factors, smaller in sizings if place(load_factors)), True):
-            place(full, uncached=True)
-        if not hot_set.total_hot:
-            place({}, torchrec_choice=True)
+        cold = ColdCacheSizing(self.stats, hot_set, caches, self.optimizer_class)
+        whole = self._load_factors(cold, cache_budget, whole_parts=True)
+        full = self._load_factors(cold, cache_budget, whole_parts=False)
+        if not (known and place(known[0], **known[1])):
+            if not (place(whole) or (full != whole and place(full))):
+                place_largest(self._smaller_sizings(cold, cache_budget, full), place)
+                place(full, uncached=True)
+            if not hot_set.total_hot:
+                place({}, torchrec_choice=True)
         if not candidates:
             failure = failures[-1]
             needed = self._smallest_storage(module, sharders, constraints(full, uncached=True))
@@ -218,8 +259,8 @@ class FAEShardingPlanner(ShardingPlanner):
                 self._too_small_message(needed, float(memory.sum()), failure), failure.error_type
             ) from failure
         planned = [
-            (plan, self._report(options, enumerator, fae_path, hot_set, pooling, load_factors))
-            for plan, options, enumerator, load_factors in candidates
+            (plan, self._report(options, enumerator, fae_path, hot_set, pooling, sized[0]), sized)
+            for plan, options, enumerator, sized in candidates
         ]
         return min(planned, key=lambda planned: planned[1].step)
 
@@ -292,34 +333,25 @@ class FAEShardingPlanner(ShardingPlanner):
         enumerator.populate_estimates(priced)
         return RankTotals.of(priced, self.topology.world_size).step
 
-    def _cache_sizings(
-        self, hot_set: HotSet, cache_budget: float, caches: dict, full: dict[str, float]
-    ) -> Iterator[tuple[dict[str, float], bool]]:
-        """The cold parts' load factors to plan with in turn, each once, and whether their caches are
-        smaller than the budget pays for: whole cold parts in HBM where the budget pays for them (they
-        may not pack onto the ranks); caches only (``full``, sized from the whole cache budget); then
-        caches sized from ``SMALLER_CACHE_SHARES`` of it until every cache is at its floor (TorchRec's
-        storage estimates add input and output buffers that the sizing does not count, and a small cache
-        that fits beats none)."""
-        whole = self._load_factors(hot_set, cache_budget, caches, whole_parts=True)
-        yield whole, False
-        if full != whole:
-            yield full, False
-        previous = full
+    def _smaller_sizings(
+        self, cold: ColdCacheSizing, cache_budget: float, full: dict[str, float]
+    ) -> list[dict[str, float]]:
+        """Cold load factors from ``SMALLER_CACHE_SHARES`` of the cache budget, largest caches first,
+        until every cache is at its floor: TorchRec's storage estimates add input and output buffers
+        that the sizing does not count, and a small cache that fits beats none."""
+        sizings = [full]
         for share in SMALLER_CACHE_SHARES:
-            load_factors = self._load_factors(hot_set, share * cache_budget, caches, whole_parts=False)
-            if load_factors == previous:
-                return
-            previous = load_factors
-            yield load_factors, True
+            load_factors = self._load_factors(cold, share * cache_budget, whole_parts=False)
+            if load_factors == sizings[-1]:
+                break
+            sizings.append(load_factors)
+        return sizings[1:]
 
     def _load_factors(
-        self, hot_set: HotSet, cache_budget: float, caches: dict, whole_parts: bool
+        self, cold: ColdCacheSizing, cache_budget: float, whole_parts: bool
     ) -> dict[str, float]:
         """Cold tables' load factors (a user's load factor wins)."""
-        load_factors = cache_load_factors(
-            self.stats, hot_set, cache_budget, caches, self.optimizer_class, whole_parts
-        )
+        load_factors = cold.load_factors(cache_budget, whole_parts)
         for name, constraint in (self.constraints or {}).items():
             if name in load_factors and constraint.cache_params and constraint.cache_params.load_factor:
                 load_factors[name] = constraint.cache_params.load_factor

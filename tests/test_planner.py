@@ -1,5 +1,7 @@
 """Dry-run FAE plans for CUDA topologies (planned on this CPU-only machine) and planner errors."""
 
+import math
+
 import pytest
 import torch
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -13,6 +15,7 @@ from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, estimate_hot
 from fae_torchrec.cli import main
 from fae_torchrec.data import SyntheticCriteo, SyntheticTaobao
 from planner import AccessCacheStatistics, FAEShardingPlanner, default_planner, dry_run, torchrec_default_plan
+from planner.fae_planner import place_largest
 
 GIB = 1 << 30
 HBM_KERNELS = {EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.value}
@@ -241,3 +244,38 @@ def test_report_keeps_only_the_fae_module_tables():
     assert "other" in plan.plan
     assert set(planner.report.placements) == {t.name for t in stats.tables}
     assert planner.report.hot_step <= planner.report.cold_step
+
+
+def test_plan_of_the_knobs_choice_repeats_none_of_its_search(tbsm_stats):
+    """The knob has planned the hot set it chose: ``plan`` plans that sizing in one run of TorchRec's
+    planner, where a planner without the knob's search (the same hot set) needs several, for the same
+    plan."""
+    topology = Topology(world_size=1, compute_device="cuda", hbm_cap=8 << 20)
+    knob = FAEShardingPlanner(topology, tbsm_stats, batch_size=256)
+    hot_set = knob.choose_hot_set()
+    chosen, searched = knob.report, len(knob.torchrec_runs)
+    knob.plan(knob.meta_module(hot_set), get_default_sharders())
+    assert len(knob.torchrec_runs) == searched + 1
+    fresh = FAEShardingPlanner(topology, tbsm_stats, batch_size=256)
+    fresh.plan(fresh.meta_module(hot_set), get_default_sharders())
+    assert len(fresh.torchrec_runs) > 1, "the sizing the knob found takes a search"
+    for report in (knob.report, fresh.report):
+        assert report.placements == chosen.placements and report.step == pytest.approx(chosen.step, rel=1e-9)
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 6, 7])
+def test_place_largest_finds_the_largest_sizing_that_places_in_few_runs(count):
+    """For every threshold (sizings from ``largest`` on place, none above it), ``place_largest``
+    places that one and no larger, in at most 2 + log2(count) runs (trying each in turn took up to
+    ``count``)."""
+    for largest in range(count + 1):  # count: none places
+        tried = []
+
+        def place(sizing, largest=largest, tried=tried):
+            tried.append(sizing["i"])
+            return sizing["i"] >= largest
+
+        placed = place_largest([{"i": i} for i in range(count)], place)
+        assert placed == (largest < count)
+        assert placed == (largest in tried), tried  # the largest that places was placed
+        assert len(tried) == len(set(tried)) <= 2 + math.ceil(math.log2(count)), tried
