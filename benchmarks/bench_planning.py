@@ -6,7 +6,7 @@ process: FAE's ``choose_hot_set`` and ``plan`` of the chosen split, with how man
 planner it made and how long they took, and TorchRec's ``EmbeddingShardingPlanner`` on the unsplit
 tables. Wall and CPU seconds; run it on an otherwise idle machine.
 
-    python benchmarks/bench_planning.py                      # 8, 32 and 128 GPUs x 64 MiB: ~10 minutes
+    python benchmarks/bench_planning.py                      # 8, 32 and 128 GPUs x 64 MiB: ~15 minutes
     python benchmarks/bench_planning.py --world-sizes 2 4 --scale 0.01 --num-samples 100k
 """
 
