@@ -8,7 +8,8 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -171,16 +172,28 @@ def _check_out_file(out: str) -> None:
         raise ValueError(f"--out {out}: {blocker} is a file, not a directory")
 
 
-def _quiet_torchrec() -> None:
-    """Keep TorchRec's warnings off the terminal, its errors on: FAE runs TorchRec's planner once or more
-    per budget it tries, and every run repeats dry-run notices a user cannot act on (the storage
-    reservation FAE keeps on purpose, a dense size unknown in a dry run, no sharding spec for
-    data-parallel tables, which TorchRec logs on the root logger)."""
-    logging.getLogger("torchrec").setLevel(logging.ERROR)
-    logging.getLogger().addFilter(
-        lambda record: record.levelno >= logging.ERROR or "torchrec" not in Path(record.pathname).parts
-    )
-    warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
+def _no_torchrec_warning(record: logging.LogRecord) -> bool:
+    """Drops TorchRec's records below ERROR that it logs on the root logger."""
+    return record.levelno >= logging.ERROR or "torchrec" not in Path(record.pathname).parts
+
+
+@contextmanager
+def _torchrec_quiet() -> Iterator[None]:
+    """TorchRec's warnings off the terminal, its errors on, while a command runs: FAE runs TorchRec's
+    planner once or more per budget it tries, and every run repeats dry-run notices a user cannot act
+    on (the storage reservation FAE keeps on purpose, a dense size unknown in a dry run, no sharding
+    spec for data-parallel tables, which TorchRec logs on the root logger)."""
+    torchrec_logger, root = logging.getLogger("torchrec"), logging.getLogger()
+    level = torchrec_logger.level
+    torchrec_logger.setLevel(logging.ERROR)
+    root.addFilter(_no_torchrec_warning)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
+            yield
+    finally:
+        torchrec_logger.setLevel(level)
+        root.removeFilter(_no_torchrec_warning)
 
 
 def plan(args: argparse.Namespace) -> None:
@@ -189,7 +202,6 @@ def plan(args: argparse.Namespace) -> None:
     stats = AccessStats.load(args.stats)
     if args.dim is not None:
         stats = stats.with_embedding_dim(args.dim)
-    _quiet_torchrec()
     topology = TopologyFactory.create_topology(
         TrainerConfig(world_size=args.world_size, hbm_cap_bytes=parse_bytes(args.hbm_cap)),
         kernel_config=KernelConfig(compute_device="cuda"),
@@ -234,7 +246,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     logger.setLevel(logging.INFO)
     args = _parser(argv).parse_args(argv)
     try:
-        {"profile": profile, "plan": plan}[args.command](args)
+        with _torchrec_quiet():
+            {"profile": profile, "plan": plan}[args.command](args)
     except (ValueError, OSError, PlannerError) as error:
         logger.error("%s", error)
         sys.exit(2)

@@ -1,3 +1,4 @@
+import logging
 import subprocess
 import sys
 
@@ -53,9 +54,13 @@ def test_profile_tbsm_counts_the_training_windows_and_plans_them(tmp_path, capsy
         [name for name in tbsm_feature_names() if name.startswith(table)]
         for table in ("user", "item", "category")
     ]
+    torchrec_level, root_filters = logging.getLogger("torchrec").level, list(logging.getLogger().filters)
     main(["plan", "--stats", str(out), "--world-size", "2", "--hbm-cap", "16MiB", "--batch-size", "256"])
     planned = capsys.readouterr().out
     assert "\nt_item " in planned and "predicted step ratio, TorchRec default / FAE:" in planned, planned
+    # the command silenced TorchRec's warnings while it ran, not in the process that called it
+    assert logging.getLogger("torchrec").level == torchrec_level
+    assert logging.getLogger().filters == root_filters
 
 
 def test_profile_tbsm_reads_the_real_taobao_slice(tmp_path):
