@@ -178,21 +178,30 @@ def _no_torchrec_warning(record: logging.LogRecord) -> bool:
 
 
 @contextmanager
+def _logger_level(name: str, level: int) -> Iterator[None]:
+    """The logger ``name`` at ``level`` inside the block, at its own level again after it."""
+    named = logging.getLogger(name)
+    before = named.level
+    named.setLevel(level)
+    try:
+        yield
+    finally:
+        named.setLevel(before)
+
+
+@contextmanager
 def _torchrec_quiet() -> Iterator[None]:
     """TorchRec's warnings off the terminal, its errors on, while a command runs: FAE runs TorchRec's
     planner once or more per budget it tries, and every run repeats dry-run notices a user cannot act
     on (the storage reservation FAE keeps on purpose, a dense size unknown in a dry run, no sharding
     spec for data-parallel tables, which TorchRec logs on the root logger)."""
-    torchrec_logger, root = logging.getLogger("torchrec"), logging.getLogger()
-    level = torchrec_logger.level
-    torchrec_logger.setLevel(logging.ERROR)
+    root = logging.getLogger()
     root.addFilter(_no_torchrec_warning)
     try:
-        with warnings.catch_warnings():
+        with _logger_level("torchrec", logging.ERROR), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
             yield
     finally:
-        torchrec_logger.setLevel(level)
         root.removeFilter(_no_torchrec_warning)
 
 
@@ -219,7 +228,10 @@ def plan(args: argparse.Namespace) -> None:
     except ValueError as error:
         raise ValueError(f"--stats {args.stats}: {error}") from error
     try:
-        planner.plan(planner.meta_module(planner.choose_hot_set()), get_default_sharders())
+        # the knob logs each budget it tries as it goes: its search takes minutes at 128 GPUs
+        with _logger_level("planner", logging.INFO):
+            hot_set = planner.choose_hot_set()
+        planner.plan(planner.meta_module(hot_set), get_default_sharders())
     except PlannerError as error:
         raise PlannerError(
             f"--world-size {args.world_size} --hbm-cap {args.hbm_cap}: {error}", error.error_type

@@ -154,7 +154,12 @@ class FAEShardingPlanner(ShardingPlanner):
                 logger.info("hot budget %s: no plan fits", format_bytes(budget))
                 failure = failure or error
                 continue
-            logger.info("hot budget %s: predicted step %.3f ms", format_bytes(budget), report.step)
+            logger.info(
+                "hot budget %s: predicted step %.3f ms (%d runs of TorchRec's planner so far)",
+                format_bytes(budget),
+                report.step,
+                len(self.torchrec_runs),
+            )
             if best is None or report.step < best[0]:
                 best, self.report, self._chosen = (report.step, hot_set), report, (hot_set, sizing)
         if best is None:

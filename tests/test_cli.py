@@ -149,7 +149,7 @@ def test_profile_and_plan_memory_grows_with_the_inputs_not_the_tables(tmp_path):
     """1,000 inputs at Criteo Kaggle's table sizes (33.8M rows: 258 MiB per int64 array over every
     row) take far less than one such array beyond the imports (it was 3 in `profile`, 2 in `plan`).
     `plan` shows none of the warnings TorchRec's planner repeats on each of its runs (164 lines of
-    them hid the plan)."""
+    them hid the plan), and the knob's progress."""
     out = tmp_path / "stats.npz"
     profiled, _ = _peak_growth_mib(["profile", "--num-samples", "1000", "--out", str(out)])
     planned, stderr = _peak_growth_mib(
@@ -157,3 +157,4 @@ def test_profile_and_plan_memory_grows_with_the_inputs_not_the_tables(tmp_path):
     )
     assert profiled < 128 and planned < 128, (profiled, planned)
     assert "WARNING" not in stderr and "Warning" not in stderr, stderr
+    assert "hot budget 0 B: predicted step" in stderr, "the knob's progress, budget by budget"
