@@ -22,13 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 from torchrec.distributed.sharding_plan import get_default_sharders
 
 from fae_torchrec import AccessProfiler, format_bytes, parse_bytes
 from fae_torchrec.arguments import positive_int
 from fae_torchrec.data import SyntheticCriteo
 from planner import FAEShardingPlanner, torchrec_default_plan
+from planner.topology import make_topology
 
 
 def timed(work: Callable[[], object]) -> tuple[float, float]:
@@ -66,10 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{'TorchRec default wall s':>23} {'CPU s':>7} | {'FAE/TorchRec wall':>17}"
     )
     for world_size in args.world_sizes:
-        topology = TopologyFactory.create_topology(
-            TrainerConfig(world_size=world_size, hbm_cap_bytes=args.hbm_cap),
-            kernel_config=KernelConfig(compute_device="cuda"),
-        )
+        topology = make_topology(world_size, hbm_cap=args.hbm_cap)
         fae = FAEShardingPlanner(topology, stats, batch_size=args.batch_size, num_candidates=args.candidates)
         fae_wall, fae_cpu = timed(
             lambda fae=fae: fae.plan(fae.meta_module(fae.choose_hot_set()), get_default_sharders())

@@ -95,13 +95,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torchrec.distributed.planner import EmbeddingShardingPlanner
-from torchrec.distributed.planner.types import (
-    KernelConfig,
-    PlannerError,
-    Topology,
-    TopologyFactory,
-    TrainerConfig,
-)
+from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import CacheAlgorithm
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -120,6 +114,7 @@ from fae_torchrec.data.sources import PROFILE_SAMPLE, add_taobao_arguments, open
 from fae_torchrec.stats.hot_set import COLD
 from planner import FAEShardingPlanner
 from planner.baseline import BaselinePlan, default_planner, dry_run, hbm_planner, scaleup_planner
+from planner.topology import make_topology
 
 logger = logging.getLogger("bench_traffic")
 #: HBM per GPU of "all in HBM" (c): enough for any model here.
@@ -203,14 +198,6 @@ class Point:
         return self.step if model == "perf" else {p: self.traffic_step(p, PCIE[model]) for p in PLANS}
 
 
-def cuda_topology(world_size: int, hbm_cap: int) -> Topology:
-    """``world_size`` GPUs of ``hbm_cap`` bytes each (TorchRec's defaults otherwise)."""
-    return TopologyFactory.create_topology(
-        TrainerConfig(world_size=world_size, hbm_cap_bytes=hbm_cap),
-        kernel_config=KernelConfig(compute_device="cuda"),
-    )
-
-
 class FixedPlans:
     """TorchRec's plans that do not depend on the statistics, made once: (a) per grid point and (c)
     per embedding dim and GPUs."""
@@ -221,7 +208,7 @@ class FixedPlans:
         self.plans: dict[tuple, BaselinePlan] = {}
 
     def default(self, dim: int, world_size: int, hbm_cap: int) -> BaselinePlan:
-        topology = cuda_topology(world_size, hbm_cap)
+        topology = make_topology(world_size, hbm_cap=hbm_cap)
         return self._made(
             ("a", dim, world_size, hbm_cap),
             default_planner(topology, self.batch_size, tables=self.tables(dim)),
@@ -229,7 +216,7 @@ class FixedPlans:
         )
 
     def hbm(self, dim: int, world_size: int) -> BaselinePlan:
-        topology = cuda_topology(world_size, UNLIMITED_HBM)
+        topology = make_topology(world_size, hbm_cap=UNLIMITED_HBM)
         planner = hbm_planner(topology, self.tables(dim), self.batch_size)
         return self._made(("c", dim, world_size), planner, dim)
 
@@ -251,7 +238,7 @@ def measure_point(
     """Plan every way at one grid point and replay the stream through the plans' caches: one Point
     per length, counting that many inputs after the warm-up (all from one replay)."""
     stats = stream.stats.with_embedding_dim(dim)
-    topology = cuda_topology(world_size, hbm_cap)
+    topology = make_topology(world_size, hbm_cap=hbm_cap)
     batch = args.batch_size
     fae = FAEShardingPlanner(topology, stats, batch_size=batch, num_candidates=args.knob_candidates)
     hot_set = fae.choose_hot_set()

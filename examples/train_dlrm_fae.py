@@ -49,13 +49,7 @@ import torchrec
 from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner.types import (
-    KernelConfig,
-    ParameterConstraints,
-    PlannerError,
-    TopologyFactory,
-    TrainerConfig,
-)
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.train_pipeline import PrefetchTrainPipelineSparseDist, TrainPipelineSparseDist
 from torchrec.distributed.types import CacheParams, ShardingPlan, ShardingPlanner
@@ -96,6 +90,7 @@ from fae_torchrec.train.schedule import ORDERS, check_warmup
 from fae_torchrec.train.step import find_fae_module, train_step
 from planner import FAEShardingPlanner
 from planner.baseline import default_planner, hbm_planner, scaleup_planner
+from planner.topology import make_topology
 
 logger = logging.getLogger("train_dlrm_fae")
 
@@ -672,10 +667,7 @@ def _planner(
     ``prefetch`` every UVM cache is planned for TorchRec's prefetch pipeline."""
     if mode == "hbm" and device.type == "cuda":
         hbm_cap = torch.cuda.get_device_properties(device).total_memory
-    topology = TopologyFactory.create_topology(
-        TrainerConfig(world_size=world, hbm_cap_bytes=hbm_cap),
-        kernel_config=KernelConfig(compute_device=device.type),
-    )
+    topology = make_topology(world, device.type, hbm_cap)
     pipelined = ParameterConstraints(cache_params=CacheParams(prefetch_pipeline=True))
     constraints = {t.name: pipelined for t in stats.tables} if prefetch else None
     if mode == "fae":

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torchrec
-from torchrec.distributed.planner.types import KernelConfig, PlannerError, TopologyFactory, TrainerConfig
+from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
@@ -207,14 +207,12 @@ def _torchrec_quiet() -> Iterator[None]:
 
 def plan(args: argparse.Namespace) -> None:
     from planner import FAEShardingPlanner, torchrec_default_plan
+    from planner.topology import make_topology
 
     stats = AccessStats.load(args.stats)
     if args.dim is not None:
         stats = stats.with_embedding_dim(args.dim)
-    topology = TopologyFactory.create_topology(
-        TrainerConfig(world_size=args.world_size, hbm_cap_bytes=parse_bytes(args.hbm_cap)),
-        kernel_config=KernelConfig(compute_device="cuda"),
-    )
+    topology = make_topology(args.world_size, hbm_cap=parse_bytes(args.hbm_cap))
     start = time.perf_counter()
     try:
         planner = FAEShardingPlanner(
