@@ -603,7 +603,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "--epoch",
             type=positive_int,
             default=KAGGLE_INPUTS,
-            help=f"inputs of an epoch; the profile samples {PROFILE_SAMPLE['dlrm']:.0%}",
+            help=f"inputs of an epoch; the profile samples {100 * PROFILE_SAMPLE['dlrm']:.0f}%%",
         )
     else:
         add_taobao_arguments(parser, num_users=NUM_USERS, scale=1.0)

@@ -210,3 +210,34 @@ def test_bad_data_exits_with_status_2_and_says_why(script):
     assert run.stderr.strip().splitlines()[-1] == (
         "error: --data: unknown kind 'nosuchkind'; choose from synthetic, taobao-csv"
     )
+
+
+#: Runs each ``script [args...]`` (joined by ``;``) as its own ``__main__``, which must exit 0.
+_RUN_ALL = """
+import os, runpy, shlex, sys
+for call in sys.argv[1].split(";"):
+    script, *args = shlex.split(call)
+    sys.argv, sys.path[0] = [script, *args], os.path.dirname(script)  # as `python script` has them
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as done:
+        assert done.code in (0, None), (call, done.code)
+    else:
+        raise AssertionError(f"{call}: did not exit")
+"""
+
+
+def test_every_script_prints_its_help():
+    """``--help`` of every benchmark and example, and of each model where a script has ``--model`` (an
+    unescaped ``%`` in a help text made ``bench_traffic.py --help`` crash)."""
+    calls = []
+    for script in sorted([*ROOT.glob("benchmarks/bench_*.py"), *ROOT.glob("examples/*.py")]):
+        text = script.read_text()
+        takes_model = any(mark in text for mark in ('"--model"', "model_parser", "add_training_options"))
+        models = [["--model", "dlrm"], ["--model", "tbsm"]] if takes_model else [[]]
+        calls += [" ".join([str(script), *model, "--help"]) for model in models]
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN_ALL, ";".join(calls)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("usage:") == len(calls)
