@@ -36,6 +36,10 @@ def _finished(store: str, rank: int) -> Path:
 
 def _rank_main(rank: int, world_size: int, store: str, fn: Callable, args: tuple) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
+    # every rank has joined before any runs the test: a rank that returns (or fails) at once would
+    # otherwise tear its group down while another is still connecting, which then fails in gloo's
+    # "connectFullMesh ... Connection closed by peer" instead of the way the test meant
+    dist.barrier()
     try:
         fn(rank, world_size, *args)
         _finished(store, rank).touch()
