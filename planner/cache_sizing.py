@@ -95,6 +95,25 @@ class ColdCacheSizing:
             if rows[t]
         }
 
+    def device_bytes(self, load_factors: dict[str, float]) -> np.ndarray:
+        """Per table, the device memory a sizing's cold part asks, as ``load_factors`` counts it: the
+        whole part at load factor 1, else its cache slots and the cache's bookkeeping per row."""
+        factors = self._factors(load_factors)
+        cached = factors * self.slot_bytes + CACHE_ROW_AUX_BYTES
+        return self.rows * np.where(factors == 1.0, self.row_bytes, cached)
+
+    def asks_at_least(self, load_factors: dict[str, float], other: dict[str, float]) -> bool:
+        """Whether the sizing ``load_factors`` asks every table for at least the device memory ``other``
+        asks, and caches every table that ``other`` caches: then each of its tables' sharding options
+        needs at least that HBM (and a cache DDR besides), where a whole part may also take sharding
+        types that a cache may not."""
+        mine, theirs = self._factors(load_factors), self._factors(other)
+        more = self.device_bytes(load_factors) >= self.device_bytes(other)
+        return bool(np.all(more & ((mine < 1.0) | (theirs == 1.0))))
+
+    def _factors(self, load_factors: dict[str, float]) -> np.ndarray:
+        return np.array([load_factors.get(c.name, 0.0) for c in self.tables])
+
 
 def cache_load_factors(
     stats: AccessStats,

@@ -238,17 +238,25 @@ class FAEShardingPlanner(ShardingPlanner):
                 self.stats, hot_set, device, sized, self.constraints, pooling=pooling, **options
             )
 
+        cold = ColdCacheSizing(self.stats, hot_set, caches, self.optimizer_class)
+        unplaced: list[dict[str, float]] = []  # the sizings TorchRec did not place
+
         def place(load_factors: dict[str, float], **options: bool) -> bool:
-            """Whether TorchRec places the parts with these cold sizes (the plan becomes a candidate)."""
+            """Whether TorchRec places the parts with these cold sizes (the plan becomes a candidate).
+            A sizing (no kernel options) that asks at least as much as one it did not place
+            (``ColdCacheSizing.asks_at_least``) is not planned."""
+            if not options and any(cold.asks_at_least(load_factors, other) for other in unplaced):
+                return False
             try:
                 planned = self._torchrec_plan(module, sharders, constraints(load_factors, **options))
             except PlannerError as error:
                 failures.append(error)
+                if not options:
+                    unplaced.append(load_factors)
                 return False
             candidates.append((*planned, (load_factors, options)))
             return True
 
-        cold = ColdCacheSizing(self.stats, hot_set, caches, self.optimizer_class)
         whole = self._load_factors(cold, cache_budget, whole_parts=True)
         full = self._load_factors(cold, cache_budget, whole_parts=False)
         if not (known and place(known[0], **known[1])):

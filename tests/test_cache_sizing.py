@@ -9,6 +9,7 @@ from planner.cache_sizing import (
     CACHE_ROW_AUX_BYTES,
     CACHE_SLOT_AUX_BYTES,
     LOAD_FACTOR_RANGE,
+    ColdCacheSizing,
     cache_load_factors,
     seen_cold_counts,
 )
@@ -64,6 +65,34 @@ def test_without_whole_parts_every_cold_table_gets_a_cache(cold_tables):
     tight = cache_load_factors(stats, hot_set, 0.0, caches)
     floors = {n: min(max(caches[n].minimum_load_factor, LOW), HIGH) for n in tight}
     assert tight == pytest.approx(floors), "no budget: every cache holds one batch's distinct rows"
+
+
+def test_device_bytes_per_table_are_what_the_sizing_spends(cold_tables):
+    """The planner compares sizings by ``device_bytes``: the storage counted above, table by table."""
+    stats, hot_set, caches = cold_tables
+    cold = ColdCacheSizing(stats, hot_set, caches)
+    for budget, whole_parts in [(1 << 20, True), (1 << 20, False), (1 << 23, True), (0.0, True)]:
+        load_factors = cold.load_factors(budget, whole_parts)
+        asks = cold.device_bytes(load_factors)
+        assert asks.shape == (len(stats.tables),)
+        for t, config in enumerate(stats.tables):
+            one = {config.name: load_factors[config.name]} if config.name in load_factors else {}
+            assert asks[t] == pytest.approx(_device_bytes(stats, hot_set, one))
+
+
+def test_a_sizing_asks_at_least_another_per_table_and_never_whole_against_a_cache(cold_tables):
+    """A cache sizing asks at least what another does where every table's memory is no smaller; a whole
+    part in HBM is never said to ask more than a cache (it may take sharding types a cache may not)."""
+    stats, hot_set, caches = cold_tables
+    cold = ColdCacheSizing(stats, hot_set, caches)
+    whole = {name: 1.0 for name in caches}
+    nearly_whole = {name: HIGH for name in caches}  # a cache of 99.9% of the rows costs more than them
+    small = {name: LOW for name in caches}
+    assert np.all(cold.device_bytes(nearly_whole) >= cold.device_bytes(whole))
+    assert cold.asks_at_least(nearly_whole, whole) and cold.asks_at_least(small, small)
+    assert cold.asks_at_least(nearly_whole, small) and not cold.asks_at_least(small, nearly_whole)
+    assert np.all(cold.device_bytes(whole) >= cold.device_bytes(small))
+    assert not cold.asks_at_least(whole, small)
 
 
 def test_seen_cold_counts_match_the_dense_hot_masks(cold_tables):

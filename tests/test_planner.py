@@ -1,6 +1,7 @@
 """Dry-run FAE plans for CUDA topologies (planned on this CPU-only machine) and planner errors."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -279,3 +280,35 @@ def test_place_largest_finds_the_largest_sizing_that_places_in_few_runs(count):
         assert placed == (largest < count)
         assert placed == (largest in tried), tried  # the largest that places was placed
         assert len(tried) == len(set(tried)) <= 2 + math.ceil(math.log2(count)), tried
+
+
+def test_no_cache_sizing_that_asks_more_than_an_unplaced_one_is_planned():
+    """At 16 GPUs the global batch of 32,768 inputs reads nearly every cold row of these small tables,
+    so no cache may be smaller than almost its whole part: TorchRec cannot place the cold parts whole
+    in HBM, and every cache sizing asks more of each table (the part's rows, and the cache's
+    bookkeeping), so none is planned. The skipped sizing does fail in TorchRec's planner."""
+    data = SyntheticCriteo(50_000, batch_size=1 << 16, scale=0.01, seed=0)
+    stats = AccessProfiler(data.table_configs(), 0.05, seed=0, holdout_size=2000).profile(data)
+    runs = []
+
+    class Recording(FAEShardingPlanner):
+        def _torchrec_plan(self, module, sharders, constraints):
+            runs.append((constraints, False))
+            planned = super()._torchrec_plan(module, sharders, constraints)
+            runs[-1] = (constraints, True)
+            return planned
+
+    topology = Topology(world_size=16, compute_device="cuda", hbm_cap=16 << 20)
+    planner = Recording(topology, stats, batch_size=2048, hot_budget_bytes=0)
+    module = planner.meta_module(planner.choose_hot_set())
+    plan = planner.plan(module, get_default_sharders())
+    kernels = [{tuple(c.compute_kernels or ()) for c in constraints.values()} for constraints, _ in runs]
+    caching, uvm = EmbeddingComputeKernel.FUSED_UVM_CACHING.value, EmbeddingComputeKernel.FUSED_UVM.value
+    # in HBM whole (fails), then in UVM with or without a cache (places), then TorchRec's own choice
+    assert [placed for _, placed in runs] == [False, True, True]
+    assert kernels[:2] == [{("fused", "dense")}, {(caching, uvm)}], kernels
+    assert plan.plan["cold"]
+    # the full sizing (every cold part cached at the load factors of the uncached run) that was skipped
+    full = {name: replace(c, compute_kernels=[caching]) for name, c in runs[1][0].items()}
+    with pytest.raises(PlannerError):
+        planner._torchrec_plan(module, get_default_sharders(), full)
