@@ -8,6 +8,7 @@ tables. Wall and CPU seconds; run it on an otherwise idle machine.
 
     python benchmarks/bench_planning.py                      # 8, 32 and 128 GPUs x 64 MiB: ~15 minutes
     python benchmarks/bench_planning.py --world-sizes 2 4 --scale 0.01 --num-samples 100k
+    python benchmarks/bench_planning.py --processes 2        # the knob's budgets two at a time
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hbm-cap", type=parse_bytes, default="64MiB", help="HBM per GPU")
     parser.add_argument("--batch-size", type=int, default=2048, help="per-GPU batch size")
     parser.add_argument("--candidates", type=int, default=6, help="budgets FAE's knob tries")
+    parser.add_argument(
+        "--processes",
+        type=positive_int,
+        default=1,
+        help="budgets FAE's knob plans at once (worker processes)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR, force=True)  # dry-run noise
     warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
@@ -60,6 +67,11 @@ def main(argv: list[str] | None = None) -> None:
         f"profile: {stats.num_sampled:,} of {stats.num_inputs:,} synthetic inputs (Kaggle table sizes x "
         f"{args.scale}, dim 16); HBM {format_bytes(args.hbm_cap)} per GPU, batch {args.batch_size} per GPU, "
         f"{args.candidates} budgets besides none for FAE's knob"
+        + (
+            f", {args.processes} at once in worker processes (CPU s: this process's only)"
+            if args.processes > 1
+            else ""
+        )
     )
     print(
         f"{'GPUs':>5} | {'FAE wall s':>10} {'CPU s':>7} {'TorchRec runs':>13} {'in them s':>9} | "
@@ -67,7 +79,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     for world_size in args.world_sizes:
         topology = make_topology(world_size, hbm_cap=args.hbm_cap)
-        fae = FAEShardingPlanner(topology, stats, batch_size=args.batch_size, num_candidates=args.candidates)
+        fae = FAEShardingPlanner(
+            topology,
+            stats,
+            batch_size=args.batch_size,
+            num_candidates=args.candidates,
+            processes=args.processes,
+        )
         fae_wall, fae_cpu = timed(
             lambda fae=fae: fae.plan(fae.meta_module(fae.choose_hot_set()), get_default_sharders())
         )

@@ -88,6 +88,12 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         "--budget", type=byte_size, help="fix the hot-row budget instead of letting the knob choose"
     )
     plan.add_argument("--candidates", type=positive_int, default=6, help="budgets the knob tries")
+    plan.add_argument(
+        "--processes",
+        type=positive_int,
+        default=1,
+        help="budgets the knob plans at once, each in a worker process (default: one after another here)",
+    )
     plan.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
     return parser
 
@@ -222,6 +228,7 @@ def plan(args: argparse.Namespace) -> None:
             hot_budget_bytes=None if args.budget is None else parse_bytes(args.budget),
             optimizer_class=OPTIMIZERS[args.optimizer],
             num_candidates=args.candidates,
+            processes=args.processes,
         )
     except ValueError as error:
         raise ValueError(f"--stats {args.stats}: {error}") from error

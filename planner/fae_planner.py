@@ -19,8 +19,10 @@ optimizer state counts in the storage estimates; the knob's own candidate module
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from copy import deepcopy
 
 import numpy as np
@@ -54,6 +56,24 @@ CACHE_SHARE = 0.9
 SMALLER_CACHE_SHARES = (0.75, 0.5, 0.25, 0.125, 0.0625, 0.03125)
 #: A plan's cold sizing: load factors by table, and the kernel options of ``fae_constraints``.
 Sizing = tuple[dict[str, float], dict[str, bool]]
+#: What the knob's plan at one budget came to: its report and sizing, or TorchRec's error.
+BudgetOutcome = tuple[FAEPlanReport, Sizing] | PlannerError
+
+
+#: In a knob worker, the planner whose budgets it plans (the parent's, inherited at the fork).
+_worker_planner: FAEShardingPlanner | None = None
+
+
+def _start_worker(planner: FAEShardingPlanner) -> None:
+    """Keep the parent's planner; one intra-op thread, as in PyTorch's forked DataLoader workers."""
+    global _worker_planner
+    _worker_planner = planner
+    torch.set_num_threads(1)
+
+
+def _plan_in_worker(budget: float) -> tuple[list[float], BudgetOutcome]:
+    """The inherited planner's plan at ``budget`` (nothing of the planner is pickled per task)."""
+    return _worker_planner._plan_budget(budget)
 
 
 def place_largest(sizings: list[dict[str, float]], place: Callable[[dict[str, float]], bool]) -> bool:
@@ -89,6 +109,8 @@ class FAEShardingPlanner(ShardingPlanner):
         hot_budget_bytes: fix the hot-row budget instead of searching for it.
         optimizer_class: embedding optimizer, for the row cost of hot rows and caches.
         num_candidates: budgets the knob tries besides none (and the whole model).
+        processes: budgets the knob plans at once, each in a forked worker process (budgets are
+            independent, so the choice is the same); 1 plans them one after another here.
     """
 
     def __init__(
@@ -100,9 +122,12 @@ class FAEShardingPlanner(ShardingPlanner):
         hot_budget_bytes: int | None = None,
         optimizer_class: type[torch.optim.Optimizer] | None = None,
         num_candidates: int = 6,
+        processes: int = 1,
     ) -> None:
         if hot_budget_bytes is not None and hot_budget_bytes < 0:
             raise ValueError(f"hot budget must be non-negative, got {hot_budget_bytes} bytes")
+        if processes < 1:
+            raise ValueError(f"processes must be at least 1, got {processes}")
         if not len(stats.holdout):
             raise ValueError(
                 "the statistics have no holdout inputs (profiled with the sample fraction 1, --sample 1, or "
@@ -120,6 +145,7 @@ class FAEShardingPlanner(ShardingPlanner):
         self.hot_budget_bytes = hot_budget_bytes
         self.optimizer_class = optimizer_class
         self.num_candidates = num_candidates
+        self.processes = processes
         self.report: FAEPlanReport | None = None
         #: Seconds of each run of TorchRec's planner so far, failed ones included (the knob runs it
         #: once or more per budget): where planning time goes.
@@ -146,14 +172,13 @@ class FAEShardingPlanner(ShardingPlanner):
             budgets.append(float(self._ranking.total_bytes))  # the whole model fits: every row hot
         best: tuple[float, HotSet] | None = None
         failure: PlannerError | None = None
-        for budget in budgets:
-            hot_set = self._ranking.hot_set(int(budget))
-            try:
-                _, report, sizing = self._plan(self.meta_module(hot_set), hot_set, get_default_sharders())
-            except PlannerError as error:
+        for budget, (runs, outcome) in zip(budgets, self._plan_budgets(budgets), strict=True):
+            self.torchrec_runs += runs
+            if isinstance(outcome, PlannerError):
                 logger.info("hot budget %s: no plan fits", format_bytes(budget))
-                failure = failure or error
+                failure = failure or outcome
                 continue
+            report, sizing = outcome
             logger.info(
                 "hot budget %s: predicted step %.3f ms (%d runs of TorchRec's planner so far)",
                 format_bytes(budget),
@@ -161,10 +186,41 @@ class FAEShardingPlanner(ShardingPlanner):
                 len(self.torchrec_runs),
             )
             if best is None or report.step < best[0]:
+                hot_set = self._ranking.hot_set(int(budget))
                 best, self.report, self._chosen = (report.step, hot_set), report, (hot_set, sizing)
         if best is None:
             raise PlannerError(str(failure).split("\n")[0], failure.error_type)
         return best[1]
+
+    def _plan_budgets(self, budgets: list[float]) -> Iterator[tuple[list[float], BudgetOutcome]]:
+        """``_plan_budget`` of each budget, in order, as each is done: here, or in ``processes``
+        forked workers, which share this planner's statistics instead of copying them (hundreds of MiB
+        at Kaggle sizes) and this process's logging and warning filters. A worker plans meta modules
+        only: it touches no device, process group or thread of this process, and exits without
+        running any finalizer of them."""
+        if self.processes == 1 or len(budgets) == 1:
+            yield from map(self._plan_budget, budgets)
+            return
+        workers = min(self.processes, len(budgets))
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_start_worker, initargs=(self,)
+        ) as pool:
+            yield from pool.map(_plan_in_worker, budgets)
+
+    def _plan_budget(self, budget: float) -> tuple[list[float], BudgetOutcome]:
+        """The seconds of the runs of TorchRec's planner that the knob's plan at ``budget`` makes
+        (taken out of ``torchrec_runs`` again) and what the plan came to."""
+        hot_set = self._ranking.hot_set(int(budget))
+        start = len(self.torchrec_runs)
+        try:
+            _, report, sizing = self._plan(self.meta_module(hot_set), hot_set, get_default_sharders())
+            outcome: BudgetOutcome = (report, sizing)
+        except PlannerError as error:
+            outcome = error
+        runs = self.torchrec_runs[start:]
+        del self.torchrec_runs[start:]
+        return runs, outcome
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
         """The sharding plan of ``module`` (containing one ``FAEEmbeddingBagCollection``)."""

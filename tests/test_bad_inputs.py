@@ -99,6 +99,7 @@ def test_profile_out_that_is_a_directory_or_under_a_file(tmp_path, capsys, caplo
         (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got 0"),
         (["--dim", "0"], "argument --dim: must be a positive integer, got 0"),
         (["--candidates", "0"], "argument --candidates: must be a positive integer, got 0"),
+        (["--processes", "0"], "argument --processes: must be a positive integer, got 0"),
         (["--budget", "1e400"], "argument --budget: byte size too large: '1e400'"),
         (["--hbm-cap", "1e400"], "argument --hbm-cap: byte size too large: '1e400'"),
         (["--hbm-cap", "lots"], "argument --hbm-cap: not a byte size: 'lots'"),

@@ -3,6 +3,7 @@
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -194,7 +195,7 @@ def test_plan_cli_prints_both_plans(kaggle_stats, tmp_path, capsys):
     _, stats = kaggle_stats
     stats.save(tmp_path / "stats.npz")
     main(["plan", "--stats", str(tmp_path / "stats.npz"), "--world-size", "8", "--hbm-cap", "256MiB",
-          "--candidates", "2"])  # fmt: skip
+          "--candidates", "2", "--processes", "2"])  # fmt: skip
     printed = capsys.readouterr().out
     assert "FAE plan: hot budget" in printed and "fused_uvm_caching lf=" in printed
     assert "TorchRec default plan: predicted step" in printed
@@ -262,6 +263,32 @@ def test_plan_of_the_knobs_choice_repeats_none_of_its_search(tbsm_stats):
     assert len(fresh.torchrec_runs) > 1, "the sizing the knob found takes a search"
     for report in (knob.report, fresh.report):
         assert report.placements == chosen.placements and report.step == pytest.approx(chosen.step, rel=1e-9)
+
+
+def test_the_knob_plans_its_budgets_in_worker_processes_as_it_does_here(tbsm_stats):
+    """``processes=2``: budgets planned in two worker processes give the hot set, report and runs of
+    TorchRec's planner that planning them here one after another gives, ``plan`` still reuses the
+    sizing of the knob's choice in one run, and where no budget places, the same error comes back."""
+    topology = Topology(world_size=1, compute_device="cuda", hbm_cap=8 << 20)
+    here = FAEShardingPlanner(topology, tbsm_stats, batch_size=256, num_candidates=3)
+    workers = FAEShardingPlanner(topology, tbsm_stats, batch_size=256, num_candidates=3, processes=2)
+    chosen = [planner.choose_hot_set() for planner in (here, workers)]
+    assert chosen[0].total_hot > 0
+    assert all(map(np.array_equal, chosen[0].hot_ids, chosen[1].hot_ids))
+    assert workers.report.placements == here.report.placements and workers.report.step == here.report.step
+    assert len(workers.torchrec_runs) == len(here.torchrec_runs) > 4
+    workers.plan(workers.meta_module(chosen[1]), get_default_sharders())
+    assert len(workers.torchrec_runs) == len(here.torchrec_runs) + 1
+    tiny = Topology(world_size=1, compute_device="cuda", hbm_cap=1 << 20)  # no budget places
+    errors = []
+    for processes in (1, 2):
+        planner = FAEShardingPlanner(tiny, tbsm_stats, batch_size=256, num_candidates=2, processes=processes)
+        with pytest.raises(PlannerError, match="topology too small") as raised:
+            planner.choose_hot_set()
+        errors.append((str(raised.value), raised.value.error_type, len(planner.torchrec_runs)))
+    assert errors[0] == errors[1]
+    with pytest.raises(ValueError, match="processes must be at least 1, got 0"):
+        FAEShardingPlanner(topology, tbsm_stats, processes=0)
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 6, 7])
