@@ -1,7 +1,9 @@
 """How each step order mixes hot and cold steps, measured on the schedule alone (no training).
 
 Profiles a sample of the data, takes the hot set for ``--budget``, partitions the data into
-entirely-hot and other inputs, and lays out every order for many seeds. Per order it prints the
+entirely-hot and other inputs (all of them, as the example trains on; the header also gives the hot
+share of the inputs the profile did not sample, which chose no hot row), and lays out every order for
+many seeds. Per order it prints the
 share of hot steps, the longest run of hot steps, and how far the click rate of a window of
 ``--window`` consecutive steps strays from the data's: the largest stray anywhere in the epoch and
 the stray of the epoch's last window (the steps the final model remembers best). The baseline's
@@ -82,16 +84,19 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, np.ndarray]]:
     args = parse_args(argv)
     source, _ = open_source(args, batch_size=4096, require_labels=True)
     tables = source.table_configs()
-    stats = AccessProfiler(tables, args.sample, seed=0).profile(source)
+    profiler = AccessProfiler(tables, args.sample, seed=0)
+    profiled = np.concatenate([profiler.update(batch) for batch in source])  # per input, in the data's order
     partition = HotColdPartition.of(
-        source.blocks(), stats.hot_set(parse_bytes(args.budget)), DEFAULT_CAT_NAMES
+        source.blocks(), profiler.stats().hot_set(parse_bytes(args.budget)), DEFAULT_CAT_NAMES
     )
     everything = np.empty(len(partition.is_hot), dtype=partition.hot.labels.dtype)  # in the data's order
     everything[partition.is_hot], everything[~partition.is_hot] = partition.hot.labels, partition.cold.labels
     rate = everything.mean()
     print(
         f"data: {' '.join(Path(item).name for item in args.data)}, {len(everything):,} inputs, "
-        f"{partition.is_hot.mean():.1%} entirely hot (click rate {partition.hot.labels.mean():.3f}, others "
+        f"{partition.is_hot.mean():.1%} entirely hot ({partition.is_hot[~profiled].mean():.1%} of the "
+        f"{(~profiled).sum():,} the profile did not sample; click rate {partition.hot.labels.mean():.3f}, "
+        f"others "
         f"{partition.cold.labels.mean():.3f}, all {rate:.3f}); batch {args.batch_size} x {args.world_size} "
         f"ranks, windows of {args.window} steps, seeds 0-{args.seeds - 1}"
     )

@@ -140,6 +140,10 @@ def test_bench_schedule_compares_each_order_with_the_baseline(tmp_path):
                "--figures", str(tmp_path))  # fmt: skip
     hot, others = map(float, re.search(r"click rate (0\.\d+), others (0\.\d+)", out).groups())
     assert hot < others - 0.05, "the planted gap: hot inputs click less"
+    found = re.search(r"([\d.]+)% entirely hot \(([\d.]+)% of the ([\d,]+) the profile did not sample", out)
+    share, unprofiled_share, unprofiled = float(found[1]), float(found[2]), int(found[3].replace(",", ""))
+    assert 0.9 * 30_000 < unprofiled < 30_000, "the 5% sample left out"
+    assert abs(unprofiled_share - share) < 5, "at a 5% sample the shares are close"
     rows = {
         name: [float(value.rstrip("%")) for value in values.split()]
         for name, values in re.findall(r"^ *(baseline|stream|shuffled|phases) +(.+)$", out, flags=re.M)
