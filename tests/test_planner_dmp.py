@@ -1,6 +1,7 @@
 """A DLRM whose embeddings are FAE-split, planned by FAEShardingPlanner.collective_plan on a CPU
 topology and trained by DistributedModelParallel on 2 gloo ranks, cold and hot-only steps in turn."""
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -99,3 +100,23 @@ def _every_rank_gets_the_planner_error(rank: int, world_size: int) -> None:
 
 def test_a_planner_error_reaches_every_rank(tmp_path):
     run_on_ranks(_every_rank_gets_the_planner_error, 2, tmp_path)
+
+
+def _the_knob_forks_its_workers_beside_a_process_group(rank: int, world_size: int) -> None:
+    data = SyntheticCriteo(4096, batch_size=1024, scale=0.0005, seed=2)
+    stats = AccessProfiler(data.table_configs(8), 0.25, seed=0, holdout_size=500).profile(data)
+    topology = Topology(world_size=world_size, compute_device="cpu")
+    chosen = []
+    for processes in (1, 2):  # 2: forked while this rank's gloo group and its threads are live
+        planner = FAEShardingPlanner(topology, stats, batch_size=64, num_candidates=3, processes=processes)
+        chosen.append(planner.choose_hot_set())
+        assert len(planner.torchrec_runs) > 4
+    assert all(map(np.array_equal, chosen[0].hot_ids, chosen[1].hot_ids))
+    plan = planner.collective_plan(planner.meta_module(chosen[1]), get_default_sharders())  # the group works
+    plans = [None] * world_size
+    dist.all_gather_object(plans, str(plan))
+    assert plans[0] == plans[1]
+
+
+def test_the_knob_plans_in_forked_workers_on_ranks_of_a_process_group(tmp_path):
+    run_on_ranks(_the_knob_forks_its_workers_beside_a_process_group, 2, tmp_path)
