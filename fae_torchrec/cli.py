@@ -88,11 +88,13 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         "--budget", type=byte_size, help="fix the hot-row budget instead of letting the knob choose"
     )
     plan.add_argument("--candidates", type=positive_int, default=6, help="budgets the knob tries")
+    cores = len(os.sched_getaffinity(0))
     plan.add_argument(
         "--processes",
         type=positive_int,
-        default=1,
-        help="budgets the knob plans at once, each in a worker process (default: one after another here)",
+        default=cores,
+        help=f"budgets the knob plans at once, each in a forked worker process (default: the {cores} cores "
+        "this process may use; 1 plans them one after another here)",
     )
     plan.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
     return parser
@@ -247,8 +249,9 @@ def plan(args: argparse.Namespace) -> None:
     runs = planner.torchrec_runs
     print(
         f"{args.world_size} x CUDA, HBM {args.hbm_cap} per GPU, batch {args.batch_size} per rank, "
-        f"model {format_bytes(stats.ranking().total_bytes)}; FAE planning took {seconds:.1f} s, "
-        f"{sum(runs):.1f} s of it in {len(runs)} runs of TorchRec's planner"
+        f"model {format_bytes(stats.ranking().total_bytes)}; FAE planning took {seconds:.1f} s in "
+        f"{args.processes} process(es), {len(runs)} runs of TorchRec's planner taking {sum(runs):.1f} s "
+        "together"
     )
     print(fae)
     print(

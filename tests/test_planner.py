@@ -199,6 +199,7 @@ def test_plan_cli_prints_both_plans(kaggle_stats, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "FAE plan: hot budget" in printed and "fused_uvm_caching lf=" in printed
     assert "TorchRec default plan: predicted step" in printed
+    assert "FAE planning took" in printed and " s in 2 process(es), " in printed
     assert "predicted step ratio, TorchRec default / FAE:" in printed
 
 
