@@ -1,14 +1,14 @@
 """How each step order mixes hot and cold steps, measured on the schedule alone (no training).
 
 Profiles a sample of the data, takes the hot set for ``--budget``, partitions the data into
-entirely-hot and other inputs (all of them, as the example trains on; the header also gives the hot
-share of the inputs the profile did not sample, which chose no hot row), and lays out every order for
-many seeds. Per order it prints the
-share of hot steps, the longest run of hot steps, and how far the click rate of a window of
-``--window`` consecutive steps strays from the data's: the largest stray anywhere in the epoch and
-the stray of the epoch's last window (the steps the final model remembers best). The baseline's
-order (all inputs cold, batches in random order) is the reference: its windows stray by sampling
-alone. Draws the windowed click rate of one seed to ``bench_schedule.png`` in ``--figures``::
+entirely-hot and other inputs (all of them, as the example trains on them; the header also gives the
+hot share of the inputs the profile did not sample, which chose no hot row), and lays out every order
+for many seeds. Per order it prints the share of hot steps, the longest run of hot steps, and how far
+the click rate of a window of ``--window`` consecutive steps strays from the data's: the largest
+stray anywhere in the epoch and the stray of the epoch's last window (the steps the final model
+remembers best). The baseline's order (all inputs cold, batches in random order) is the reference:
+its windows stray by sampling alone. Draws the windowed click rate of one seed to
+``bench_schedule.png`` in ``--figures``::
 
     python benchmarks/bench_schedule.py --label-gap -1                   # synthetic, planted gap
     python benchmarks/bench_schedule.py --data criteo-tsv ROWS --scale 1 --sample 0.25 \\
@@ -96,9 +96,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, np.ndarray]]:
         f"data: {' '.join(Path(item).name for item in args.data)}, {len(everything):,} inputs, "
         f"{partition.is_hot.mean():.1%} entirely hot ({partition.is_hot[~profiled].mean():.1%} of the "
         f"{(~profiled).sum():,} the profile did not sample; click rate {partition.hot.labels.mean():.3f}, "
-        f"others "
-        f"{partition.cold.labels.mean():.3f}, all {rate:.3f}); batch {args.batch_size} x {args.world_size} "
-        f"ranks, windows of {args.window} steps, seeds 0-{args.seeds - 1}"
+        f"others {partition.cold.labels.mean():.3f}, all {rate:.3f}); batch {args.batch_size} x "
+        f"{args.world_size} ranks, windows of {args.window} steps, seeds 0-{args.seeds - 1}"
     )
     layouts = {BASELINE: (np.zeros_like(partition.is_hot), {COLD: everything}, "stream")}
     layouts |= {order: (partition.is_hot, {HOT: partition.hot.labels, COLD: partition.cold.labels}, order)
