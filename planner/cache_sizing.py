@@ -98,9 +98,7 @@ class ColdCacheSizing:
     def device_bytes(self, load_factors: dict[str, float]) -> np.ndarray:
         """Per table, the device memory a sizing's cold part asks, as ``load_factors`` counts it: the
         whole part at load factor 1, else its cache slots and the cache's bookkeeping per row."""
-        factors = self._factors(load_factors)
-        cached = factors * self.slot_bytes + CACHE_ROW_AUX_BYTES
-        return self.rows * np.where(factors == 1.0, self.row_bytes, cached)
+        return self._device_bytes(self._factors(load_factors))
 
     def asks_at_least(self, load_factors: dict[str, float], other: dict[str, float]) -> bool:
         """Whether the sizing ``load_factors`` asks every table for at least the device memory ``other``
@@ -108,11 +106,15 @@ class ColdCacheSizing:
         needs at least that HBM (and a cache DDR besides), where a whole part may also take sharding
         types that a cache may not."""
         mine, theirs = self._factors(load_factors), self._factors(other)
-        more = self.device_bytes(load_factors) >= self.device_bytes(other)
+        more = self._device_bytes(mine) >= self._device_bytes(theirs)
         return bool(np.all(more & ((mine < 1.0) | (theirs == 1.0))))
 
     def _factors(self, load_factors: dict[str, float]) -> np.ndarray:
         return np.array([load_factors.get(c.name, 0.0) for c in self.tables])
+
+    def _device_bytes(self, factors: np.ndarray) -> np.ndarray:
+        cached = factors * self.slot_bytes + CACHE_ROW_AUX_BYTES
+        return self.rows * np.where(factors == 1.0, self.row_bytes, cached)
 
 
 def cache_load_factors(
