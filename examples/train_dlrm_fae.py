@@ -67,7 +67,6 @@ from fae_torchrec import (
     parse_bytes,
 )
 from fae_torchrec.arguments import (
-    blocking_file,
     byte_size,
     fraction,
     int_at_least,
@@ -75,6 +74,7 @@ from fae_torchrec.arguments import (
     positive_float,
     positive_int,
     share,
+    unwritable_directory,
 )
 from fae_torchrec.data import SampleBlock
 from fae_torchrec.data.source import BlockSource
@@ -256,8 +256,8 @@ def parse_args(argv: list[str] | None = None, family: ModelFamily = DLRM_FAMILY)
 
 
 def _invalid_combination(args: argparse.Namespace) -> str | None:
-    """What is wrong with options that are fine one by one (directories that are files, ``--resume``
-    without a checkpoint), or None."""
+    """What is wrong with options that are fine one by one (output directories that cannot be written,
+    ``--resume`` without a checkpoint), or None."""
     if args.resume and not args.checkpoint_dir:
         return "--resume needs --checkpoint-dir"
     try:
@@ -267,9 +267,9 @@ def _invalid_combination(args: argparse.Namespace) -> str | None:
     for option, directory in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir)):
         if directory is None:
             continue
-        blocker = blocking_file(directory)
-        if blocker is not None:
-            return f"{option} {directory}: {blocker} is a file, not a directory"
+        problem = unwritable_directory(directory)
+        if problem is not None:
+            return f"{option} {directory}: {problem}"
     if args.checkpoint_dir and not args.checkpoint_every and not args.resume:
         return "--checkpoint-dir needs --checkpoint-every N (steps between checkpoints)"
     return None
@@ -349,6 +349,9 @@ def _profile_and_partition(
             else f"no validation input: --data {data} has {profiler.num_inputs} training inputs and none "
             "to validate on"
         )
+    _check_batch_size(
+        args, data, profiler.num_inputs - (profiler.num_sampled if args.exclude_profiled else 0)
+    )
     stats = profiler.stats()
     hot_set = (
         HotSet(tuple(tables), tuple(np.empty(0, dtype=np.int64) for _ in tables))
@@ -371,6 +374,20 @@ def _profile_and_partition(
     )
     stats.save(Path(args.out) / "stats.npz")
     return stats, SampleBlock.concat(held_out)
+
+
+def _check_batch_size(args: argparse.Namespace, data: str, num_train: int) -> None:
+    """Raise ``ValueError`` naming ``--batch-size`` unless the ``num_train`` training inputs of ``data``
+    fill one step on every rank (a smaller batch would train, but not the batch that was planned)."""
+    world = dist.get_world_size()
+    if num_train < args.batch_size * world:
+        ranks = f" per rank on {world} ranks ({args.batch_size * world:,} in all)" if world > 1 else ""
+        per_rank = f", {num_train // world:,} per rank" if world > 1 else ""
+        trained = " not profiled (--exclude-profiled)" if args.exclude_profiled else ""
+        raise ValueError(
+            f"--batch-size {args.batch_size}{ranks} is larger than the training data: --data {data} has "
+            f"{num_train:,} training inputs{trained}{per_rank}"
+        )
 
 
 def main(argv: list[str] | None = None, family: ModelFamily = DLRM_FAMILY) -> dict:
@@ -503,6 +520,7 @@ def _train(
         history, counts = progress["history"], progress["counts"]
         first_epoch, first_step = position["router"]["epoch"], position["router"]["step"]
         logger.info("resumed at epoch %d, step %d", first_epoch, first_step)
+        _check_resume_position(args, first_epoch, first_step, len(router.schedule(first_epoch)))
     runner = StepRunner(args.pipeline, dmp, dense, device, fae=training.fae)
     # this run's wall times (after a resume: since it), in seconds: per hot and per cold step, and of
     # getting each step's batch from the router (onto the device, in the plain loop)
@@ -551,11 +569,12 @@ def _train(
         "hot_input_share": len(partition.hot) / num_train,
         **counts,
         "plan_kernels": dict(_kernels(plan)),
-        # training steps only (not evaluation), of this run (after a resume: since it)
-        "samples_per_second": seen / sum(all_steps),
+        # training steps only (not evaluation), of this run (after a resume: since it; None when a
+        # resume found nothing left to train)
+        "samples_per_second": seen / sum(all_steps) if all_steps else None,
         "hot_step_ms": _mean_ms(step_seconds["hot"]),
         "cold_step_ms": _mean_ms(step_seconds["cold"]),
-        "routing_ms": 1000 * routing_seconds / len(all_steps),
+        "routing_ms": 1000 * routing_seconds / len(all_steps) if all_steps else None,
         # rank 0's peak resident memory, against the tables' size: weights, and with optimizer state
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20),
         "tables_gib": layout.num_rows @ layout.row_bytes() / (1 << 30),
@@ -566,14 +585,27 @@ def _train(
         "final_log_loss": history["log_loss"][-1],
         "history": history,
     }
+    throughput = f"{metrics['samples_per_second']:.0f} samples/s" if all_steps else "no step in this run"
     logger.info(
-        "%s: %.0f samples/s, %d hot and %d cold steps, validation AUC %.4f, log loss %.4f",
-        mode, metrics["samples_per_second"], counts["hot_steps"], counts["cold_steps"],
-        metrics["final_auc"], metrics["final_log_loss"],
+        "%s: %s, %d hot and %d cold steps, validation AUC %.4f, log loss %.4f",
+        mode, throughput, counts["hot_steps"], counts["cold_steps"], metrics["final_auc"],
+        metrics["final_log_loss"],
     )  # fmt: skip
     if rank == 0:
         _write(metrics, Path(args.out))
     return metrics
+
+
+def _check_resume_position(args: argparse.Namespace, epoch: int, step: int, epoch_steps: int) -> None:
+    """Log that a run resumed at its last step has nothing left to train (it evaluates and writes its
+    metrics); raise ``ValueError`` naming ``--epochs`` when the checkpoint lies beyond the run's end."""
+    if epoch >= args.epochs:
+        raise ValueError(
+            f"--epochs {args.epochs}: the checkpoint in --checkpoint-dir {args.checkpoint_dir} is at epoch "
+            f"{epoch}, step {step}, past the last epoch of this run; resume with --epochs {epoch + 1} or more"
+        )
+    if epoch == args.epochs - 1 and step == epoch_steps:
+        logger.info("nothing left to train: the checkpoint is at the last step of epoch %d", epoch)
 
 
 def _steps_to_pause(step_index: int, left: int, args: argparse.Namespace) -> int:

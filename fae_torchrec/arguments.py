@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import tempfile
 from pathlib import Path
 
 from fae_torchrec.units import parse_bytes
@@ -102,9 +103,17 @@ def byte_size(text: str) -> str:
     return text
 
 
-def blocking_file(path: str | Path) -> Path | None:
-    """What keeps ``path`` from being (or becoming) a directory: the nearest existing of it and its
-    parents when that is a file, or None."""
+def unwritable_directory(path: str | Path) -> str | None:
+    """Why files cannot be written in the directory ``path`` (made with its parents where missing), or
+    None: the nearest existing of it and its parents is a file, or nothing can be created in it (a
+    read-only file system, no permission, a pseudo file system such as /proc). A directory is made and
+    removed there to find out, so that a command refuses before its work rather than after it."""
     path = Path(path).absolute()
     existing = next(p for p in (path, *path.parents) if p.exists())
-    return None if existing.is_dir() else existing
+    if not existing.is_dir():
+        return f"{existing} is a file, not a directory"
+    try:
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as error:
+        return f"cannot create anything in {existing} ({error.strerror or error})"
+    return None

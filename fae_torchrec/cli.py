@@ -19,7 +19,7 @@ from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from fae_torchrec.arguments import blocking_file, byte_size, fraction, non_negative_int, positive_int
+from fae_torchrec.arguments import byte_size, fraction, non_negative_int, positive_int, unwritable_directory
 from fae_torchrec.data.sources import (
     PROFILE_SAMPLE,
     add_data_arguments,
@@ -175,9 +175,9 @@ def _check_out_file(out: str) -> None:
         raise ValueError(
             f"--out {out}: is a directory; give a file path, e.g. {os.path.join(out, 'stats.npz')}"
         )
-    blocker = blocking_file(os.path.dirname(os.path.abspath(out)))
-    if blocker is not None:
-        raise ValueError(f"--out {out}: {blocker} is a file, not a directory")
+    problem = unwritable_directory(os.path.dirname(os.path.abspath(out)))
+    if problem is not None:
+        raise ValueError(f"--out {out}: {problem}")
 
 
 def _no_torchrec_warning(record: logging.LogRecord) -> bool:

@@ -1,7 +1,9 @@
 """Bad input to ``fae-torchrec`` and ``examples/train_dlrm_fae.py``: exit status 2 and a message naming
 the option or file; damaged statistics files are refused by ``AccessStats.load``."""
 
+import argparse
 import importlib.util
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -13,6 +15,7 @@ from torchrec.distributed.planner.types import Topology
 from fae_torchrec import AccessStats, parse_bytes
 from fae_torchrec.cli import main
 from planner import FAEShardingPlanner
+from tests.distributed import run_on_ranks
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
 
@@ -89,6 +92,34 @@ def test_profile_out_that_is_a_directory_or_under_a_file(tmp_path, capsys, caplo
     afile.write_text("x")
     reported = _exits_2(["profile", "--num-samples", "10", "--out", str(afile / "s.npz")], capsys, caplog)
     assert f"{afile} is a file, not a directory" in reported
+
+
+#: Where nothing can be created, even by root: a directory and a path below it (the reason, such as
+#: /proc's "No such file or directory", is the system's).
+UNWRITABLE = pytest.mark.parametrize(
+    ("directory", "below"), [("/proc", "/proc/fae-run"), ("/sys", "/sys/fae/run")]
+)
+
+
+def _damaged_tsv(tmp_path: Path) -> Path:
+    """A Criteo TSV whose first line is refused when it is read."""
+    path = tmp_path / "damaged.txt"
+    path.write_text("not a criteo line\n")
+    return path
+
+
+@UNWRITABLE
+def test_profile_out_that_cannot_be_written_is_refused_before_the_data_is_read(
+    tmp_path, capsys, caplog, directory, below
+):
+    """The damaged data would be refused when read: the --out error comes first."""
+    if not Path(directory).is_dir():
+        pytest.skip(f"{directory} is not mounted here")
+    out = f"{below}/s.npz"
+    data = ["--data", "criteo-tsv", str(_damaged_tsv(tmp_path))]
+    reported = _exits_2(["profile", *data, "--out", out], capsys, caplog)
+    assert f"--out {out}: cannot create anything in {directory} (" in reported
+    assert "damaged.txt" not in reported
 
 
 @pytest.mark.parametrize(
@@ -228,6 +259,60 @@ def test_bad_example_options_name_the_option(capsys, args, message):
         _example().parse_args(args)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--out", "--checkpoint-dir"])
+@UNWRITABLE
+def test_example_out_or_checkpoint_dir_that_cannot_be_written_is_refused_before_the_data_is_read(
+    tmp_path, capsys, option, directory, below
+):
+    if not Path(directory).is_dir():
+        pytest.skip(f"{directory} is not mounted here")
+    data = ["--data", "criteo-tsv", str(_damaged_tsv(tmp_path)), "--checkpoint-every", "5"]
+    with pytest.raises(SystemExit) as exit_info:
+        _example().main([*data, option, below])
+    assert exit_info.value.code == 2
+    reported = capsys.readouterr().err
+    assert f"{option} {below}: cannot create anything in {directory} (" in reported
+    assert "damaged.txt" not in reported
+
+
+def _batch_larger_than_the_data(rank: int, world_size: int, out: str) -> None:
+    """2,700 training inputs fill a step of 2,000 on one rank, not on two; fewer with --exclude-profiled."""
+    example = _example()
+    data = ["--num-samples", "3000", "--scale", "0.001", "--batch-size", "2000", "--out", out]
+    with pytest.raises(ValueError) as refused:
+        example.prepare_data(example.parse_args(data), rank)
+    assert str(refused.value) == (
+        "--batch-size 2000 per rank on 2 ranks (4,000 in all) is larger than the training data: --data "
+        "synthetic has 2,700 training inputs, 1,350 per rank"
+    )
+    with pytest.raises(ValueError) as refused:
+        example.prepare_data(example.parse_args([*data, "--exclude-profiled"]), rank)
+    found = re.fullmatch(
+        r"--batch-size 2000 per rank on 2 ranks \(4,000 in all\) is larger than the training data: --data "
+        r"synthetic has ([\d,]+) training inputs not profiled \(--exclude-profiled\), [\d,]+ per rank",
+        str(refused.value),
+    )
+    assert found and 0 < int(found[1].replace(",", "")) < 2700, str(refused.value)
+    assert not any(Path(out).glob("partition-*")), "refused before the partition is written"
+
+
+def test_a_batch_larger_than_the_training_data_is_refused_on_every_rank(tmp_path):
+    run_on_ranks(_batch_larger_than_the_data, 2, tmp_path, str(tmp_path / "out"))
+
+
+def test_a_resume_past_the_last_epoch_names_epochs():
+    """A checkpoint of epoch 1 (the second) cannot be resumed with --epochs 1; at the last step of the last
+    epoch it can (nothing is left to train)."""
+    check = _example()._check_resume_position
+    args = argparse.Namespace(epochs=1, checkpoint_dir="ck")
+    with pytest.raises(
+        ValueError, match=r"^--epochs 1: the checkpoint in --checkpoint-dir ck is at epoch 1, step 5"
+    ):
+        check(args, 1, 5, 43)
+    check(args, 0, 43, 43)
+    check(argparse.Namespace(epochs=2, checkpoint_dir="ck"), 1, 5, 43)
 
 
 def test_example_out_or_checkpoint_dir_that_is_a_file(tmp_path, capsys):

@@ -59,13 +59,33 @@ def test_scaleup_baseline_runs_and_cpu_ignores_the_hbm_cap(tmp_path):
     assert AccessStats.load(out / "stats.npz").num_inputs > 0
 
 
+def _resume_at_the_last_step(tmp_path, straight: dict, *args, launcher) -> None:
+    """Resume from the checkpoint ``straight`` saved at its last step (after which it evaluated): the run
+    has nothing left to train, and evaluates and writes the metrics of the run it resumes."""
+    out = tmp_path / "at-last-step"
+    run = run_launched([*launcher, str(EXAMPLE), "--out", str(out), *args, "--resume"], outputs=[out])
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "nothing left to train: the checkpoint is at the last step of epoch 0" in run.stderr
+    resumed = json.loads((out / "metrics.json").read_text())
+    assert resumed["samples_per_second"] is None and resumed["routing_ms"] is None
+    assert resumed["history"] == straight["history"], "the final evaluation included, with its result"
+    assert resumed["final_auc"] == straight["final_auc"]
+    assert (resumed["hot_steps"], resumed["cold_steps"]) == (straight["hot_steps"], straight["cold_steps"])
+
+
 @pytest.mark.slow
-def test_torchrun_with_two_ranks(tmp_path):
+def test_torchrun_with_two_ranks_and_a_resume_at_the_last_step(tmp_path):
     launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
-    metrics = _run(tmp_path, "--num-samples", "40000", "--batch-size", "128", launcher=launcher)
+    # 36,000 training inputs in steps of 2 x 128: 140 steps, the checkpoint at the last one
+    common = ["--num-samples", "40000", "--batch-size", "128", "--checkpoint-dir", str(tmp_path / "ck")]
+    metrics = _run(
+        tmp_path, *common, "--checkpoint-every", "140", launcher=launcher, outputs=[tmp_path / "ck"]
+    )
     assert metrics["world_size"] == 2
     assert metrics["hot_steps"] > 0 and metrics["cold_steps"] > 0
+    assert metrics["hot_steps"] + metrics["cold_steps"] == 140
     assert 0.5 < metrics["final_auc"] <= 1.0
+    _resume_at_the_last_step(tmp_path, metrics, *common, launcher=launcher)
 
 
 @pytest.mark.slow
@@ -85,12 +105,16 @@ def test_resumed_run_ends_where_the_straight_run_ends(tmp_path):
     ]
     straight = _run(tmp_path / "straight", *common, "--checkpoint-dir", str(tmp_path / "ck"),
                     "--checkpoint-every", "30", launcher=python, outputs=[tmp_path / "ck"])  # fmt: skip
+    # 22,500 training inputs in steps of 512: 43; the resumed run saves at the last one
+    assert straight["hot_steps"] + straight["cold_steps"] == 43
     resumed = _run(tmp_path / "resumed", *common, "--checkpoint-dir", str(tmp_path / "ck"), "--resume",
-                   launcher=python)  # fmt: skip
+                   "--checkpoint-every", "43", launcher=python)  # fmt: skip
     assert (resumed["hot_steps"], resumed["cold_steps"]) == (straight["hot_steps"], straight["cold_steps"])
     assert resumed["history"]["eval_step"] == straight["history"]["eval_step"]
     assert resumed["history"]["auc"] == straight["history"]["auc"], "the same evaluations, the same results"
     assert resumed["final_log_loss"] == straight["final_log_loss"]
+    _resume_at_the_last_step(tmp_path, straight, *common, "--checkpoint-dir", str(tmp_path / "ck"),
+                             launcher=python)  # fmt: skip
     other = subprocess.run(
         [sys.executable, str(EXAMPLE), "--out", str(tmp_path / "other"), *common, "--batch-size", "256",
          "--checkpoint-dir", str(tmp_path / "ck"), "--resume"],
@@ -178,6 +202,11 @@ def test_exclude_profiled_refuses_a_sample_of_every_input(tmp_path):
     [
         (["--sample", "1"], "the statistics have no holdout inputs"),  # refused by the planner
         (["--pipeline", "prefetch"], "--pipeline prefetch: TorchRec's prefetch pipeline runs on CUDA only"),
+        (
+            ["--batch-size", "100000"],
+            "--batch-size 100000 is larger than the training data: --data synthetic has 2,700 training "
+            "inputs\n",
+        ),
     ],
 )
 def test_options_this_run_cannot_honour_are_refused(tmp_path, option, message):
