@@ -97,7 +97,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.sharding_plan import get_default_sharders
-from torchrec.distributed.types import CacheAlgorithm
+from torchrec.distributed.types import CacheAlgorithm, CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from benchmarks.common.arguments import fail
@@ -240,7 +240,13 @@ def measure_point(
     stats = stream.stats.with_embedding_dim(dim)
     topology = make_topology(world_size, hbm_cap=hbm_cap)
     batch = args.batch_size
-    fae = FAEShardingPlanner(topology, stats, batch_size=batch, num_candidates=args.knob_candidates)
+    fae = FAEShardingPlanner(
+        topology,
+        stats,
+        batch_size=batch,
+        num_candidates=args.knob_candidates,
+        cache_params=CacheParams(prefetch_pipeline=False),
+    )
     hot_set = fae.choose_hot_set()
     meta = fae.meta_module(hot_set)
     fae_plan = fae.plan(meta, get_default_sharders())

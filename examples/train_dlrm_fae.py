@@ -700,16 +700,20 @@ def _planner(
     if mode == "hbm" and device.type == "cuda":
         hbm_cap = torch.cuda.get_device_properties(device).total_memory
     topology = make_topology(world, device.type, hbm_cap)
-    pipelined = ParameterConstraints(cache_params=CacheParams(prefetch_pipeline=True))
-    constraints = {t.name: pipelined for t in stats.tables} if prefetch else None
     if mode == "fae":
         return FAEShardingPlanner(
-            topology, stats, batch_size=batch_size, constraints=constraints, hot_budget_bytes=budget
+            topology,
+            stats,
+            batch_size=batch_size,
+            hot_budget_bytes=budget,
+            cache_params=CacheParams(prefetch_pipeline=prefetch),
         )
     if mode == "scaleup":
         return scaleup_planner(topology, stats, batch_size, prefetch_pipeline=prefetch)
     if mode == "hbm":
         return hbm_planner(topology, list(stats.tables), batch_size)  # no cache to prefetch into
+    pipelined = ParameterConstraints(cache_params=CacheParams(prefetch_pipeline=True))
+    constraints = {t.name: pipelined for t in stats.tables} if prefetch else None
     return default_planner(topology, batch_size, constraints, tables=stats.tables)
 
 

@@ -17,6 +17,7 @@ import torch
 import torchrec
 from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.types import CacheAlgorithm, CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from fae_torchrec.arguments import byte_size, fraction, non_negative_int, positive_int, unwritable_directory
@@ -37,6 +38,8 @@ from fae_torchrec.units import format_bytes, parse_bytes
 
 logger = logging.getLogger("fae_torchrec")
 
+#: FBGEMM's cache replacement policies by CLI name.
+CACHE_ALGORITHMS = {"lru": CacheAlgorithm.LRU, "lfu": CacheAlgorithm.LFU}
 #: Embedding optimizers by CLI name; each row's optimizer state is counted as TorchRec counts it.
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer] | None] = {
     "none": None,
@@ -97,6 +100,20 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         "this process may use; 1 plans them one after another here)",
     )
     plan.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
+    plan.add_argument(
+        "--cache-algorithm",
+        choices=sorted(CACHE_ALGORITHMS),
+        default="lru",
+        help="replacement policy of the UVM caches (FBGEMM pipelines prefetches of LRU caches only)",
+    )
+    plan.add_argument(
+        "--prefetch-pipeline",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="plan every UVM cache for TorchRec's prefetch pipeline (PrefetchTrainPipelineSparseDist, "
+        "FAEPrefetchTrainPipeline), as TorchRec's strongest offload; --no-prefetch-pipeline for the other "
+        "train pipelines",
+    )
     return parser
 
 
@@ -214,13 +231,14 @@ def _torchrec_quiet() -> Iterator[None]:
 
 
 def plan(args: argparse.Namespace) -> None:
-    from planner import FAEShardingPlanner, torchrec_default_plan
+    from planner import FAEShardingPlanner, default_planner, dry_run, scaleup_planner
     from planner.topology import make_topology
 
     stats = AccessStats.load(args.stats)
     if args.dim is not None:
         stats = stats.with_embedding_dim(args.dim)
     topology = make_topology(args.world_size, hbm_cap=parse_bytes(args.hbm_cap))
+    algorithm = CACHE_ALGORITHMS[args.cache_algorithm]
     start = time.perf_counter()
     try:
         planner = FAEShardingPlanner(
@@ -231,20 +249,19 @@ def plan(args: argparse.Namespace) -> None:
             optimizer_class=OPTIMIZERS[args.optimizer],
             num_candidates=args.candidates,
             processes=args.processes,
+            cache_params=CacheParams(algorithm=algorithm, prefetch_pipeline=args.prefetch_pipeline),
         )
     except ValueError as error:
         raise ValueError(f"--stats {args.stats}: {error}") from error
+    where = f"--world-size {args.world_size} --hbm-cap {args.hbm_cap}"
     try:
         # the knob logs each budget it tries as it goes: its search takes minutes at 128 GPUs
         with _logger_level("planner", logging.INFO):
             hot_set = planner.choose_hot_set()
         planner.plan(planner.meta_module(hot_set), get_default_sharders())
     except PlannerError as error:
-        raise PlannerError(
-            f"--world-size {args.world_size} --hbm-cap {args.hbm_cap}: {error}", error.error_type
-        ) from error
+        raise PlannerError(f"{where}: {error}", error.error_type) from error
     seconds = time.perf_counter() - start
-    _, default, kernels = torchrec_default_plan(stats.tables, topology, args.batch_size)
     fae = planner.report
     runs = planner.torchrec_runs
     print(
@@ -254,11 +271,27 @@ def plan(args: argparse.Namespace) -> None:
         "together"
     )
     print(fae)
-    print(
-        f"TorchRec default plan: predicted step {default.step:.3f} ms; kernels "
-        f"{dict(sorted(kernels.items()))}; max HBM per rank {format_bytes(max(default.hbm))}"
-    )
-    print(f"predicted step ratio, TorchRec default / FAE: {default.step / fae.step:.2f}x")
+    pipelined = " with the prefetch pipeline" if args.prefetch_pipeline else ""
+    torchrec = {  # TorchRec's own plans of the unsplit tables, with the same optimizer state
+        "TorchRec default": lambda: default_planner(topology, args.batch_size, tables=stats.tables),
+        f"TorchRec scale-up caches ({args.cache_algorithm.upper()}{pipelined})": lambda: scaleup_planner(
+            topology, stats, args.batch_size, algorithm=algorithm, prefetch_pipeline=args.prefetch_pipeline
+        ),
+    }
+    steps = {}
+    for name, make in torchrec.items():
+        try:
+            result = dry_run(make(), stats.tables, OPTIMIZERS[args.optimizer])
+        except PlannerError:
+            print(f"{name} plan: none fits")
+            continue
+        steps[name] = result.totals.step
+        print(
+            f"{name} plan: predicted step {result.totals.step:.3f} ms; kernels "
+            f"{dict(sorted(result.kernels.items()))}; max HBM per rank {format_bytes(max(result.totals.hbm))}"
+        )
+    for name, step in steps.items():
+        print(f"predicted step ratio, {name} / FAE: {step / fae.step:.2f}x")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -2,9 +2,10 @@
 
 - ``default_planner``: TorchRec's ``EmbeddingShardingPlanner`` as users get it (tables that do not fit
   go to ``fused_uvm`` or ``fused_uvm_caching`` with the default load factor 0.2);
-- ``scaleup_planner``: the strongest TorchRec offload, every table ``fused_uvm_caching`` with
-  ``CacheParams`` holding ``AccessCacheStatistics`` of the whole table (built from the same access
-  statistics FAE uses) and ``EmbeddingOffloadScaleupProposer`` growing the caches into the free HBM;
+- ``scaleup_planner``: the strongest TorchRec offload, every table that a cache cannot hold whole
+  ``fused_uvm_caching`` with ``CacheParams`` holding ``AccessCacheStatistics`` of the whole table (built
+  from the same access statistics FAE uses) and ``EmbeddingOffloadScaleupProposer`` growing the caches
+  into the free HBM;
 - ``hbm_planner``: every table in HBM (``fused`` or data-parallel ``dense``), the speed limit; give it a
   topology whose HBM holds the model.
 
@@ -30,8 +31,9 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from fae_torchrec.stats import AccessStats
-from planner.cache_sizing import LOAD_FACTOR_RANGE
-from planner.constraints import CUDA_COLD_SHARDING_TYPES, cold_cache_statistics, ids_per_input
+from fae_torchrec.stats.hot_set import COLD
+from planner.cache_sizing import smallest_load_factors
+from planner.constraints import cold_cache_statistics, fae_constraints, step_pooling
 from planner.enumerator import OrderedEnumerator
 from planner.report import RankTotals
 
@@ -99,33 +101,27 @@ def scaleup_planner(
     """(b) UVM caches sized by ``EmbeddingOffloadScaleupProposer`` from statistics of the whole tables.
 
     Every cache starts at one global batch's distinct rows (the smallest that does not thrash within
-    a step) and the proposer scales the caches up. ``algorithm`` and ``prefetch_pipeline`` go to the
-    caches' ``CacheParams`` (FBGEMM pipelines prefetches of LRU caches only; the proposer's miss-rate
-    curves are LRU's, and it logs an error for LFU but sizes the caches the same). On a CPU topology
-    there is no cache to size, and this is TorchRec's default planner with the statistics' pooling
-    factors.
+    a step) and the proposer scales the caches up; a table that such a cache would hold whole stays in
+    HBM, where TorchRec may also make it data-parallel. ``algorithm`` and ``prefetch_pipeline`` go to
+    the caches' ``CacheParams`` (FBGEMM pipelines prefetches of LRU caches only; the proposer's
+    miss-rate curves are LRU's, and it logs an error for LFU but sizes the caches the same). Tables are
+    priced at the pooling measured on the profile's holdout, as FAE's planner prices them, which plans
+    this same offload of the whole tables among its own candidates. On a CPU topology there is no cache
+    to size, and this is TorchRec's default planner with those pooling factors.
     """
-    pooling = ids_per_input(stats)
-    caches = cold_cache_statistics(stats, stats.hot_set(0), batch_size * topology.world_size)
-    low, high = LOAD_FACTOR_RANGE
-    constraints = {}
-    for config, ids in zip(stats.tables, pooling, strict=True):
-        pooling_factors = [float(ids)] * len(config.feature_names)
-        if topology.compute_device == "cpu":
-            constraints[config.name] = ParameterConstraints(pooling_factors=pooling_factors)
-            continue
-        cache = caches[config.name]
-        constraints[config.name] = ParameterConstraints(
-            sharding_types=list(CUDA_COLD_SHARDING_TYPES),
-            compute_kernels=[EmbeddingComputeKernel.FUSED_UVM_CACHING.value],
-            pooling_factors=pooling_factors,
-            cache_params=CacheParams(
-                algorithm=algorithm,
-                load_factor=min(max(cache.minimum_load_factor, low), high),
-                stats=cache,
-                prefetch_pipeline=prefetch_pipeline,
-            ),
-        )
+    no_hot_rows = stats.hot_set(0)
+    pooling = step_pooling(stats, no_hot_rows)
+    if topology.compute_device == "cpu":
+        constraints = {
+            config.name: ParameterConstraints(pooling_factors=[float(ids)] * len(config.feature_names))
+            for config, ids in zip(stats.tables, pooling.cold_step_cold, strict=True)
+        }
+    else:
+        caches = cold_cache_statistics(stats, no_hot_rows, batch_size * topology.world_size, pooling)
+        sized = {name: (factor, caches[name]) for name, factor in smallest_load_factors(caches).items()}
+        params = CacheParams(algorithm=algorithm, prefetch_pipeline=prefetch_pipeline)
+        parts = fae_constraints(stats, no_hot_rows, "cuda", sized, pooling=pooling, cache_params=params)
+        constraints = {name.removesuffix(f"_{COLD}"): constraint for name, constraint in parts.items()}
     proposer = [] if topology.compute_device == "cpu" else [EmbeddingOffloadScaleupProposer()]
     return EmbeddingShardingPlanner(
         topology=topology,

@@ -117,6 +117,17 @@ class ColdCacheSizing:
         return self.rows * np.where(factors == 1.0, self.row_bytes, cached)
 
 
+def smallest_load_factors(caches: dict[str, AccessCacheStatistics]) -> dict[str, float]:
+    """Per table of ``caches``, the load factor of its smallest cache that does not thrash within a step
+    (one global batch's distinct rows, ``minimum_load_factor``), or 1.0 (the table in HBM) where that
+    cache would hold the whole table: where ``EmbeddingOffloadScaleupProposer`` starts."""
+    low, high = LOAD_FACTOR_RANGE
+    return {
+        name: 1.0 if cache.minimum_load_factor >= high else max(cache.minimum_load_factor, low)
+        for name, cache in caches.items()
+    }
+
+
 def cache_load_factors(
     stats: AccessStats,
     hot_set: HotSet,

@@ -14,7 +14,7 @@ plan at a hot step's and a cold step's own pooling.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -50,12 +50,6 @@ ALLOWED = {
     ("cpu", HOT): (CPU_SHARDING_TYPES, HOT_KERNELS),
     ("cpu", COLD): (CPU_SHARDING_TYPES, HOT_KERNELS),
 }
-
-
-def ids_per_input(stats: AccessStats) -> np.ndarray:
-    """Per table, sampled accesses per input and feature (its pooling factor)."""
-    features = np.array([len(c.feature_names) for c in stats.tables])
-    return stats.table_accesses() / stats.num_sampled / features
 
 
 @dataclass(frozen=True)
@@ -134,6 +128,13 @@ def cold_cache_statistics(
     }
 
 
+def merged_cache_params(default: CacheParams, user: CacheParams | None) -> CacheParams:
+    """``default`` with every field the ``user`` sets (not None) taken from ``user``."""
+    if user is None:
+        return default
+    return replace(default, **{f.name: v for f in fields(user) if (v := getattr(user, f.name)) is not None})
+
+
 def fae_constraints(
     stats: AccessStats,
     hot_set: HotSet,
@@ -143,11 +144,14 @@ def fae_constraints(
     uncached: bool = False,
     torchrec_choice: bool = False,
     pooling: StepPooling | None = None,
+    cache_params: CacheParams | None = None,
 ) -> dict[str, ParameterConstraints]:
     """Constraints keyed by part table name (``t_hot``, ``t_cold``) for every part that has rows.
 
     ``caches`` gives each cold table's load factor and statistics (used on CUDA; a load factor of 1
-    puts the cold part in HBM, as a hot part). ``user`` constraints are keyed by original table name
+    puts the cold part in HBM, as a hot part). ``cache_params`` are the cold caches' other
+    ``CacheParams`` (algorithm, ``prefetch_pipeline``; FBGEMM's defaults when None), under any field a
+    user's constraint sets. ``user`` constraints are keyed by original table name
     and apply to both parts; their kernels and sharding types are intersected with the part's allowed
     ones (an empty intersection is an error naming the table). With ``uncached`` a cold part may also
     live in UVM without a cache (``fused_uvm``, where TorchRec cannot fit its cache; TorchRec's perf
@@ -162,21 +166,25 @@ def fae_constraints(
     constraints = {}
     for t, config in enumerate(stats.tables):
         base = user.get(config.name, ParameterConstraints())
+        cold_cache = merged_cache_params(cache_params or CacheParams(), base.cache_params)
         per_part = {}
         if len(hot_set.hot_ids[t]):
             per_part[HOT] = (pooling.expected_hot[t], base.cache_params, HOT)
         if len(hot_set.hot_ids[t]) < config.num_embeddings:
-            if torchrec_choice:
-                per_part[COLD] = (pooling.expected_cold[t], base.cache_params, COLD)
+            if torchrec_choice:  # TorchRec may choose a cache (on CUDA), with the cold caches' params
+                chosen = (
+                    base.cache_params
+                    if compute_device == "cpu" or cold_cache == CacheParams()
+                    else cold_cache
+                )
+                per_part[COLD] = (pooling.expected_cold[t], chosen, COLD)
             else:
                 load_factor, cache_stats = caches[config.name]
-                cache = replace(
-                    base.cache_params or CacheParams(), load_factor=load_factor, stats=cache_stats
-                )
+                cache = replace(cold_cache, load_factor=load_factor, stats=cache_stats)
                 in_hbm = load_factor >= 1.0
                 cached = None if compute_device == "cpu" or in_hbm else cache
                 per_part[COLD] = (pooling.expected_cold[t], cached, HOT if in_hbm else COLD)
-        for part, (part_pooling, cache_params, rule) in per_part.items():
+        for part, (part_pooling, part_cache, rule) in per_part.items():
             allowed_types, allowed_kernels = (
                 (None, None) if torchrec_choice else ALLOWED[compute_device, rule]
             )
@@ -189,7 +197,7 @@ def fae_constraints(
                 ),
                 compute_kernels=_allowed(config.name, part, "kernels", allowed_kernels, base.compute_kernels),
                 pooling_factors=[float(part_pooling)] * len(config.feature_names),
-                cache_params=cache_params,
+                cache_params=part_cache,
             )
     return constraints
 

@@ -2,12 +2,15 @@
 
 The planner works on models whose embedding bags are a ``FAEEmbeddingBagCollection``. For the part
 tables it writes ``ParameterConstraints`` (HBM kernels for hot rows, ``fused_uvm_caching`` with cache
-statistics for cold rows; CPU kernels on a CPU topology), sizes the cold caches from the device memory
-TorchRec's storage reservation leaves, and lets TorchRec's enumerator, proposers, partitioner and
-perf model do the rest. ``choose_hot_set`` is FAE's knob: without a budget it tries budgets from none
-up to the bytes of the rows seen in the sample (a row never seen is never hot), within the device
-memory, plus the whole model when it fits, and keeps the one with the shortest predicted step,
-``share x hot step + (1 - share) x cold step``: TorchRec's perf model prices the chosen plan twice, a
+statistics for cold rows, planned for TorchRec's prefetch pipeline unless told otherwise; CPU kernels on a
+CPU topology), sizes the cold caches from the device memory TorchRec's storage reservation leaves, and
+lets TorchRec's enumerator, proposers, partitioner and perf model do the rest; with no hot rows TorchRec's
+own default and scale-up plans are candidates too.
+
+``choose_hot_set`` is FAE's knob: without a budget it tries budgets from none up to the bytes of the
+rows seen in the sample (a row never seen is never hot), within the device memory, plus the whole model
+when it fits, and keeps the one with the shortest predicted step, ``share x hot step + (1 - share) x
+cold step``: TorchRec's perf model prices the chosen plan twice, a
 hot step (the hot part at the pooling of entirely-hot batches, no cold part) and a cold step (both
 parts at the pooling of the other inputs' batches), both measured on the profile's holdout.
 
@@ -31,16 +34,17 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, ShardingOption, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
-from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
+from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan, ShardingPlanner
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from fae_torchrec.modules import FAEEmbeddingBagCollection
 from fae_torchrec.stats import COLD, HOT, AccessStats, HotSet
 from fae_torchrec.units import format_bytes
-from planner.cache_sizing import ColdCacheSizing
+from planner.cache_sizing import ColdCacheSizing, smallest_load_factors
 from planner.constraints import StepPooling, cold_cache_statistics, fae_constraints, step_pooling
 from planner.enumerator import OrderedEnumerator
 from planner.report import FAEPlanReport, RankTotals, part_paths
@@ -111,6 +115,12 @@ class FAEShardingPlanner(ShardingPlanner):
         num_candidates: budgets the knob tries besides none (and the whole model).
         processes: budgets the knob plans at once, each in a forked worker process (budgets are
             independent, so the choice is the same); 1 plans them one after another here.
+        cache_params: the ``CacheParams`` of the cold parts' UVM caches (the planner sets their load
+            factors and statistics; a user's per-table ``CacheParams`` override it): by default
+            TorchRec's strongest, LRU caches for ``PrefetchTrainPipelineSparseDist``
+            (``FAEPrefetchTrainPipeline``), ``CacheParams(prefetch_pipeline=True)``; give
+            ``CacheParams(prefetch_pipeline=False)`` to train with another pipeline, or another
+            ``CacheAlgorithm``. Unused on a CPU topology, which has no cache.
     """
 
     def __init__(
@@ -123,6 +133,7 @@ class FAEShardingPlanner(ShardingPlanner):
         optimizer_class: type[torch.optim.Optimizer] | None = None,
         num_candidates: int = 6,
         processes: int = 1,
+        cache_params: CacheParams | None = None,
     ) -> None:
         if hot_budget_bytes is not None and hot_budget_bytes < 0:
             raise ValueError(f"hot budget must be non-negative, got {hot_budget_bytes} bytes")
@@ -146,6 +157,7 @@ class FAEShardingPlanner(ShardingPlanner):
         self.optimizer_class = optimizer_class
         self.num_candidates = num_candidates
         self.processes = processes
+        self.cache_params = CacheParams(prefetch_pipeline=True) if cache_params is None else cache_params
         self.report: FAEPlanReport | None = None
         #: Seconds of each run of TorchRec's planner so far, failed ones included (the knob runs it
         #: once or more per budget): where planning time goes.
@@ -273,9 +285,11 @@ class FAEShardingPlanner(ShardingPlanner):
         from the whole budget; where TorchRec places neither, into the largest of the smaller caches
         (``_smaller_sizings``) that it places, and they may also live in UVM without a cache
         (``fused_uvm``), in a plan of its own. Without hot rows TorchRec's own choice of
-        kernels, sharding types and caches is a candidate too. Of the plans placed, the one TorchRec's
-        perf model prices fastest is kept: so the knob, which always tries the empty hot set, finds a
-        plan wherever TorchRec's planner does, and never predicts a slower one.
+        kernels, sharding types and caches is a candidate too, and on CUDA its scale-up caches
+        (``EmbeddingOffloadScaleupProposer``, as ``planner.baseline.scaleup_planner`` plans them). Of the
+        plans placed, the one TorchRec's perf model prices fastest is kept: so the knob, which always
+        tries the empty hot set, finds a plan wherever TorchRec's planner does, and never predicts a
+        slower one than TorchRec's default or scale-up plans.
 
         A ``known`` sizing (the knob's, for the hot set it chose) is planned alone when TorchRec places
         it: ``plan`` then repeats none of the knob's search (the model's dense part only takes memory).
@@ -291,26 +305,39 @@ class FAEShardingPlanner(ShardingPlanner):
         def constraints(load_factors: dict[str, float], **options: bool) -> dict[str, ParameterConstraints]:
             sized = {name: (load_factors.get(name), cache) for name, cache in caches.items()}
             return fae_constraints(
-                self.stats, hot_set, device, sized, self.constraints, pooling=pooling, **options
+                self.stats,
+                hot_set,
+                device,
+                sized,
+                self.constraints,
+                pooling=pooling,
+                cache_params=self.cache_params,
+                **options,
             )
 
         cold = ColdCacheSizing(self.stats, hot_set, caches, self.optimizer_class)
         unplaced: list[dict[str, float]] = []  # the sizings TorchRec did not place
 
-        def place(load_factors: dict[str, float], **options: bool) -> bool:
+        def place(load_factors: dict[str, float], scaleup: bool = False, **options: bool) -> bool:
             """Whether TorchRec places the parts with these cold sizes (the plan becomes a candidate).
             A sizing (no kernel options) that asks at least as much as one it did not place
-            (``ColdCacheSizing.asks_at_least``) is not planned."""
-            if not options and any(cold.asks_at_least(load_factors, other) for other in unplaced):
+            (``ColdCacheSizing.asks_at_least``) is not planned. With ``scaleup`` the caches start at
+            their smallest and TorchRec's ``EmbeddingOffloadScaleupProposer`` sizes them (its load
+            factors, not ``load_factors``)."""
+            sized = not options and not scaleup
+            if sized and any(cold.asks_at_least(load_factors, other) for other in unplaced):
                 return False
+            if scaleup:
+                load_factors = self._with_user_load_factors(smallest_load_factors(caches))
             try:
-                planned = self._torchrec_plan(module, sharders, constraints(load_factors, **options))
+                planned = self._torchrec_plan(module, sharders, constraints(load_factors, **options), scaleup)
             except PlannerError as error:
                 failures.append(error)
-                if not options:
+                if sized:
                     unplaced.append(load_factors)
                 return False
-            candidates.append((*planned, (load_factors, options)))
+            sizing = ({}, {**options, "scaleup": True}) if scaleup else (load_factors, options)
+            candidates.append((*planned, sizing))
             return True
 
         whole = self._load_factors(cold, cache_budget, whole_parts=True)
@@ -319,8 +346,10 @@ class FAEShardingPlanner(ShardingPlanner):
             if not (place(whole) or (full != whole and place(full))):
                 place_largest(self._smaller_sizings(cold, cache_budget, full), place)
                 place(full, uncached=True)
-            if not hot_set.total_hot:
+            if not hot_set.total_hot:  # TorchRec's own plans: its default, and its strongest offload
                 place({}, torchrec_choice=True)
+                if device == "cuda":
+                    place({}, scaleup=True)
         if not candidates:
             failure = failures[-1]
             needed = self._smallest_storage(module, sharders, constraints(full, uncached=True))
@@ -334,10 +363,15 @@ class FAEShardingPlanner(ShardingPlanner):
         return min(planned, key=lambda planned: planned[1].step)
 
     def _torchrec_plan(
-        self, module: nn.Module, sharders: list, constraints: dict[str, ParameterConstraints]
+        self,
+        module: nn.Module,
+        sharders: list,
+        constraints: dict[str, ParameterConstraints],
+        scaleup: bool = False,
     ) -> tuple[ShardingPlan, list[ShardingOption], OrderedEnumerator]:
-        """TorchRec's ``EmbeddingShardingPlanner`` run with ``constraints``: the plan, its sharding
-        options and the enumerator that priced them. Raises TorchRec's ``PlannerError``."""
+        """TorchRec's ``EmbeddingShardingPlanner`` run with ``constraints`` (and with ``scaleup``, its
+        ``EmbeddingOffloadScaleupProposer`` growing the caches): the plan, its sharding options and the
+        enumerator that priced them. Raises TorchRec's ``PlannerError``."""
         enumerator = OrderedEnumerator(self.topology, self.batch_size, constraints)
         planner = EmbeddingShardingPlanner(
             topology=self.topology,
@@ -345,6 +379,7 @@ class FAEShardingPlanner(ShardingPlanner):
             constraints=constraints,
             enumerator=enumerator,
             storage_reservation=HeuristicalStorageReservation(percentage=RESERVED_PERCENTAGE),
+            proposer=[EmbeddingOffloadScaleupProposer()] if scaleup else None,
             stats=[],
             debug=False,
         )
@@ -420,7 +455,10 @@ class FAEShardingPlanner(ShardingPlanner):
         self, cold: ColdCacheSizing, cache_budget: float, whole_parts: bool
     ) -> dict[str, float]:
         """Cold tables' load factors (a user's load factor wins)."""
-        load_factors = cold.load_factors(cache_budget, whole_parts)
+        return self._with_user_load_factors(cold.load_factors(cache_budget, whole_parts))
+
+    def _with_user_load_factors(self, load_factors: dict[str, float]) -> dict[str, float]:
+        """``load_factors`` with a user's load factor where the constraints give one."""
         for name, constraint in (self.constraints or {}).items():
             if name in load_factors and constraint.cache_params and constraint.cache_params.load_factor:
                 load_factors[name] = constraint.cache_params.load_factor

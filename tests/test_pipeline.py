@@ -2,7 +2,7 @@
 pipelined baseline train, and a hot step starts no input distribution and no lookup of the cold part.
 ``FAEPrefetchTrainPipeline`` (TorchRec's prefetch pipeline, CUDA only) is checked as far as a CPU can
 run it: it fills with TorchRec's stages and leaves the cold part out of hot batches, and FAE's planner
-gives every cold cache the ``prefetch_pipeline`` asked for in the constraints (a CUDA dry run).
+plans every cold cache for it unless told otherwise (a CUDA dry run).
 
 Three models from the same initial weights, on the same batches in the same order (24 steps, hot and
 cold interleaved), under DistributedModelParallel on gloo: the unsplit DLRM on TorchRec's stock
@@ -20,7 +20,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.train_pipeline import PrefetchTrainPipelineSparseDist, TrainPipelineSparseDist
-from torchrec.distributed.types import CacheParams
+from torchrec.distributed.types import CacheAlgorithm, CacheParams
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from fae_torchrec import FAEEmbeddingBagCollection
@@ -181,28 +181,41 @@ def test_the_prefetch_pipeline_leaves_the_cold_part_out_of_hot_batches(tmp_path)
     run_on_ranks(_prefetch_pipeline_fills, 2, tmp_path)
 
 
-def test_cold_caches_get_the_prefetch_pipeline_asked_for():
-    """A CUDA dry run: ``CacheParams(prefetch_pipeline=True)`` in the constraints reaches every cold
-    part that FAE's planner puts in a UVM cache, which is what ``FAEPrefetchTrainPipeline`` needs, and
-    every UVM cache of TorchRec's default plan of the unsplit tables."""
+def _cold_caches(planner: FAEShardingPlanner) -> dict[str, CacheParams]:
+    """The ``CacheParams`` of the cold parts the planner puts in a UVM cache, by part table."""
+    plan = planner.plan(planner.meta_module(planner.choose_hot_set()), get_default_sharders())
+    caching = EmbeddingComputeKernel.FUSED_UVM_CACHING.value
+    return {n: p.cache_params for n, p in plan.plan["cold"].items() if p.compute_kernel == caching}
+
+
+def test_cold_caches_are_planned_for_the_prefetch_pipeline_unless_told_otherwise():
+    """A CUDA dry run: by default every cold part that FAE's planner puts in a UVM cache gets
+    ``prefetch_pipeline=True``, which is what ``FAEPrefetchTrainPipeline`` needs; ``cache_params``
+    plans them for another pipeline and another algorithm, and a table's own ``CacheParams`` in the
+    constraints win over it. TorchRec's default planner of the unsplit tables, given the same
+    constraints, pipelines its caches too."""
     _, tables, stats, _ = _setup("dlrm", 1)
+    topology = Topology(world_size=1, compute_device="cuda", hbm_cap=512 << 10)
+    pipelined = _cold_caches(FAEShardingPlanner(topology, stats, batch_size=32, hot_budget_bytes=16 << 10))
+    assert pipelined, "some cold part is in a UVM cache"
+    assert all(p.prefetch_pipeline for p in pipelined.values())
+    lfu = CacheParams(prefetch_pipeline=False, algorithm=CacheAlgorithm.LFU)
+    table = min(pipelined).removesuffix("_cold")  # a table with a cold cache; its own CacheParams: LRU
+    lru_table = {table: ParameterConstraints(cache_params=CacheParams(algorithm=CacheAlgorithm.LRU))}
+    plain = _cold_caches(
+        FAEShardingPlanner(
+            topology, stats, batch_size=32, hot_budget_bytes=16 << 10, cache_params=lfu, constraints=lru_table
+        )
+    )
+    assert f"{table}_cold" in plain and len(plain) > 1
+    assert not any(p.prefetch_pipeline for p in plain.values())
+    assert {n: p.algorithm for n, p in plain.items()} == {
+        n: CacheAlgorithm.LRU if n == f"{table}_cold" else CacheAlgorithm.LFU for n in plain
+    }
+    # the baseline the example pairs with it: TorchRec's default planner, given the same constraints
     constraints = {
         t.name: ParameterConstraints(cache_params=CacheParams(prefetch_pipeline=True)) for t in tables
     }
-    topology = Topology(world_size=1, compute_device="cuda", hbm_cap=512 << 10)
-    planner = FAEShardingPlanner(
-        topology, stats, batch_size=32, constraints=constraints, hot_budget_bytes=16 << 10
-    )
-    module = planner.meta_module(planner.choose_hot_set())
-    plan = planner.plan(module, get_default_sharders())
-    cached = [
-        p
-        for p in plan.plan["cold"].values()
-        if p.compute_kernel == EmbeddingComputeKernel.FUSED_UVM_CACHING.value
-    ]
-    assert cached, "some cold part is in a UVM cache"
-    assert all(p.cache_params.prefetch_pipeline for p in cached)
-    # the baseline the example pairs with it: TorchRec's default planner, given the same constraints
     baseline = default_planner(topology, 32, constraints, tables=tables).plan(
         EmbeddingBagCollection(tables, device=torch.device("meta")), get_default_sharders()
     )

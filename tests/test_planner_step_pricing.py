@@ -8,6 +8,7 @@ import torch
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.types import CacheParams
 
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, HotSet
 from fae_torchrec.data import SyntheticCriteo
@@ -24,7 +25,15 @@ def planned():
     data = SyntheticCriteo(PROFILED_CHUNKS << 16, batch_size=1 << 16, scale=0.05, seed=SEED)
     stats = AccessProfiler(data.table_configs(), 0.05, seed=0, holdout_size=30_000).profile(data)
     topology = Topology(world_size=2, compute_device="cuda", hbm_cap=24 << 20)
-    planner = FAEShardingPlanner(topology, stats, batch_size=2048, hot_budget_bytes=2 << 20)
+    # caches without the prefetch pipeline, priced by their load factor (with it, a cold lookup is
+    # priced at HBM speed plus a prefetch, and the comparison below of cold lookups does not apply)
+    planner = FAEShardingPlanner(
+        topology,
+        stats,
+        batch_size=2048,
+        hot_budget_bytes=2 << 20,
+        cache_params=CacheParams(prefetch_pipeline=False),
+    )
     hot_set = planner.choose_hot_set()
     module = FAEEmbeddingBagCollection(stats.tables, hot_set, device=torch.device("meta"))
     plan = planner.plan(module, get_default_sharders())
