@@ -9,7 +9,8 @@
 - ``hbm_planner``: every table in HBM (``fused`` or data-parallel ``dense``), the speed limit; give it a
   topology whose HBM holds the model.
 
-``dry_run`` plans the unsplit tables on the meta device and returns the plan with its predictions.
+``dry_run`` plans the unsplit tables on the meta device and returns the plan with its predictions
+(its step as planned, and as if every table were in HBM).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from fae_torchrec.stats.hot_set import COLD
 from planner.cache_sizing import smallest_load_factors
 from planner.constraints import cold_cache_statistics, fae_constraints, step_pooling
 from planner.enumerator import OrderedEnumerator
-from planner.report import RankTotals
+from planner.report import RankTotals, in_hbm
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class BaselinePlan:
     plan: ShardingPlan
     options: list[ShardingOption]
     totals: RankTotals
+    #: The predicted step of the plan's layout with every UVM table priced as in HBM: its step without
+    #: host-device transfers, which a traffic model adds.
+    step_in_hbm: float
 
     @property
     def kernels(self) -> Counter[str]:
@@ -162,8 +166,12 @@ def dry_run(
     if optimizer_class is not None:
         apply_optimizer_in_backward(optimizer_class, module.parameters(), {"lr": 0.01})
     plan = planner.plan(module, get_default_sharders())
-    options = planner._best_plan
-    return BaselinePlan(plan, options, RankTotals.of(options, planner._topology.world_size))
+    options, world_size = planner._best_plan, planner._topology.world_size
+    hbm = in_hbm(options)
+    planner._enumerator.populate_estimates(hbm)
+    return BaselinePlan(
+        plan, options, RankTotals.of(options, world_size), RankTotals.of(hbm, world_size).step
+    )
 
 
 def torchrec_default_plan(

@@ -47,7 +47,7 @@ from fae_torchrec.units import format_bytes
 from planner.cache_sizing import ColdCacheSizing, smallest_load_factors
 from planner.constraints import StepPooling, cold_cache_statistics, fae_constraints, step_pooling
 from planner.enumerator import OrderedEnumerator
-from planner.report import FAEPlanReport, RankTotals, part_paths
+from planner.report import FAEPlanReport, RankTotals, in_hbm, part_paths
 
 logger = logging.getLogger(__name__)
 
@@ -399,6 +399,7 @@ class FAEShardingPlanner(ShardingPlanner):
         pooling: StepPooling,
         load_factors: dict[str, float],
     ) -> FAEPlanReport:
+        cold_step = {HOT: pooling.cold_step_hot, COLD: pooling.cold_step_cold}
         return FAEPlanReport.from_options(
             options,
             fae_path,
@@ -407,9 +408,8 @@ class FAEShardingPlanner(ShardingPlanner):
             hot_input_share=pooling.hot_input_share,
             load_factors=load_factors,
             hot_step=self._price(enumerator, options, fae_path, {HOT: pooling.hot_step}),
-            cold_step=self._price(
-                enumerator, options, fae_path, {HOT: pooling.cold_step_hot, COLD: pooling.cold_step_cold}
-            ),
+            cold_step=self._price(enumerator, options, fae_path, cold_step),
+            cold_step_in_hbm=self._price(enumerator, in_hbm(options), fae_path, cold_step),
             pooling=pooling,
         )
 

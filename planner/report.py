@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from copy import deepcopy
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -11,6 +12,9 @@ from torchrec.distributed.planner.types import ShardingOption
 from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.units import format_bytes
 from planner.constraints import StepPooling
+
+#: The kernels that keep rows in host memory (UVM), with or without a device cache.
+UVM_KERNELS = (EmbeddingComputeKernel.FUSED_UVM_CACHING.value, EmbeddingComputeKernel.FUSED_UVM.value)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,9 @@ class FAEPlanReport:
     hot_input_share: float
     hot_step: float
     cold_step: float
+    #: The cold step of the plan's layout with every cold cache (and ``fused_uvm`` part) priced as in
+    #: HBM: the cold step without its host-device transfers, which a traffic model adds.
+    cold_step_in_hbm: float
     rank_hbm: tuple[int, ...]
     rank_ddr: tuple[int, ...]
     placements: dict[str, dict[str, PartPlacement]] = field(default_factory=dict)
@@ -82,10 +89,12 @@ class FAEPlanReport:
         load_factors: dict[str, float],
         hot_step: float,
         cold_step: float,
+        cold_step_in_hbm: float,
         pooling: StepPooling,
     ) -> FAEPlanReport:
         """The report of a plan's sharding options; ``fae_path`` is the FAE module's name in the model.
-        ``hot_step`` and ``cold_step`` are the plan's predicted steps at each kind of batch's pooling;
+        ``hot_step`` and ``cold_step`` are the plan's predicted steps at each kind of batch's pooling
+        (``cold_step_in_hbm`` the cold one with its UVM parts priced as in HBM);
         a cache's load factor is FAE's (``load_factors``) or, for TorchRec's own choice, TorchRec's."""
         paths = part_paths(fae_path)
         placements: dict[str, dict[str, PartPlacement]] = {}
@@ -107,6 +116,7 @@ class FAEPlanReport:
             hot_input_share=hot_input_share,
             hot_step=hot_step,
             cold_step=cold_step,
+            cold_step_in_hbm=cold_step_in_hbm,
             rank_hbm=totals.hbm,
             rank_ddr=totals.ddr,
             placements=placements,
@@ -138,6 +148,20 @@ class FAEPlanReport:
         for rank, (h, d) in enumerate(zip(self.rank_hbm, self.rank_ddr, strict=True)):
             lines.append(f"rank {rank}: HBM {format_bytes(h)}, DDR {format_bytes(d)}")
         return "\n".join(lines)
+
+
+def in_hbm(options: list[ShardingOption]) -> list[ShardingOption]:
+    """Copies of ``options`` whose UVM kernels (``fused_uvm``, ``fused_uvm_caching``) are ``fused``, as
+    TorchRec's scale-up proposer promotes a table: the same layout (sharding types, shards, ranks) with
+    every row in HBM, to price a plan's step without its host-device transfers (give them to the plan's
+    enumerator's ``populate_estimates`` first)."""
+    copies = deepcopy(options)
+    for option in copies:
+        if option.compute_kernel in UVM_KERNELS:
+            option.compute_kernel = EmbeddingComputeKernel.FUSED.value
+            if option.cache_params is not None:
+                option.cache_params = replace(option.cache_params, load_factor=None)
+    return copies
 
 
 def _where(placement: PartPlacement | None) -> str:

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
+from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import CacheAlgorithm, CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
@@ -19,6 +20,9 @@ from benchmarks.common.cache_model import (
     sampled_rows,
 )
 from benchmarks.common.plan_traffic import CachePolicy, cache_groups, replay
+from fae_torchrec import AccessProfiler
+from fae_torchrec.data import SyntheticCriteo
+from planner import FAEShardingPlanner
 from planner.baseline import default_planner, dry_run
 
 
@@ -33,7 +37,8 @@ def _reference_lru(batches, num_sets, prefetch_pipeline=False):
     stamps = {g: [[0] * WAYS for _ in range(n)] for g, n in enumerate(num_sets)}
     moved_in, moved_out = np.zeros(len(num_sets)), np.zeros(len(num_sets))
     locked: set = set()
-    for time, (groups, linear, _) in enumerate(batches, start=1):
+    for time, (groups, linear, uses) in enumerate(batches, start=1):
+        lookups = dict(zip(zip(groups.tolist(), linear.tolist(), strict=True), uses.tolist(), strict=True))
         misses, used = {}, set()
         for g, x in zip(groups.tolist(), linear.tolist(), strict=True):
             s = _set(x, num_sets[g])
@@ -55,8 +60,9 @@ def _reference_lru(batches, num_sets, prefetch_pipeline=False):
                 keys[g][s][w], stamps[g][s][w] = rows[inserted], time
                 used.add((g, s, w))
                 inserted += 1
-            moved_in[g] += len(rows) - inserted  # conflict misses go to host memory and back
-            moved_out[g] += len(rows) - inserted
+            for x in rows[inserted:]:  # conflict misses: read at each lookup, then read and written back
+                moved_in[g] += lookups[g, x] + 1
+                moved_out[g] += 1
         locked = used
     return moved_in, moved_out
 
@@ -67,7 +73,8 @@ def _reference_lfu(batches, num_sets):
     counts: dict = {}
     moved_in, moved_out = np.zeros(len(num_sets)), np.zeros(len(num_sets))
     for groups, linear, uses in batches:
-        for g, x, u in zip(groups.tolist(), linear.tolist(), uses.tolist(), strict=True):
+        lookups = dict(zip(zip(groups.tolist(), linear.tolist(), strict=True), uses.tolist(), strict=True))
+        for (g, x), u in lookups.items():
             counts[g, x] = counts.get((g, x), 0) + u
         misses, hits, evicted = {}, [], set()
         for g, x in zip(groups.tolist(), linear.tolist(), strict=True):
@@ -90,11 +97,12 @@ def _reference_lfu(batches, num_sets):
                     evicted.add((g, keys[g][s][w]))
                 keys[g][s][w] = x
                 inserted += 1
-            moved_in[g] += len(rows) - inserted  # read and updated in host memory
-            moved_out[g] += len(rows) - inserted
+            for x in rows[inserted:]:  # read in host memory at each lookup, then read and written back
+                moved_in[g] += lookups[g, x] + 1
+                moved_out[g] += 1
         for g, x in hits:
             if (g, x) in evicted:
-                moved_in[g] += 1
+                moved_in[g] += lookups[g, x] + 1
                 moved_out[g] += 1
     return moved_in, moved_out
 
@@ -142,23 +150,26 @@ def test_an_lfu_hit_loses_its_way_to_a_more_counted_miss():
     batches = [(zeros[:32], np.arange(32), np.ones(32, dtype=np.int64))]
     batches.append((zeros, np.r_[0, 100:132], np.r_[1, np.full(32, 5)]))
     moves = _run(SetAssociativeLFU([1], 200), batches, 1)
-    assert moves.rows_in[0] == 32 + 32 + 1 and moves.rows_out[0] == 32 + 1
+    assert moves.rows_in[0] == 32 + 32 + 2 and moves.rows_out[0] == 32 + 1, "row 0 read twice, written once"
     np.testing.assert_array_equal((moves.rows_in, moves.rows_out), _reference_lfu(batches, [1]))
 
 
 def test_more_distinct_rows_than_ways_in_one_set_are_conflict_misses():
     cache = SetAssociativeLRU([1])
-    cache.access(np.zeros(40, dtype=np.int64), np.arange(40), np.arange(40))
-    assert cache.moves.rows_in[0] == 40 and cache.moves.rows_out[0] == 8  # 32 cached, 8 both ways
+    uses = np.r_[np.ones(32, dtype=np.int64), np.full(8, 3)]
+    cache.access(np.zeros(40, dtype=np.int64), np.arange(40), np.arange(40), uses=uses)
+    # 32 cached; 8 read in host memory at each of their 3 lookups and once more, and written back once
+    assert cache.moves.rows_in[0] == 32 + 8 * (3 + 1) and cache.moves.rows_out[0] == 8
     cache.access(np.zeros(32, dtype=np.int64), np.arange(32), np.arange(32))
-    assert cache.moves.rows_in[0] == 40, "all 32 cached rows hit"
+    assert cache.moves.rows_in[0] == 64, "all 32 cached rows hit"
 
 
 def test_the_prefetch_pipeline_keeps_the_previous_batch_cached():
     cache = SetAssociativeLRU([1], prefetch_pipeline=True)
     for rows in (np.arange(20), np.arange(20, 40)):  # 32 ways: the second batch gets 12 of them
         cache.access(np.zeros(20, dtype=np.int64), rows, rows)
-    assert cache.moves.rows_in[0] == 40 and cache.moves.rows_out[0] == 8
+    # 8 rows of the second batch find no way: read in host memory, then read and written back
+    assert cache.moves.rows_in[0] == 20 + 12 + 8 * 2 and cache.moves.rows_out[0] == 8
 
 
 def _reference_belady(batches, capacity):
@@ -254,3 +265,59 @@ def test_device_resident_tables_move_nothing():
         groups, np.arange(500) // 50, np.zeros(500, dtype=np.int64), ids, {"t": 0}, 1, 0, [10]
     )
     assert traffic.bytes == 0 and traffic.busiest_link() == 0
+
+
+def test_uvm_rows_move_as_fbgemm_reads_and_writes_them():
+    """A ``fused_uvm`` table without a cache: in each batch a row is read from host memory at each of
+    its lookups and once more by the backward, which writes it back once."""
+    config = EmbeddingBagConfig(name="t", embedding_dim=16, num_embeddings=1000, feature_names=["f"])
+    uvm = ParameterConstraints(compute_kernels=["fused_uvm"])
+    topology = Topology(world_size=1, compute_device="cuda", hbm_cap=64 << 20)
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=512, constraints={"t": uvm}, stats=[])
+    groups = cache_groups(dry_run(planner, [config]).plan)
+    assert groups.policies == [None], "no cache"
+    ids, batches = np.array([1, 1, 1, 2, 5, 5]), np.array([0, 0, 0, 0, 1, 1])
+    (traffic,) = replay(groups, batches, np.zeros(6, dtype=np.int64), ids, {"t": 0}, 1, 0, [2])
+    row = 16 * 4  # fp32 bytes
+    assert traffic.bytes_in.sum() == row * ((3 + 1) + (1 + 1) + (2 + 1))
+    assert traffic.bytes_out.sum() == row * 3
+
+
+def test_fae_cold_caches_planned_for_the_prefetch_pipeline_replay_with_its_locking():
+    """FAE's planner plans its cold caches for the prefetch pipeline by default; replayed through
+    ``replay`` they lock the previous batch's ways, as the row-by-row reference of FBGEMM's LRU insert
+    with the pipeline does, and move more than without the locking."""
+    data = SyntheticCriteo(60_000, batch_size=1 << 14, scale=0.002, seed=2)
+    stats = AccessProfiler(data.table_configs(8), 0.1, seed=0, holdout_size=4000).profile(data)
+    topology = Topology(world_size=1, compute_device="cuda", hbm_cap=2 << 20)
+    planner = FAEShardingPlanner(topology, stats, batch_size=64, hot_budget_bytes=8 << 10)
+    plan = planner.plan(planner.meta_module(planner.choose_hot_set()), get_default_sharders())
+    groups = cache_groups(plan, lambda name: name.removesuffix("_cold") if name.endswith("_cold") else None)
+    assert groups.policies and all(p == CachePolicy(CacheAlgorithm.LRU, True) for p in groups.policies)
+    rng = np.random.default_rng(4)
+    cached = sorted({shard.table for shard in groups.shards})
+    sizes = {name: max(s.row_end for s in groups.shards if s.table == name) for name in cached}  # cold rows
+    table_index = {name: t for t, name in enumerate(cached)}
+    # batches of nearly distinct rows, two of them more than the caches hold: the locked ways count
+    num_batches, lookups = 12, 6000
+    tables = rng.integers(0, len(cached), num_batches * lookups)
+    ids = rng.integers(0, np.array([sizes[n] for n in cached])[tables])
+    batches = np.repeat(np.arange(num_batches), lookups)
+    (traffic,) = replay(groups, batches, tables, ids, table_index, 1, 0, [num_batches])
+    # the same lookups, routed to their shard's group and linear index by hand, for the reference
+    group, linear = np.full(len(ids), -1), np.full(len(ids), -1)
+    for s in groups.shards:
+        mine = (tables == table_index[s.table]) & (ids >= s.row_start) & (ids < s.row_end)
+        group[mine], linear[mine] = s.group, ids[mine] - s.row_start + s.base
+    assert group.min() >= 0, "every lookup has its shard"
+    reference_batches = []
+    for b in range(num_batches):
+        mine = batches == b
+        pairs, uses = np.unique(np.stack([group[mine], linear[mine]], axis=1), axis=0, return_counts=True)
+        reference_batches.append((pairs[:, 0], pairs[:, 1], uses))
+    num_sets = [cache_sets(slots) for slots in groups.slots]
+    row = 8 * 4  # dim 8, fp32
+    locked = _reference_lru(reference_batches, num_sets, prefetch_pipeline=True)
+    np.testing.assert_array_equal(traffic.bytes_in, locked[0] * row)
+    np.testing.assert_array_equal(traffic.bytes_out, locked[1] * row)
+    assert sum(map(np.sum, locked)) > sum(map(np.sum, _reference_lru(reference_batches, num_sets)))

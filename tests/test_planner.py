@@ -21,6 +21,7 @@ from planner import (
     FAEShardingPlanner,
     default_planner,
     dry_run,
+    hbm_planner,
     scaleup_planner,
     torchrec_default_plan,
 )
@@ -428,3 +429,15 @@ def test_scaleup_keeps_in_hbm_the_tables_a_cache_would_hold_whole(kaggle_stats):
     ]
     assert cached and all(s.cache_params.prefetch_pipeline for s in cached)
     assert all(isinstance(s.cache_params.stats, AccessCacheStatistics) for s in cached)
+
+
+def test_a_plans_step_in_hbm_prices_its_own_layout_without_transfers(tbsm_stats):
+    """``dry_run`` prices the plan's layout again with its UVM tables in HBM: below the planned step where
+    a table is in UVM, the planned step itself where every table is in HBM already."""
+    topology = Topology(world_size=1, compute_device="cuda", hbm_cap=8 << 20)
+    default = dry_run(default_planner(topology, 256, tables=tbsm_stats.tables), tbsm_stats.tables)
+    assert default.kernels[EmbeddingComputeKernel.FUSED.value] < 3, "some table lives outside HBM"
+    assert 0 < default.step_in_hbm < default.totals.step
+    roomy = Topology(world_size=1, compute_device="cuda", hbm_cap=1 << 30)
+    in_hbm = dry_run(hbm_planner(roomy, tbsm_stats.tables, 256), tbsm_stats.tables)
+    assert in_hbm.step_in_hbm == pytest.approx(in_hbm.totals.step, rel=1e-9)

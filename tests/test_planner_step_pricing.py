@@ -15,6 +15,7 @@ from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
 from fae_torchrec.stats import COLD, HOT
 from planner import FAEShardingPlanner
+from planner.report import UVM_KERNELS
 
 SEED = 3
 PROFILED_CHUNKS = 4  # chunks of 65,536 inputs; the measured batches come from the chunks after them
@@ -55,20 +56,22 @@ def _routed_pooling(hot_set: HotSet) -> dict[str, dict[str, np.ndarray]]:
     }
 
 
-def _torchrec_step(planner, module, plan, pooling: dict[str, np.ndarray]) -> float:
+def _torchrec_step(planner, module, plan, pooling: dict[str, np.ndarray], in_hbm: bool = False) -> float:
     """TorchRec's predicted step of ``plan`` with each part pinned to its planned sharding type,
-    kernel, cache and ranks, looking up ``pooling[part]`` ids per input; other parts do not run."""
+    kernel, cache and ranks, looking up ``pooling[part]`` ids per input; other parts do not run. With
+    ``in_hbm`` the UVM parts are pinned to ``fused`` instead, without a cache."""
     constraints = {}
     for part, tables in plan.plan.items():
         if part not in pooling:
             continue
         for name, sharding in tables.items():
             table = DEFAULT_CAT_NAMES.index(name.removeprefix("t_").removesuffix(f"_{part}"))
+            moved = in_hbm and sharding.compute_kernel in UVM_KERNELS
             constraints[name] = ParameterConstraints(
                 sharding_types=[sharding.sharding_type],
-                compute_kernels=[sharding.compute_kernel],
+                compute_kernels=["fused" if moved else sharding.compute_kernel],
                 pooling_factors=[float(pooling[part][table])],
-                cache_params=sharding.cache_params,
+                cache_params=None if moved else sharding.cache_params,
             )
     enumerator = EmbeddingEnumerator(planner.topology, planner.batch_size, constraints)
     options = [o for o in enumerator.enumerate(module, get_default_sharders()) if o.name in constraints]
@@ -90,6 +93,11 @@ def test_cold_and_hot_steps_are_priced_at_their_own_batches(planned):
     hot_step = _torchrec_step(planner, module, plan, pooling["hot"])
     assert report.cold_step == pytest.approx(cold_step, rel=0.02)
     assert report.hot_step == pytest.approx(hot_step, rel=0.02)
+    # the same cold step with the cold parts' rows in HBM: the layout's step without transfers
+    assert report.cold_step_in_hbm == pytest.approx(
+        _torchrec_step(planner, module, plan, pooling["cold"], in_hbm=True), rel=0.02
+    )
+    assert report.cold_step_in_hbm < report.cold_step
     share = report.hot_input_share
     averaged = {
         HOT: share * pooling["hot"][HOT] + (1 - share) * pooling["cold"][HOT],

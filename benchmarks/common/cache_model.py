@@ -22,9 +22,10 @@ FBGEMM's caches (``fused_uvm_caching``), as its CUDA kernels implement them:
   read and updated in host memory too. Simplifications: ways of equal count are taken in way order
   (FBGEMM's bitonic sort leaves their order open), and counts never saturate (FBGEMM keeps 40 bits).
 - Costs: a miss moves its row host to device; inserting into a way that holds a row writes that row
-  back (FBGEMM writes back every evicted row, as training has updated it); a row read and updated in
-  host memory (a conflict miss) moves both ways. A ``fused_uvm`` table without a cache moves every
-  distinct row of a batch both ways.
+  back (FBGEMM writes back every evicted row, as training has updated it). A row read and updated in
+  host memory (a conflict miss, an LFU hit whose way a miss took, every row of a ``fused_uvm`` table
+  without a cache) moves as FBGEMM's UVM kernels move it (``host_access``): in once per lookup in the
+  forward and once more in the backward, which writes it back once.
 
 Belady's optimal replacement (``belady_moves``) is the lower bound for any cache of a number of
 rows: one fully associative cache for everything that, after each batch, keeps the rows whose next use
@@ -71,6 +72,14 @@ def sampled_rows(keys: np.ndarray, sampling: int) -> np.ndarray:
 def cache_sets(slots: float, sampling: int = 1) -> int:
     """Sets of a cache of ``slots`` rows (FBGEMM rounds up to whole sets), in a ``1/sampling`` replay."""
     return max(1, round(np.ceil(slots / WAYS) / sampling))
+
+
+def host_access(widths: np.ndarray, uses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What rows read and updated in host memory move in one batch (in and out, in units of their
+    widths), as FBGEMM's UVM kernels access them: the forward reads a row at each of its ``uses``
+    lookups, and the backward reads it and writes it back once (the fused optimizer's update of the
+    row, its duplicates' gradients summed first)."""
+    return widths * (uses + 1.0), widths
 
 
 @dataclass(frozen=True)
@@ -164,7 +173,8 @@ class SetAssociativeCache:
         """One batch: its distinct rows (group, linear index in the group's TBE, key), each row's width
         (the unit moves are counted in) and lookups in the batch, 1 when not given."""
         widths = np.ones(len(keys)) if widths is None else np.asarray(widths, dtype=np.float64)
-        self._start(keys, np.ones(len(keys), dtype=np.int64) if uses is None else uses)
+        uses = np.ones(len(keys), dtype=np.int64) if uses is None else np.asarray(uses)
+        self._start(keys, uses)
         sets = self.set_offsets[groups] + (
             murmur_finalizer(linear) % self.num_sets[groups].astype(np.uint64)
         ).astype(np.int64)
@@ -172,17 +182,19 @@ class SetAssociativeCache:
         hit = match.any(axis=1)
         self._used(sets[hit], match[hit].argmax(axis=1))
         miss = ~hit
-        evicted = self._insert(sets[miss], keys[miss], groups[miss], widths[miss])
+        evicted = self._insert(sets[miss], keys[miss], groups[miss], widths[miss], uses[miss])
         lost = np.isin(keys[hit], evicted)  # hits whose way a miss took: read in host memory
-        self.moves.add(groups[hit][lost], widths[hit][lost], widths[hit][lost])
+        self.moves.add(groups[hit][lost], *host_access(widths[hit][lost], uses[hit][lost]))
 
     def _insert(
-        self, sets: np.ndarray, keys: np.ndarray, groups: np.ndarray, widths: np.ndarray
+        self, sets: np.ndarray, keys: np.ndarray, groups: np.ndarray, widths: np.ndarray, uses: np.ndarray
     ) -> np.ndarray:
         """Give the batch's misses ways and count the moves; return the keys evicted."""
         claims = self._claims(keys)
         order = np.lexsort((keys, -claims, sets))
-        sets, keys, groups, widths, claims = (x[order] for x in (sets, keys, groups, widths, claims))
+        sets, keys, groups, widths, uses, claims = (
+            x[order] for x in (sets, keys, groups, widths, uses, claims)
+        )
         first = np.r_[True, sets[1:] != sets[:-1]] if len(sets) else np.zeros(0, dtype=bool)
         run = np.cumsum(first) - 1
         position = np.arange(len(sets)) - np.flatnonzero(first)[run]
@@ -198,7 +210,7 @@ class SetAssociativeCache:
         left = ~placed
         # an evicted row of a TBE group has the width of the row replacing it (one TBE, one width)
         self.moves.add(groups[placed], widths[placed], widths[placed] * (evicted != _EMPTY))
-        self.moves.add(groups[left], widths[left], widths[left])
+        self.moves.add(groups[left], *host_access(widths[left], uses[left]))
         return evicted
 
     def _start(self, keys: np.ndarray, uses: np.ndarray) -> None:

@@ -6,8 +6,8 @@ into TBE modules: one cache per rank, sharding type, kernel and cache policy (``
 algorithm and ``prefetch_pipeline``), sized by the shards' load factors (FBGEMM's default 0.2 where
 the plan sets none). ``replay`` routes each lookup to the shards that hold its row (all column shards
 of it, the row shard whose range holds it) and runs the batches through the groups' caches
-(``cache_model.SetAssociativeLRU`` or ``SetAssociativeLFU``); a ``fused_uvm`` shard moves every
-distinct row of a batch both ways.
+(``cache_model.SetAssociativeLRU`` or ``SetAssociativeLFU``); a ``fused_uvm`` shard moves its rows as
+FBGEMM's UVM kernels move them (``cache_model.host_access``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from benchmarks.common.cache_model import (
     SetAssociativeLFU,
     SetAssociativeLRU,
     cache_sets,
+    host_access,
 )
 
 #: FBGEMM's cache load factor where TorchRec passes none.
@@ -189,7 +190,7 @@ def replay(
         batch_of = distinct.batch_of()
         for end, moves in zip(ends, windows, strict=True):
             uncached = ~groups.cached[group] & (batch_of >= count_from) & (batch_of < end)
-            moves.add(group[uncached], columns[uncached], columns[uncached])
+            moves.add(group[uncached], *host_access(columns[uncached], distinct.uses[uncached]))
         for policy in dict.fromkeys(p for p in groups.policies if p is not None):
             _replay_caches(groups, policy, distinct, columns, sampling, count_from, ends, windows)
     scale = ELEMENT_BYTES * sampling
