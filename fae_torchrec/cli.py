@@ -109,10 +109,9 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
     plan.add_argument(
         "--prefetch-pipeline",
         action=argparse.BooleanOptionalAction,
-        default=True,
         help="plan every UVM cache for TorchRec's prefetch pipeline (PrefetchTrainPipelineSparseDist, "
         "FAEPrefetchTrainPipeline), as TorchRec's strongest offload; --no-prefetch-pipeline for the other "
-        "train pipelines",
+        "train pipelines (default: with LRU caches, which FBGEMM pipelines, and not with LFU ones)",
     )
     return parser
 
@@ -239,6 +238,13 @@ def plan(args: argparse.Namespace) -> None:
         stats = stats.with_embedding_dim(args.dim)
     topology = make_topology(args.world_size, hbm_cap=parse_bytes(args.hbm_cap))
     algorithm = CACHE_ALGORITHMS[args.cache_algorithm]
+    if args.prefetch_pipeline is None:
+        args.prefetch_pipeline = algorithm == CacheAlgorithm.LRU
+    elif args.prefetch_pipeline and algorithm != CacheAlgorithm.LRU:
+        raise ValueError(
+            f"--cache-algorithm {args.cache_algorithm} --prefetch-pipeline: FBGEMM pipelines the prefetches "
+            "of LRU caches only; use --no-prefetch-pipeline or --cache-algorithm lru"
+        )
     start = time.perf_counter()
     try:
         planner = FAEShardingPlanner(

@@ -34,7 +34,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from fae_torchrec.stats import AccessStats
 from fae_torchrec.stats.hot_set import COLD
 from planner.cache_sizing import smallest_load_factors
-from planner.constraints import cold_cache_statistics, fae_constraints, step_pooling
+from planner.constraints import check_cache_params, cold_cache_statistics, fae_constraints, step_pooling
 from planner.enumerator import OrderedEnumerator
 from planner.report import RankTotals, in_hbm
 
@@ -124,6 +124,7 @@ def scaleup_planner(
         caches = cold_cache_statistics(stats, no_hot_rows, batch_size * topology.world_size, pooling)
         sized = {name: (factor, caches[name]) for name, factor in smallest_load_factors(caches).items()}
         params = CacheParams(algorithm=algorithm, prefetch_pipeline=prefetch_pipeline)
+        check_cache_params(params, "scaleup_planner")
         parts = fae_constraints(stats, no_hot_rows, "cuda", sized, pooling=pooling, cache_params=params)
         constraints = {name.removesuffix(f"_{COLD}"): constraint for name, constraint in parts.items()}
     proposer = [] if topology.compute_device == "cpu" else [EmbeddingOffloadScaleupProposer()]

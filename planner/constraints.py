@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import ParameterConstraints
-from torchrec.distributed.types import CacheParams, ShardingType
+from torchrec.distributed.types import CacheAlgorithm, CacheParams, ShardingType
 
 from fae_torchrec.modules import part_table_name
 from fae_torchrec.stats import AccessStats, HotSet
@@ -133,6 +133,16 @@ def merged_cache_params(default: CacheParams, user: CacheParams | None) -> Cache
     if user is None:
         return default
     return replace(default, **{f.name: v for f in fields(user) if (v := getattr(user, f.name)) is not None})
+
+
+def check_cache_params(params: CacheParams, what: str) -> None:
+    """Raise ``ValueError`` naming ``what`` where ``params`` pipeline the prefetches of a cache that is
+    not LRU: FBGEMM pipelines LRU caches only (its TBE asserts it)."""
+    if params.prefetch_pipeline and params.algorithm not in (None, CacheAlgorithm.LRU):
+        raise ValueError(
+            f"{what}: {params.algorithm.name} caches with prefetch_pipeline=True; FBGEMM pipelines the "
+            "prefetches of LRU caches only: give prefetch_pipeline=False, or the LRU algorithm"
+        )
 
 
 def fae_constraints(

@@ -45,7 +45,14 @@ from fae_torchrec.modules import FAEEmbeddingBagCollection
 from fae_torchrec.stats import COLD, HOT, AccessStats, HotSet
 from fae_torchrec.units import format_bytes
 from planner.cache_sizing import ColdCacheSizing, smallest_load_factors
-from planner.constraints import StepPooling, cold_cache_statistics, fae_constraints, step_pooling
+from planner.constraints import (
+    StepPooling,
+    check_cache_params,
+    cold_cache_statistics,
+    fae_constraints,
+    merged_cache_params,
+    step_pooling,
+)
 from planner.enumerator import OrderedEnumerator
 from planner.report import FAEPlanReport, RankTotals, in_hbm, part_paths
 
@@ -158,6 +165,10 @@ class FAEShardingPlanner(ShardingPlanner):
         self.num_candidates = num_candidates
         self.processes = processes
         self.cache_params = CacheParams(prefetch_pipeline=True) if cache_params is None else cache_params
+        check_cache_params(self.cache_params, "cache_params")
+        for name, constraint in (constraints or {}).items():
+            merged = merged_cache_params(self.cache_params, constraint.cache_params)
+            check_cache_params(merged, f"table {name} (its constraints over the planner's cache_params)")
         self.report: FAEPlanReport | None = None
         #: Seconds of each run of TorchRec's planner so far, failed ones included (the knob runs it
         #: once or more per budget): where planning time goes.

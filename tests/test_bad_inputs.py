@@ -6,11 +6,13 @@ import importlib.util
 import re
 import sys
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.planner.types import ParameterConstraints, Topology
+from torchrec.distributed.types import CacheAlgorithm, CacheParams
 
 from fae_torchrec import AccessStats, parse_bytes
 from fae_torchrec.cli import main
@@ -135,11 +137,32 @@ def test_profile_out_that_cannot_be_written_is_refused_before_the_data_is_read(
         (["--hbm-cap", "1e400"], "argument --hbm-cap: byte size too large: '1e400'"),
         (["--hbm-cap", "lots"], "argument --hbm-cap: not a byte size: 'lots'"),
         (["--hbm-cap", "1KiB"], "topology too small: TorchRec's reservations (15% of device memory"),
+        (
+            ["--cache-algorithm", "lfu", "--prefetch-pipeline"],
+            "--cache-algorithm lfu --prefetch-pipeline: FBGEMM pipelines the prefetches of LRU caches only",
+        ),
     ],
 )
 def test_bad_plan_options_name_the_option(stats_file, capsys, caplog, args, message):
     assert message in _exits_2(
         ["plan", "--stats", str(stats_file), "--world-size", "2", *args], capsys, caplog
+    )
+
+
+def test_the_planner_refuses_pipelined_caches_that_fbgemm_cannot_pipeline(stats_file):
+    """FBGEMM's TBE asserts that only LRU caches are pipelined: the planner says so before planning,
+    for its own ``cache_params`` and for a table whose constraints ask for LFU caches under them."""
+    stats, topology = AccessStats.load(stats_file), Topology(world_size=1, compute_device="cuda")
+    lfu = CacheParams(algorithm=CacheAlgorithm.LFU)
+    with pytest.raises(ValueError, match=r"^cache_params: LFU caches with prefetch_pipeline=True; FBGEMM"):
+        FAEShardingPlanner(topology, stats, cache_params=replace(lfu, prefetch_pipeline=True))
+    with pytest.raises(
+        ValueError, match=r"^table t_cat_2 \(its constraints over the planner's cache_params\)"
+    ):
+        FAEShardingPlanner(topology, stats, constraints={"t_cat_2": ParameterConstraints(cache_params=lfu)})
+    plain = CacheParams(prefetch_pipeline=False)
+    FAEShardingPlanner(
+        topology, stats, cache_params=plain, constraints={"t_cat_2": ParameterConstraints(cache_params=lfu)}
     )
 
 

@@ -232,8 +232,7 @@ def test_plan_cli_prints_both_plans(kaggle_stats, tmp_path, capsys):
     _, stats = kaggle_stats
     stats.save(tmp_path / "stats.npz")
     main(["plan", "--stats", str(tmp_path / "stats.npz"), "--world-size", "8", "--hbm-cap", "256MiB",
-          "--candidates", "2", "--processes", "2", "--no-prefetch-pipeline",
-          "--cache-algorithm", "lfu"])  # fmt: skip
+          "--candidates", "2", "--processes", "2", "--cache-algorithm", "lfu"])  # fmt: skip
     printed = capsys.readouterr().out
     assert "FAE plan: hot budget" in printed and "fused_uvm_caching lf=" in printed
     assert "TorchRec default plan: predicted step" in printed
