@@ -81,18 +81,20 @@ what moves is mostly rows used for the first time.
         --convergence-lengths 25k 50k 100k 200k         # the doubling of the default length
 
 Prints the traffic, the steps under each model, FAE's wins and losses against TorchRec's best and the
-convergence table, and writes traffic.png, step_time.png and hot_share.png to ``--out``.
+convergence table, and writes traffic.png, step_time.png, hot_share.png and every point's figures
+(``traffic_points.json``) to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import matplotlib
@@ -106,13 +108,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.sharding_plan import get_default_sharders
-from torchrec.distributed.types import CacheAlgorithm, CacheParams, ShardingPlan
+from torchrec.distributed.types import CacheAlgorithm, CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from benchmarks.common.arguments import fail
 from benchmarks.common.cache_model import BatchedKeys, belady_moves, sampled_rows
 from benchmarks.common.id_stream import IdStream, synthetic_stream, taobao_stream
-from benchmarks.common.plan_traffic import Traffic, cache_groups, replay
+from benchmarks.common.plan_traffic import CacheGroups, Traffic, cache_groups, replay
 from benchmarks.common.training_data import NUM_USERS, describe, model_parser
 from fae_torchrec import HotSet, format_bytes, hot_share_curve, parse_bytes
 from fae_torchrec.arguments import non_negative_int, positive_int
@@ -128,6 +130,8 @@ from planner.topology import make_topology
 logger = logging.getLogger("bench_traffic")
 #: HBM per GPU of "all in HBM" (c): enough for any model here.
 UNLIMITED_HBM = 1 << 40
+#: The figures of every grid point at the default length, written to ``--out`` for later models.
+POINTS_FILE = "traffic_points.json"
 #: Bytes per input to GiB per million inputs.
 PER_MILLION = 1e6 / (1 << 30)
 #: The scale-up caches (b): ``scaleup_planner`` keywords by name.
@@ -212,6 +216,9 @@ class Point:
     link: dict[str, float]
     step: dict[str, float]
     in_hbm: dict[str, float]
+    #: Per replayed plan, the most caches on one rank (each runs FBGEMM's cache machinery every step it
+    #: is looked up in: every step of TorchRec's plans, FAE's cold steps).
+    caches: dict[str, int]
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -298,9 +305,10 @@ def measure_point(
 
     table_index = {c.name: t for t, c in enumerate(stats.tables)}
     ends = [in_batches(warm + n) for n in lengths]
+    groups = {name: cache_groups(plan.plan) for name, plan in plans.items()}
     moved: dict[str, list[Traffic]] = {
         name: replay(
-            cache_groups(plan.plan),
+            groups[name],
             stream.inputs // global_batch,
             stream.tables,
             stream.ids,
@@ -309,7 +317,7 @@ def measure_point(
             in_batches(warm),
             ends,
         )
-        for name, plan in plans.items()
+        for name in plans
     }
     fae_plans: dict[str, tuple[FAEPlanReport, np.ndarray]] = {}
     for name, cache_params in FAE_PLANS.items():
@@ -320,8 +328,11 @@ def measure_point(
         meta = fae.meta_module(hot_set)
         fae_plan = fae.plan(meta, get_default_sharders())
         cold_inputs = ~stream.hot_inputs(hot_set)
+        groups[name] = cache_groups(
+            fae_plan, lambda name: name.removesuffix(f"_{COLD}") if name.endswith(f"_{COLD}") else None
+        )
         moved[name] = _replay_cold_steps(
-            stream, hot_set, fae_plan, cold_inputs, table_index, global_batch, warm, lengths
+            stream, hot_set, groups[name], cold_inputs, table_index, global_batch, warm, lengths
         )
         fae_plans[name] = fae.report, cold_inputs
     row_bytes = dim * 4
@@ -354,6 +365,7 @@ def measure_point(
             {name: m[i].busiest_link() / n for name, m in moved.items()},
             step,
             in_hbm,
+            {name: g.busiest_rank_caches for name, g in groups.items()},
         )
     return points
 
@@ -366,7 +378,7 @@ def _steps_of(inputs: int, global_batch: int) -> int:
 def _replay_cold_steps(
     stream: IdStream,
     hot_set: HotSet,
-    plan: ShardingPlan,
+    groups: CacheGroups,
     cold_inputs: np.ndarray,
     table_index: dict[str, int],
     global_batch: int,
@@ -374,12 +386,9 @@ def _replay_cold_steps(
     lengths: list[int],
 ) -> list[Traffic]:
     """FAE's traffic: its cold steps (hot steps read HBM only), the cold inputs in stream order in
-    batches of ``global_batch``, each cold lookup through the plan's cold caches."""
+    batches of ``global_batch``, each cold lookup through the cold parts' caches ``groups``."""
     cold_before = np.r_[0, np.cumsum(cold_inputs)]  # cold inputs before each input
     cold_lookup = cold_inputs[stream.inputs] & (stream.ranks >= stream.num_hot(hot_set))
-    groups = cache_groups(
-        plan, lambda name: name.removesuffix(f"_{COLD}") if name.endswith(f"_{COLD}") else None
-    )
     return replay(
         groups,
         cold_before[stream.inputs[cold_lookup]] // global_batch,
@@ -857,6 +866,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
         logger.info("%s: done at %.0f s", where, time.perf_counter() - started)
     points = [by_length[args.num_samples][k] for k in grid_points if k in by_length.get(args.num_samples, {})]
     plot(points, stream, args.out)
+    (args.out / POINTS_FILE).write_text(json.dumps([asdict(p) for p in points], indent=1))
     print(
         f"{args.num_samples:,} {describe_data(args, source)}, per-GPU batch {args.batch_size}, "
         f"replayed on 1/{args.sampling} of the rows "

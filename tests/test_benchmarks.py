@@ -56,6 +56,9 @@ def _check_traffic_and_steps(out: str, dim: int, figures: Path) -> list[list[str
             )
     for picture in ("traffic.png", "step_time.png", "hot_share.png"):
         assert (figures / picture).read_bytes()[:4] == b"\x89PNG"
+    saved = json.loads((figures / "traffic_points.json").read_text())
+    assert [(p["dim"], p["world_size"]) for p in saved] == [(dim, 1), (dim, 2)]
+    assert all(p["caches"]["b LRU"] >= 1 and set(p["fae"]) == {"FAE pp", "FAE"} for p in saved)
     return [r for r in rows if len(r) == 4]
 
 

@@ -240,6 +240,7 @@ def test_row_sampled_replay_estimates_the_full_replay(algorithm):
     groups = cache_groups(dry_run(planner, [config]).plan)
     assert groups.cached.all() and groups.cache_slots == pytest.approx(0.05 * 200_001)
     assert groups.policies == [CachePolicy(algorithm)] and groups.ranks.tolist() == [0]
+    assert groups.busiest_rank_caches == 1
     full = replay(groups, batches, tables, ids.ravel(), {"t": 0}, 1, 50, [200])[0]
     kept = sampled_rows(ids.ravel(), 8)
     sampled = replay(groups, batches[kept], tables[kept], ids.ravel()[kept], {"t": 0}, 8, 50, [200])[0]
@@ -259,7 +260,7 @@ def test_device_resident_tables_move_nothing():
         [config],
     )
     groups = cache_groups(plan.plan)
-    assert not groups.shards
+    assert not groups.shards and groups.busiest_rank_caches == 0
     ids = torch.randint(0, 1000, (500,)).numpy()
     (traffic,) = replay(
         groups, np.arange(500) // 50, np.zeros(500, dtype=np.int64), ids, {"t": 0}, 1, 0, [10]

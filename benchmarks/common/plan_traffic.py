@@ -87,6 +87,13 @@ class CacheGroups:
         """Rows of device memory all caches take."""
         return float(self.slots.sum())
 
+    @property
+    def busiest_rank_caches(self) -> int:
+        """The most caches (TBE modules with a cache) on one rank: FBGEMM's cache machinery (linearize,
+        unique, lookup, prefetch, insert) runs once per cache and step."""
+        cached = self.ranks[self.cached]
+        return int(np.bincount(cached).max()) if len(cached) else 0
+
 
 def cache_groups(
     plan: ShardingPlan, table_names: Callable[[str], str | None] = lambda name: name
