@@ -94,7 +94,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import matplotlib
@@ -115,9 +115,25 @@ from benchmarks.common.arguments import fail
 from benchmarks.common.cache_model import BatchedKeys, belady_moves, sampled_rows
 from benchmarks.common.id_stream import IdStream, synthetic_stream, taobao_stream
 from benchmarks.common.plan_traffic import CacheGroups, Traffic, cache_groups, replay
+from benchmarks.common.step_models import (
+    DLRM_MLPS,
+    FAE,
+    MOVERS,
+    PCIE,
+    PLANS,
+    STEP_MODELS,
+    FAEFigures,
+    Point,
+    Terms,
+    break_even,
+    deciding_term,
+    decision,
+    dlrm_training_flops,
+    torchrec_best,
+)
 from benchmarks.common.training_data import NUM_USERS, describe, model_parser
 from fae_torchrec import HotSet, format_bytes, hot_share_curve, parse_bytes
-from fae_torchrec.arguments import non_negative_int, positive_int
+from fae_torchrec.arguments import fraction, non_negative_int, positive_float, positive_int
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import KAGGLE_INPUTS
 from fae_torchrec.data.source import BlockSource
@@ -130,6 +146,12 @@ from planner.topology import make_topology
 logger = logging.getLogger("bench_traffic")
 #: HBM per GPU of "all in HBM" (c): enough for any model here.
 UNLIMITED_HBM = 1 << 40
+#: The sweeps of the terms the step models leave out: effective bandwidth as a share of the link's
+#: theoretical one, and the cache machinery's fixed cost per cache and step (us; the break-even search
+#: stops at ``BREAK_EVEN_TOP_US``).
+BANDWIDTH_SHARES = (1.0, 0.5, 1 / 3, 0.2, 0.1)
+MACHINERY_US = (0, 5, 10, 20, 50, 100)
+BREAK_EVEN_TOP_US = 500
 #: The figures of every grid point at the default length, written to ``--out`` for later models.
 POINTS_FILE = "traffic_points.json"
 #: Bytes per input to GiB per million inputs.
@@ -142,22 +164,9 @@ SCALEUP = {
 }
 #: FAE's plans: its knob with the cold caches planned for the prefetch pipeline (the planner's default)
 #: and without it, as (b) plans LRU caches both ways.
-FAE_PLANS = {
-    "FAE pp": CacheParams(prefetch_pipeline=True),
-    "FAE": CacheParams(prefetch_pipeline=False),
-}
-#: TorchRec's own plans of the unsplit tables, of which FAE must beat the best.
-TORCHREC = ("a", *SCALEUP)
-#: Every plan whose traffic is replayed, and every plan with a step.
-MOVERS = (*FAE_PLANS, *TORCHREC)
-PLANS = (*MOVERS, "c")
-#: The plans whose transfers the prefetch pipeline overlaps with the step.
-PIPELINED = ("FAE pp", "b LRU pp")
-#: Host-device bandwidth per direction of one GPU's link, bytes/s (theoretical: 16 and 32 GT/s x 16
-#: lanes, 128b/130b encoding).
-PCIE = {"Gen4": 31.5e9, "Gen5": 63.0e9}
-#: The step models: TorchRec's perf model, and the traffic model at each PCIe generation.
-STEP_MODELS = ("perf", *PCIE)
+FAE_PLANS = dict(
+    zip(FAE, (CacheParams(prefetch_pipeline=True), CacheParams(prefetch_pipeline=False)), strict=True)
+)
 #: Per model: the stream's lengths, the grid, the per-GPU batch and the row sampling (see the module's
 #: docstring for TBSM's).
 DEFAULTS = {
@@ -184,70 +193,6 @@ DEFAULTS = {
         "sampling": 1,
     },
 }
-
-
-@dataclass(frozen=True)
-class FAEFigures:
-    """What one FAE plan predicts at a grid point: its hot budget, the hot-input share the knob
-    estimated and the share measured on the counted inputs, and TorchRec's perf model's hot step and
-    cold step of its layout with every cold row priced as in HBM (ms)."""
-
-    hot_budget: int
-    hot_share: float
-    measured_share: float
-    hot_step: float
-    cold_step_in_hbm: float
-
-
-@dataclass(frozen=True)
-class Point:
-    """Figures of one grid point at one stream length. Traffic is bytes per input after the warm-up
-    (``traffic``: both directions, all ranks; ``link``: the busiest rank's link in its busier
-    direction); ``step`` is TorchRec's perf model (ms), ``in_hbm`` each TorchRec plan's layout priced by
-    it with every row in HBM, and ``fae`` FAE's plans."""
-
-    dim: int
-    world_size: int
-    hbm_cap: int
-    num_inputs: int
-    global_batch: int
-    fae: dict[str, FAEFigures]
-    traffic: dict[str, float]
-    link: dict[str, float]
-    step: dict[str, float]
-    in_hbm: dict[str, float]
-    #: Per replayed plan, the most caches on one rank (each runs FBGEMM's cache machinery every step it
-    #: is looked up in: every step of TorchRec's plans, FAE's cold steps).
-    caches: dict[str, int]
-
-    @property
-    def key(self) -> tuple[int, int, int]:
-        return self.dim, self.world_size, self.hbm_cap
-
-    def traffic_step(self, plan: str, bandwidth: float) -> float:
-        """The traffic model's step (ms) of ``plan``: its own layout's step with every row in HBM, plus
-        the busiest link's bytes of a step over ``bandwidth``, or the larger of the two where the
-        prefetch pipeline overlaps them. FAE's hot steps move nothing; its cold steps carry all of its
-        traffic, each the bytes of ``1 / (1 - share)`` average steps (the share measured)."""
-        if plan == "c":
-            return self.step["c"]
-        transfer = 1e3 * self.link[plan] * self.global_batch / bandwidth
-
-        def with_transfer(compute: float, moved: float) -> float:
-            return max(compute, moved) if plan in PIPELINED else compute + moved
-
-        if plan not in self.fae:
-            return with_transfer(self.in_hbm[plan], transfer)
-        fae = self.fae[plan]
-        share = fae.measured_share
-        if share >= 1.0:
-            return fae.hot_step
-        cold = with_transfer(fae.cold_step_in_hbm, transfer / (1.0 - share))
-        return share * fae.hot_step + (1.0 - share) * cold
-
-    def steps(self, model: str) -> dict[str, float]:
-        """Every plan's step (ms) under ``model``: "perf" (TorchRec's) or a PCIe generation."""
-        return self.step if model == "perf" else {p: self.traffic_step(p, PCIE[model]) for p in PLANS}
 
 
 class FixedPlans:
@@ -460,8 +405,6 @@ TRAFFIC_RATIOS = (
     ("FAE", "d"),
     ("FAE pp", "d"),
 )
-#: Ratios of TorchRec's best step to FAE's within which FAE is level with it; above, FAE wins.
-LEVEL = 0.02
 
 
 def _traffic_ratios(p: Point) -> list[str]:
@@ -495,28 +438,23 @@ def print_traffic(points: list[Point]) -> None:
         )
 
 
-def torchrec_best(steps: dict[str, float]) -> float:
-    """The shortest step of TorchRec's own plans (default and scale-up caches)."""
-    return min(steps[name] for name in TORCHREC)
-
-
 def print_steps(points: list[Point]) -> None:
     print(
-        "step models. TorchRec's perf model: each planner's prediction; FAE: share x hot step + "
-        "(1 - share) x cold step, with its knob's estimated share. Traffic model: each plan's own layout "
-        "priced by TorchRec's perf model with every row in HBM, plus the busiest link's bytes per step / "
-        "PCIe bandwidth per direction (theoretical, reads and writes overlapped), or the larger of the two "
-        "where the prefetch pipeline overlaps them (FAE pp, b LRU pp; generous to both: FBGEMM keeps the "
-        "backward from overlapping a prefetch); FAE: share x hot step + (1 - share) x its cold step, whose "
-        "transfers are all of its traffic, with the measured share. FBGEMM's fixed cost per step of the "
-        "cache machinery is left out (no published figure found), and so are FAE's remap and routing. "
-        "best: the shortest of TorchRec's plans (a, b)."
+        "step models, the sparse part of a step only. TorchRec's perf model: each planner's prediction; "
+        "FAE: share x hot step + (1 - share) x cold step, with its knob's estimated share. Traffic model: "
+        "each plan's own layout priced by TorchRec's perf model with every row in HBM, plus the busiest "
+        "link's bytes per step / PCIe bandwidth per direction (theoretical, reads and writes overlapped), "
+        "or the larger of the two where the prefetch pipeline overlaps them (FAE pp, b LRU pp; generous to "
+        "both: FBGEMM keeps the backward from overlapping a prefetch); FAE: share x hot step + (1 - share) x "
+        "its cold step, whose transfers are all of its traffic, with the measured share. FBGEMM's fixed "
+        "cost per step of the cache machinery is left out here (swept below), and so are FAE's remap and "
+        "routing. best: the shortest of TorchRec's plans (a, b)."
     )
     titles = {"perf": "TorchRec's perf model"} | {
         g: f"traffic model, PCIe {g} x16 at {bw / 1e9:.1f} GB/s per direction (theoretical)"
         for g, bw in PCIE.items()
     }
-    ratios = [f"best/{name}" for name in FAE_PLANS] + [f"{name}/c" for name in FAE_PLANS]
+    ratios = [f"best/{name}" for name in FAE] + [f"{name}/c" for name in FAE]
     for model in STEP_MODELS:
         print(f"step ms, {titles[model]}")
         print(
@@ -527,8 +465,8 @@ def print_steps(points: list[Point]) -> None:
         )
         for p in points:
             s = p.steps(model)
-            values = [_ratio(torchrec_best(s), s[name]) for name in FAE_PLANS]
-            values += [_ratio(s[name], s["c"]) for name in FAE_PLANS]
+            values = [_ratio(torchrec_best(s), s[name]) for name in FAE]
+            values += [_ratio(s[name], s["c"]) for name in FAE]
             print(
                 f"{_where(p)} | "
                 + " ".join(f"{s[n]:>8.3f}" for n in PLANS)
@@ -537,23 +475,121 @@ def print_steps(points: list[Point]) -> None:
             )
 
 
-def decision(ratio: float) -> str:
-    """FAE against TorchRec's best, by the ratio of their steps (best / FAE)."""
-    return "win" if ratio > 1 + LEVEL else "lose" if ratio < 1 - LEVEL else "level"
+def _verdict(point: Point, fae: str, model: str, terms: Terms) -> str:
+    """FAE against TorchRec's best at ``point``: the ratio of the steps (best / FAE), win, level or
+    lose, and the term that decides it."""
+    steps = point.steps(model, terms)
+    ratio = torchrec_best(steps) / steps[fae]
+    return f"{ratio:.2f} {decision(ratio)} {deciding_term(point, fae, model, terms)}"
+
+
+def print_decision_table(points: list[Point], dense: dict[int, float]) -> None:
+    """Per grid point and FAE plan, FAE against TorchRec's best by each model (sparse part only), and
+    by the traffic model at PCIe Gen4 for the whole step (``dense``: the dense part's ms by embedding
+    dimension; none where empty)."""
+    columns = [(model, False) for model in STEP_MODELS] + ([("Gen4", True)] if dense else [])
+    titles = list(STEP_MODELS) + (["Gen4 whole"] if dense else [])
+    print(
+        "decision: TorchRec's best step / FAE's (best: the shortest of a and the b's), win above 1.02, level "
+        "within 2%, lose below 0.98, and the term that decides it (layout: the plans' steps with every row "
+        "in HBM; offload: what keeping rows in host memory adds, cache pricing or exposed transfers)"
+    )
+    for fae in FAE:
+        print(f"{fae:<20} | " + " | ".join(f"{t:>22}" for t in titles))
+        for p in points:
+            cells = [
+                _verdict(p, fae, model, Terms(dense_ms=dense[p.dim] if whole else 0.0))
+                for model, whole in columns
+            ]
+            print(f"{_where(p)} | " + " | ".join(f"{c:>22}" for c in cells))
+
+
+def _tally(points: list[Point], fae: str, model: str, terms_of: Callable[[Point], Terms]) -> str:
+    """At how many points FAE wins, is level or loses (each point's terms ``terms_of(point)``), and the
+    range of best / FAE."""
+    ratios = []
+    for p in points:
+        steps = p.steps(model, terms_of(p))
+        ratios.append(torchrec_best(steps) / steps[fae])
+    counts = {kind: sum(decision(r) == kind for r in ratios) for kind in ("win", "level", "lose")}
+    spread = f"{min(ratios):.2f}x to {max(ratios):.2f}x" if ratios else "-"
+    return f"win {counts['win']:>2}, level {counts['level']:>2}, lose {counts['lose']:>2} ({spread})"
 
 
 def print_decisions(points: list[Point]) -> None:
     """Per FAE plan and step model: at how many points FAE's step wins against TorchRec's best, is
     level with it (within 2%), or loses, and the range of the ratios."""
-    for name in FAE_PLANS:
+    for name in FAE:
         for model in STEP_MODELS:
-            ratios = [torchrec_best(p.steps(model)) / p.steps(model)[name] for p in points]
-            counts = {kind: sum(decision(r) == kind for r in ratios) for kind in ("win", "level", "lose")}
-            spread = f"best/{name} {min(ratios):.2f}x to {max(ratios):.2f}x" if ratios else "no point"
             print(
-                f"{name} against TorchRec's best ({model}): win at {counts['win']}, level at "
-                f"{counts['level']}, lose at {counts['lose']} of {len(points)} points; {spread}"
+                f"{name} against TorchRec's best ({model}): {_tally(points, name, model, lambda p: Terms())}"
             )
+
+
+def print_sweeps(points: list[Point], dense: dict[int, float]) -> None:
+    """FAE against TorchRec's best as the terms the models leave out grow: the effective bandwidth, the
+    cache machinery's fixed cost per cache and step (with the break-even costs at which FAE wins by
+    1.1x and 1.5x), and the dense part of the step (``dense``: ms by embedding dimension)."""
+    print(
+        "sweep: effective host-device bandwidth, as a share of PCIe Gen4's theoretical 31.5 GB/s (scattered "
+        "rows move slower than the link's peak); traffic model, sparse part"
+    )
+    for share in BANDWIDTH_SHARES:
+        terms = Terms(bandwidth_share=share)
+        cells = [f"{fae}: {_tally(points, fae, 'Gen4', lambda p, t=terms: t)}" for fae in FAE]
+        print(f"  {share:>5.2f} ({31.5 * share:>5.2f} GB/s) | " + " | ".join(cells))
+    print(
+        "sweep: the cache machinery's fixed cost per cache and step (us), paid by every step of TorchRec's "
+        "cached plans and by FAE's cold steps; traffic model at Gen4 and TorchRec's perf model, sparse part"
+    )
+    for cost in MACHINERY_US:
+        terms = Terms(machinery_ms=cost / 1e3)
+        cells = [
+            f"{fae} {model}: {_tally(points, fae, model, lambda p, t=terms: t)}"
+            for fae in FAE
+            for model in ("Gen4", "perf")
+        ]
+        print(f"  {cost:>5g} us | " + " | ".join(cells))
+    top = BREAK_EVEN_TOP_US / 1e3
+    print(
+        f"break-even: the machinery cost per cache and step (us, up to {BREAK_EVEN_TOP_US:g}) at which FAE's "
+        "step is 1.1x and 1.5x shorter than TorchRec's best (-: not below that); caches on the busiest rank"
+    )
+    keys = [(fae, model, target) for fae in FAE for model in ("Gen4", "perf") for target in (1.1, 1.5)]
+    print(
+        f"{'dim':>4} {'GPUs':>4} {'HBM/GPU':>9} | caches FAE pp, FAE, b LRU pp | "
+        + " ".join(f"{f'{fae} {model} {target}x':>17}" for fae, model, target in keys)
+    )
+    found = {key: break_even(points, *key, Terms(), top) for key in keys}
+    for i, p in enumerate(points):
+        caches = ", ".join(str(p.caches.get(name, 0)) for name in ("FAE pp", "FAE", "b LRU pp"))
+        cells = [found[key][i] for key in keys]
+        print(
+            f"{_where(p)} | {caches:>29} | "
+            + " ".join(f"{'-' if c is None else f'{1e3 * c:.0f}':>17}" for c in cells)
+        )
+    if not dense:
+        print("whole step: the dense part is not priced for this model")
+        return
+    print(
+        "whole step: the dense part added to every plan's step, "
+        + ", ".join(f"{ms:.3f} ms at dim {dim}" for dim, ms in sorted(dense.items()))
+    )
+    for fae in FAE:
+        for model in STEP_MODELS:
+            tally = _tally(points, fae, model, lambda p: Terms(dense_ms=dense[p.dim]))
+            print(f"  {fae} against TorchRec's best ({model}): {tally}")
+
+
+def dense_ms(model: str, args: argparse.Namespace, points: list[Point]) -> dict[int, float]:
+    """The dense part of a step by embedding dimension (ms): DLRM's training FLOPs per input
+    (``step_models.dlrm_training_flops``) times the per-GPU batch, at ``--dense-efficiency`` of
+    ``--gpu-tflops``; empty for TBSM, whose dense part is not priced, and for dimensions that DLRM's
+    reference configurations do not have."""
+    if model != "dlrm" or any(p.dim not in DLRM_MLPS for p in points):
+        return {}
+    rate = args.gpu_tflops * 1e12 * args.dense_efficiency
+    return {p.dim: 1e3 * dlrm_training_flops(p.dim) * p.global_batch / p.world_size / rate for p in points}
 
 
 def headline(p: Point) -> dict[str, float]:
@@ -765,6 +801,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--belady-sampling", type=int, default=default["sampling"], help="Belady replays 1/N of the rows"
     )
     parser.add_argument("--knob-candidates", type=int, default=4, help="hot budgets FAE's knob tries")
+    parser.add_argument(
+        "--gpu-tflops",
+        type=positive_float,
+        default=156.0,
+        help="the GPU's peak for the dense part of a step (default: an A100's TF32 tensor cores, dense)",
+    )
+    parser.add_argument(
+        "--dense-efficiency",
+        type=fraction,
+        default=0.3,
+        help="the share of --gpu-tflops the dense part runs at (the MLPs and interaction of DLRM's reference "
+        "configurations, forward and backward)",
+    )
+    parser.add_argument(
+        "--points",
+        type=Path,
+        help=f"print the tables, decisions and sweeps of a run's {POINTS_FILE} instead of planning and "
+        "replaying (to try other --gpu-tflops or --dense-efficiency)",
+    )
     if model == "dlrm":
         parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/figures"))
@@ -835,6 +890,26 @@ def describe_data(args: argparse.Namespace, source: BlockSource) -> str:
     return f"training inputs counted after a warm-up of {args.warmup:,} ({describe(args, source)})"
 
 
+def print_models(points: list[Point], dense: dict[int, float]) -> None:
+    """Every table of the grid's points: traffic, the steps by each model, FAE against TorchRec's best,
+    the decision table and the sweeps (``dense``: the dense part's ms by embedding dimension)."""
+    print_traffic(points)
+    print_steps(points)
+    print_decisions(points)
+    print_decision_table(points, dense)
+    print_sweeps(points, dense)
+
+
+def load_points(path: Path) -> tuple[str, list[Point]]:
+    """The model and points a run wrote to ``--out`` (``POINTS_FILE``); a missing or foreign file exits
+    with status 2 naming it."""
+    try:
+        saved = json.loads(path.read_text())
+        return saved["model"], [Point.from_dict(point) for point in saved["points"]]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        fail(f"--points {path}: not a {POINTS_FILE} written by bench_traffic.py ({error!r})")
+
+
 def main(argv: list[str] | None = None) -> list[Point]:
     args = parse_args(argv)
     logging.basicConfig(level=logging.ERROR, format="%(name)s: %(message)s", force=True)  # dry-run noise
@@ -842,6 +917,10 @@ def main(argv: list[str] | None = None) -> list[Point]:
     logging.getLogger("torchrec.distributed.planner.proposers").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
     logger.setLevel(logging.INFO)
+    if args.points is not None:
+        model, points = load_points(args.points)
+        print_models(points, dense_ms(model, args, points))
+        return points
     started = time.perf_counter()
     source = open_data(args)
     fixed = FixedPlans(source.table_configs, args.batch_size)
@@ -866,7 +945,8 @@ def main(argv: list[str] | None = None) -> list[Point]:
         logger.info("%s: done at %.0f s", where, time.perf_counter() - started)
     points = [by_length[args.num_samples][k] for k in grid_points if k in by_length.get(args.num_samples, {})]
     plot(points, stream, args.out)
-    (args.out / POINTS_FILE).write_text(json.dumps([asdict(p) for p in points], indent=1))
+    saved = {"model": args.model, "points": [asdict(p) for p in points]}
+    (args.out / POINTS_FILE).write_text(json.dumps(saved, indent=1))
     print(
         f"{args.num_samples:,} {describe_data(args, source)}, per-GPU batch {args.batch_size}, "
         f"replayed on 1/{args.sampling} of the rows "
@@ -875,9 +955,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
         "the rows it serves best, as the plans' HBM rows are; (b) caches have the sizes TorchRec's scale-up "
         "proposer gives LRU caches, for LRU, LRU with prefetch_pipeline (pp) and LFU alike"
     )
-    print_traffic(points)
-    print_steps(points)
-    print_decisions(points)
+    print_models(points, dense_ms(args.model, args, points))
     print_convergence(by_length, args.convergence_points, args.num_samples)
     print_first_uses(stream, args.warmup, sorted(by_length))
     print(f"figures in {args.out}; {time.perf_counter() - started:.0f} s")

@@ -28,12 +28,18 @@ def _run(script: str, *args: str) -> str:
     return done.stdout
 
 
-def _check_traffic_and_steps(out: str, dim: int, figures: Path) -> list[list[str]]:
-    """Check bench_traffic's traffic and step rows of two points at ``dim``, its decisions and its
+def _rows(out: str, start: str, end: str, dim: int) -> list[list[str]]:
+    """The rows of the grid's points at ``dim`` between the lines beginning ``start`` and ``end``, split
+    at ``|``."""
+    section = out.split(f"\n{start}", 1)[1].split(f"\n{end}", 1)[0]
+    return [line.split("|") for line in section.splitlines() if re.match(rf"\s*{dim}\s+[12]\s", line)]
+
+
+def _check_traffic_and_steps(out: str, dim: int, figures: Path, model: str) -> list[list[str]]:
+    """Check bench_traffic's traffic and step rows of two points at ``dim``, its decisions, sweeps and
     figures; return the convergence rows (split at ``|``)."""
-    rows = [line.split("|") for line in out.splitlines() if re.match(rf"\s*{dim}\s+[12]\s", line)]
-    traffic = [r for r in rows if len(r) == 5]
-    steps = [r for r in rows if len(r) == 3]
+    traffic = _rows(out, "traffic: GiB moved", "step models", dim)
+    steps = _rows(out, "step models", "FAE pp against", dim)
     assert len(traffic) == 2 and len(steps) == 3 * len(traffic), out
     for row in traffic:
         for fae in row[1:3]:  # FAE pp, FAE: hot budget, estimated and measured hot-input shares
@@ -50,16 +56,32 @@ def _check_traffic_and_steps(out: str, dim: int, figures: Path) -> list[list[str
         best_over_fae_pp = float(row[2].split()[0])
         assert best_over_fae_pp >= 0.99, row
     for name in ("FAE pp", "FAE"):
-        for model in ("perf", "Gen4", "Gen5"):
+        for model_name in ("perf", "Gen4", "Gen5"):
             assert re.search(
-                rf"^{name} against TorchRec's best \({model}\): win at \d+, level at \d+", out, re.M
+                rf"^{name} against TorchRec's best \({model_name}\): win +\d+, level +\d+, lose +\d+",
+                out,
+                re.M,
             )
+    table = _rows(out, "decision:", "sweep:", dim)
+    assert len(table) == 4 and all(len(r) == (5 if model == "dlrm" else 4) for r in table), table
+    assert all(
+        re.fullmatch(r"\d\.\d\d (win|level|lose) (layout|offload)", c.strip()) for r in table for c in r[1:]
+    )
+    assert re.search(r"^ +0\.10 \( *3\.15 GB/s\) \| FAE pp: win", out, re.M), "a tenth of PCIe Gen4"
+    assert re.search(r"^ +100 us \| FAE pp Gen4: win", out, re.M), "100 us of cache machinery a step"
+    assert len(_rows(out, "break-even:", "whole step:", dim)) == 2
+    dense = "whole step: the dense part added to every plan's step" if model == "dlrm" else "not priced"
+    assert dense in out
     for picture in ("traffic.png", "step_time.png", "hot_share.png"):
         assert (figures / picture).read_bytes()[:4] == b"\x89PNG"
     saved = json.loads((figures / "traffic_points.json").read_text())
-    assert [(p["dim"], p["world_size"]) for p in saved] == [(dim, 1), (dim, 2)]
-    assert all(p["caches"]["b LRU"] >= 1 and set(p["fae"]) == {"FAE pp", "FAE"} for p in saved)
-    return [r for r in rows if len(r) == 4]
+    assert saved["model"] == model
+    assert [(p["dim"], p["world_size"]) for p in saved["points"]] == [(dim, 1), (dim, 2)]
+    assert all(p["caches"]["b LRU"] >= 1 and set(p["fae"]) == {"FAE pp", "FAE"} for p in saved["points"])
+    again = _run("bench_traffic.py", "--points", str(figures / "traffic_points.json"))
+    printed = out[out.index("traffic: GiB moved") : out.index("\nconvergence:") + 1]
+    assert again == printed, "the saved points print the same tables again"
+    return _rows(out, "convergence:", "doubling", dim)
 
 
 @pytest.mark.slow
@@ -76,7 +98,7 @@ def test_bench_traffic_prints_every_comparison_and_draws_the_curves(tmp_path):
     assert sampled and abs(int(sampled[1].replace(",", "")) - 20_000) < 1_000, (
         "5% of the epoch, not of the replay"
     )
-    convergence = _check_traffic_and_steps(out, 128, tmp_path)
+    convergence = _check_traffic_and_steps(out, 128, tmp_path, "dlrm")
     assert [r[0].split()[4] for r in convergence] == ["100,000", "200,000", "400,000"]
     assert len({tuple(r[0].split()[5:]) for r in convergence}) == 1, "the same hot budgets at every length"
     assert "doubling the default 200,000 inputs to 400,000" in out
@@ -100,7 +122,7 @@ def test_bench_traffic_replays_tbsm_inputs_the_profile_did_not_read(tmp_path):
     assert profile, out
     sampled, trained = (int(x.replace(",", "")) for x in profile.groups())
     assert abs(sampled / trained - 0.2) < 0.01, "FAE's TBSM profile: 20% of the training inputs"
-    convergence = _check_traffic_and_steps(out, 16, tmp_path)
+    convergence = _check_traffic_and_steps(out, 16, tmp_path, "tbsm")
     assert [r[0].split()[4] for r in convergence] == ["5,000", "10,000", "20,000"]
     assert "doubling the default 10,000 inputs to 20,000" in out
 

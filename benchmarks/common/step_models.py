@@ -1,0 +1,210 @@
+"""bench_traffic's step models: each plan's step at one grid point, and FAE against TorchRec's best.
+
+Two models price a step (ms per step, per GPU batch):
+
+- ``perf``: TorchRec's perf model, each planner's own prediction; FAE's is ``share x hot step + (1 -
+  share) x cold step`` with its knob's estimated share;
+- a traffic model per PCIe generation: each plan's own layout priced by TorchRec's perf model with every
+  row in HBM, plus the busiest link's bytes of a step over the bandwidth, or the larger of the two
+  where the prefetch pipeline overlaps them; FAE's cold steps carry all of its traffic, its hot steps
+  none (the share measured on the replayed stream).
+
+``Terms`` adds what both leave out, as stated assumptions: the cache machinery's fixed cost per cache
+and step (FBGEMM's linearize, unique, lookup, prefetch and insert kernels run for every cache a step
+looks up: every step of TorchRec's cached plans, FAE's cold steps only), the dense part of a step (the
+same for every plan), and an effective bandwidth below the link's theoretical one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from itertools import pairwise
+
+import numpy as np
+
+#: FAE's plans: its caches planned for the prefetch pipeline (the planner's default) and without it.
+FAE = ("FAE pp", "FAE")
+#: TorchRec's own plans of the unsplit tables: (a) its default planner, (b) its scale-up caches.
+TORCHREC = ("a", "b LRU", "b LRU pp", "b LFU")
+#: Every plan whose traffic is replayed, and every plan with a step ((c): every table in HBM).
+MOVERS = (*FAE, *TORCHREC)
+PLANS = (*MOVERS, "c")
+#: The plans whose transfers the prefetch pipeline overlaps with the step.
+PIPELINED = ("FAE pp", "b LRU pp")
+#: Host-device bandwidth per direction of one GPU's link, bytes/s (theoretical: 16 and 32 GT/s x 16
+#: lanes, 128b/130b encoding).
+PCIE = {"Gen4": 31.5e9, "Gen5": 63.0e9}
+#: The step models: TorchRec's perf model, and the traffic model at each PCIe generation.
+STEP_MODELS = ("perf", *PCIE)
+#: Ratios of TorchRec's best step to FAE's within which FAE is level with it; above, FAE wins.
+LEVEL = 0.02
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What the step models leave out, as stated assumptions: the cache machinery's fixed cost per
+    cache and step (ms), the dense part of a step (ms) and the effective host-device bandwidth as a
+    share of the link's theoretical one."""
+
+    machinery_ms: float = 0.0
+    dense_ms: float = 0.0
+    bandwidth_share: float = 1.0
+
+
+@dataclass(frozen=True)
+class FAEFigures:
+    """What one FAE plan predicts at a grid point: its hot budget, the hot-input share the knob
+    estimated and the share measured on the counted inputs, and TorchRec's perf model's hot step and
+    cold step of its layout with every cold row priced as in HBM (ms)."""
+
+    hot_budget: int
+    hot_share: float
+    measured_share: float
+    hot_step: float
+    cold_step_in_hbm: float
+
+
+@dataclass(frozen=True)
+class Point:
+    """Figures of one grid point at one stream length. Traffic is bytes per input after the warm-up
+    (``traffic``: both directions, all ranks; ``link``: the busiest rank's link in its busier
+    direction); ``step`` is TorchRec's perf model (ms), ``in_hbm`` each TorchRec plan's layout priced by
+    it with every row in HBM, ``fae`` FAE's plans, and ``caches`` per plan the most caches on one rank
+    (each runs FBGEMM's cache machinery every step it is looked up in)."""
+
+    dim: int
+    world_size: int
+    hbm_cap: int
+    num_inputs: int
+    global_batch: int
+    fae: dict[str, FAEFigures]
+    traffic: dict[str, float]
+    link: dict[str, float]
+    step: dict[str, float]
+    in_hbm: dict[str, float]
+    caches: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> Point:
+        """A point as ``dataclasses.asdict`` wrote it (``bench_traffic``'s ``traffic_points.json``)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in saved.items() if k in known} | {
+            "fae": {name: FAEFigures(**figures) for name, figures in saved["fae"].items()}
+        })  # fmt: skip
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return self.dim, self.world_size, self.hbm_cap
+
+    def layout(self, plan: str, model: str) -> float:
+        """The step of ``plan``'s own layout with every row in HBM (ms): what is left when its
+        host-device traffic costs nothing. FAE's at the share ``model`` prices it with."""
+        if plan == "c":
+            return self.step["c"]
+        if plan not in self.fae:
+            return self.in_hbm[plan]
+        share = self._share(plan, model)
+        return share * self.fae[plan].hot_step + (1.0 - share) * self.fae[plan].cold_step_in_hbm
+
+    def steps(self, model: str, terms: Terms = Terms()) -> dict[str, float]:
+        """Every plan's step (ms) under ``model`` ("perf", TorchRec's, or a PCIe generation's traffic
+        model), with ``terms`` added."""
+        return {plan: self._step(plan, model, terms) for plan in PLANS}
+
+    def _share(self, plan: str, model: str) -> float:
+        """FAE's hot-input share as ``model`` prices it: the knob's estimate for TorchRec's perf model
+        (as its prediction does), the share measured on the stream for the traffic models."""
+        figures = self.fae[plan]
+        return figures.hot_share if model == "perf" else figures.measured_share
+
+    def _step(self, plan: str, model: str, terms: Terms) -> float:
+        step = self._sparse(plan, model, terms.bandwidth_share) + terms.dense_ms
+        if plan == "c":
+            return step
+        lookups = 1.0 - self._share(plan, model) if plan in self.fae else 1.0  # steps that use the caches
+        return step + terms.machinery_ms * self.caches.get(plan, 0) * lookups
+
+    def _sparse(self, plan: str, model: str, bandwidth_share: float) -> float:
+        if model == "perf" or plan == "c":
+            return self.step[plan]
+        transfer = 1e3 * self.link[plan] * self.global_batch / (PCIE[model] * bandwidth_share)
+
+        def with_transfer(compute: float, moved: float) -> float:
+            return max(compute, moved) if plan in PIPELINED else compute + moved
+
+        if plan not in self.fae:
+            return with_transfer(self.in_hbm[plan], transfer)
+        fae = self.fae[plan]
+        share = fae.measured_share
+        if share >= 1.0:
+            return fae.hot_step
+        cold = with_transfer(fae.cold_step_in_hbm, transfer / (1.0 - share))
+        return share * fae.hot_step + (1.0 - share) * cold
+
+
+def torchrec_best(steps: dict[str, float]) -> float:
+    """The shortest step of TorchRec's own plans (default and scale-up caches)."""
+    return min(steps[name] for name in TORCHREC)
+
+
+def best_plan(steps: dict[str, float]) -> str:
+    """Which of TorchRec's own plans has the shortest step."""
+    return min(TORCHREC, key=steps.__getitem__)
+
+
+def decision(ratio: float) -> str:
+    """FAE against TorchRec's best, by the ratio of their steps (best / FAE)."""
+    return "win" if ratio > 1 + LEVEL else "lose" if ratio < 1 - LEVEL else "level"
+
+
+def deciding_term(point: Point, fae: str, model: str, terms: Terms = Terms()) -> str:
+    """What decides FAE against TorchRec's best under ``model``: the difference of their layouts'
+    steps with every row in HBM ("layout": lookups, collectives, a hot step's skipped cold part), or of
+    what keeping rows in host memory adds on top ("offload": the caches' pricing under TorchRec's perf
+    model, exposed transfers under a traffic model, and the cache machinery), whichever is larger."""
+    steps = point.steps(model, terms)
+    best = best_plan(steps)
+    layout = point.layout(best, model) - point.layout(fae, model)
+    offload = (steps[best] - point.layout(best, model)) - (steps[fae] - point.layout(fae, model))
+    return "layout" if abs(layout) >= abs(offload) else "offload"
+
+
+def break_even(points: list[Point], fae: str, model: str, target: float, terms: Terms, top: float) -> list:
+    """Per point, the smallest cache machinery cost per cache and step (ms, on a grid up to ``top``)
+    at which FAE's step is ``target`` times shorter than TorchRec's best under ``model`` with ``terms``,
+    or None where no cost up to ``top`` gets there."""
+    grid = np.linspace(0.0, top, 1001)
+    found = []
+    for point in points:
+        ratios = np.array(
+            [_ratio(point, fae, model, Terms(m, terms.dense_ms, terms.bandwidth_share)) for m in grid]
+        )
+        reached = np.flatnonzero(ratios >= target)
+        found.append(float(grid[reached[0]]) if len(reached) else None)
+    return found
+
+
+def _ratio(point: Point, fae: str, model: str, terms: Terms) -> float:
+    steps = point.steps(model, terms)
+    return torchrec_best(steps) / steps[fae]
+
+
+#: The dense part of DLRM per input, as (bottom MLP, top MLP) layer sizes by embedding dimension: the
+#: DLRM paper's Criteo Kaggle configuration (dim 16) and MLPerf's Criteo Terabyte one (dim 128).
+DLRM_MLPS = {
+    16: ((13, 512, 256, 64, 16), (512, 256, 1)),
+    128: ((13, 512, 256, 128), (1024, 1024, 512, 256, 1)),
+}
+
+
+def dlrm_training_flops(dim: int, num_sparse: int = 26) -> float:
+    """FLOPs of DLRM's dense part per input and training step (forward and backward, the backward
+    counted as twice the forward): the bottom MLP, the pairwise dot products of the ``num_sparse``
+    pooled embeddings and the bottom MLP's output, and the top MLP over those and that output."""
+    bottom, top = DLRM_MLPS[dim]
+    vectors = num_sparse + 1
+    pairs = vectors * (vectors - 1) // 2
+    top_sizes = (pairs + dim, *top)
+    macs = sum(a * b for a, b in pairwise(bottom))
+    macs += pairs * dim + sum(a * b for a, b in pairwise(top_sizes))
+    return 3 * 2.0 * macs

@@ -1,0 +1,104 @@
+"""bench_traffic's step models on points made by hand: what each model charges each plan, the terms
+they leave out, and FAE against TorchRec's best."""
+
+from dataclasses import asdict
+
+import pytest
+
+from benchmarks.common.step_models import (
+    PCIE,
+    PLANS,
+    FAEFigures,
+    Point,
+    Terms,
+    break_even,
+    deciding_term,
+    decision,
+    dlrm_training_flops,
+    torchrec_best,
+)
+
+MS_PER_BYTE_PER_INPUT = 1e3 * 1000 / PCIE["Gen4"]  # ms a step moving 1 byte per input takes over Gen4
+
+
+def _point(**changes) -> Point:
+    """One GPU, a global batch of 1000; every plan's layout 1 ms in HBM, (c) 1 ms; the link moves
+    ``link`` bytes per input of every plan."""
+    fields = {
+        "dim": 16,
+        "world_size": 1,
+        "hbm_cap": 1 << 30,
+        "num_inputs": 10_000,
+        "global_batch": 1000,
+        "fae": {
+            "FAE pp": FAEFigures(0, 0.0, 0.0, 0.0, 1.0),
+            "FAE": FAEFigures(1 << 20, 0.5, 0.6, 0.8, 1.0),
+        },
+        "traffic": dict.fromkeys(PLANS[:-1], 2.0),
+        "link": dict.fromkeys(PLANS[:-1], 1.0),
+        "step": {"FAE pp": 1.2, "FAE": 1.5, "a": 3.0, "b LRU": 2.0, "b LRU pp": 1.1, "b LFU": 2.0, "c": 1.0},
+        "in_hbm": dict.fromkeys(("a", "b LRU", "b LRU pp", "b LFU"), 1.0),
+        "caches": {"FAE pp": 2, "FAE": 2, "a": 1, "b LRU": 2, "b LRU pp": 2, "b LFU": 2},
+    }
+    return Point(**(fields | changes))
+
+
+def test_the_traffic_model_adds_transfers_or_overlaps_them_with_the_prefetch_pipeline():
+    transfer = 1.0 * MS_PER_BYTE_PER_INPUT  # 1 byte per input, 1000 inputs a step: 0.0317 ms
+    steps = _point().steps("Gen4")
+    assert steps["a"] == pytest.approx(1.0 + transfer) and steps["b LRU"] == pytest.approx(1.0 + transfer)
+    assert steps["b LRU pp"] == pytest.approx(1.0), "the transfer hides behind the step"
+    assert steps["c"] == 1.0
+    # FAE's cold steps (40% of the steps, the measured share) carry all of its traffic
+    assert steps["FAE"] == pytest.approx(0.6 * 0.8 + 0.4 * (1.0 + transfer / 0.4))
+    big = _point(link=dict.fromkeys(PLANS[:-1], 1e5)).steps("Gen4")  # 3.17 ms of transfers a step
+    assert big["b LRU pp"] == pytest.approx(1e5 * MS_PER_BYTE_PER_INPUT), "the transfer exceeds the step"
+    assert big["FAE pp"] == pytest.approx(1e5 * MS_PER_BYTE_PER_INPUT)  # no hot steps: every step is cold
+    assert _point().steps("perf") == _point().step
+
+
+def test_left_out_terms_are_charged_where_they_are_paid():
+    point, machinery, dense = _point(), 0.01, 0.5
+    plain = point.steps("perf")
+    charged = point.steps("perf", Terms(machinery_ms=machinery, dense_ms=dense))
+    assert charged["c"] == plain["c"] + dense, "no cache in HBM"
+    assert charged["a"] == pytest.approx(plain["a"] + dense + machinery * 1)
+    assert charged["b LRU pp"] == pytest.approx(plain["b LRU pp"] + dense + machinery * 2)
+    # FAE's hot steps run no cache: the knob's estimated share (50%) of the steps pay none
+    assert charged["FAE"] == pytest.approx(plain["FAE"] + dense + machinery * 2 * 0.5)
+    slow = point.steps("Gen4", Terms(bandwidth_share=0.1))
+    assert slow["a"] == pytest.approx(1.0 + 10 * MS_PER_BYTE_PER_INPUT)
+
+
+def test_fae_against_torchrecs_best():
+    point = _point()
+    perf = point.steps("perf")
+    assert torchrec_best(perf) == 1.1  # b LRU pp
+    assert [decision(r) for r in (1.03, 1.02, 0.99, 0.97)] == ["win", "level", "level", "lose"]
+    assert decision(torchrec_best(perf) / perf["FAE pp"]) == "lose"
+    # FAE's layout is shorter than the best's (0.9 against 1.0 ms), its cache pricing dearer
+    assert deciding_term(point, "FAE", "perf") == "offload"
+    assert deciding_term(_point(step=point.step | {"FAE": 0.95}), "FAE", "perf") == "layout"
+
+
+def test_break_even_finds_the_machinery_cost_at_which_fae_wins_by_a_target():
+    """FAE (perf 1.5 ms, 2 caches on half its steps) against b LRU pp (1.1 ms, 2 caches every step):
+    best / FAE = (1.1 + 2m) / (1.5 + m) reaches 1.1 at m = 0.55 / 0.9 ms, and 2.5 at no m up to 1 ms."""
+    point = _point()
+    (found,) = break_even([point], "FAE", "perf", 1.1, Terms(), top=1.0)
+    assert found == pytest.approx(0.55 / 0.9, abs=0.001)
+    assert break_even([point], "FAE", "perf", 2.5, Terms(), top=1.0) == [None]
+
+
+def test_dlrm_dense_flops_of_the_reference_configurations():
+    # MLPerf's DLRM: bottom 13-512-256-128, 27 vectors' 351 dot products of 128, top 479-1024-1024-512-256-1
+    macs = (
+        13 * 512 + 512 * 256 + 256 * 128 + 351 * 128 + 479 * 1024 + 1024 * 1024 + 1024 * 512 + 512 * 256 + 256
+    )
+    assert dlrm_training_flops(128) == 3 * 2 * macs
+    assert dlrm_training_flops(16) < dlrm_training_flops(128) / 4
+
+
+def test_a_point_reads_back_as_it_was_written():
+    point = _point()
+    assert Point.from_dict(asdict(point)) == point
