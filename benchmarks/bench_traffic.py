@@ -118,6 +118,8 @@ from benchmarks.common.plan_traffic import CacheGroups, Traffic, cache_groups, r
 from benchmarks.common.step_models import (
     DLRM_MLPS,
     FAE,
+    FAE_STEPS,
+    LOOKAHEAD,
     MOVERS,
     PCIE,
     PLANS,
@@ -163,10 +165,14 @@ SCALEUP = {
     "b LFU": {"algorithm": CacheAlgorithm.LFU},
 }
 #: FAE's plans: its knob with the cold caches planned for the prefetch pipeline (the planner's default)
-#: and without it, as (b) plans LRU caches both ways.
-FAE_PLANS = dict(
-    zip(FAE, (CacheParams(prefetch_pipeline=True), CacheParams(prefetch_pipeline=False)), strict=True)
-)
+#: and without it, as (b) plans LRU caches both ways, and the hot budget the knob chose without it with
+#: the caches planned for the prefetch pipeline ("FAE hot": FAE's hot rows where the knob, pricing
+#: pipelined caches by TorchRec's perf model, may keep none).
+FAE_PLANS = {
+    "FAE pp": CacheParams(prefetch_pipeline=True),
+    "FAE": CacheParams(prefetch_pipeline=False),
+    "FAE hot": CacheParams(prefetch_pipeline=True),
+}
 #: Per model: the stream's lengths, the grid, the per-GPU batch and the row sampling (see the module's
 #: docstring for TBSM's).
 DEFAULTS = {
@@ -266,8 +272,14 @@ def measure_point(
     }
     fae_plans: dict[str, tuple[FAEPlanReport, np.ndarray]] = {}
     for name, cache_params in FAE_PLANS.items():
+        budget = fae_plans["FAE"][0].hot_budget_bytes if name == "FAE hot" else None
         fae = FAEShardingPlanner(
-            topology, stats, batch_size=batch, num_candidates=args.knob_candidates, cache_params=cache_params
+            topology,
+            stats,
+            batch_size=batch,
+            hot_budget_bytes=budget,
+            num_candidates=args.knob_candidates,
+            cache_params=cache_params,
         )
         hot_set = fae.choose_hot_set()
         meta = fae.meta_module(hot_set)
@@ -402,6 +414,7 @@ TRAFFIC_RATIOS = (
     ("b LRU", "FAE"),
     ("b LFU", "FAE"),
     ("b LRU pp", "FAE pp"),
+    ("b LRU pp", "FAE hot"),
     ("FAE", "d"),
     ("FAE pp", "d"),
 )
@@ -441,20 +454,23 @@ def print_traffic(points: list[Point]) -> None:
 def print_steps(points: list[Point]) -> None:
     print(
         "step models, the sparse part of a step only. TorchRec's perf model: each planner's prediction; "
-        "FAE: share x hot step + (1 - share) x cold step, with its knob's estimated share. Traffic model: "
-        "each plan's own layout priced by TorchRec's perf model with every row in HBM, plus the busiest "
-        "link's bytes per step / PCIe bandwidth per direction (theoretical, reads and writes overlapped), "
-        "or the larger of the two where the prefetch pipeline overlaps them (FAE pp, b LRU pp; generous to "
-        "both: FBGEMM keeps the backward from overlapping a prefetch); FAE: share x hot step + (1 - share) x "
-        "its cold step, whose transfers are all of its traffic, with the measured share. FBGEMM's fixed "
-        "cost per step of the cache machinery is left out here (swept below), and so are FAE's remap and "
-        "routing. best: the shortest of TorchRec's plans (a, b)."
+        "FAE: share x hot step + (1 - share) x cold step, with its knob's estimated share (it counts a "
+        "prefetch as blocking, whatever the pipeline: FAE la as FAE hot). Traffic model: each plan's own "
+        "layout priced by TorchRec's perf model with every row in HBM, plus the busiest link's bytes per "
+        "step / PCIe bandwidth per direction (theoretical, reads and writes overlapped), or the larger of "
+        "the two where the prefetch pipeline overlaps them (b LRU pp; generous to it: FBGEMM keeps the "
+        "backward from overlapping a prefetch); FAE's cold steps carry all of its traffic (the measured "
+        "share): share x hot step + (1 - share) x cold step, or with the prefetch pipeline (FAE pp, FAE "
+        "hot, FAE la) timed over a random order of hot and cold steps, a cold step's transfer overlapping "
+        "the step before it, and with look-ahead (FAE la) also the hot steps since the last cold one. "
+        "FBGEMM's fixed cost per step of the cache machinery is left out here (swept below), and so are "
+        "FAE's remap and routing. best: the shortest of TorchRec's plans (a, b)."
     )
     titles = {"perf": "TorchRec's perf model"} | {
         g: f"traffic model, PCIe {g} x16 at {bw / 1e9:.1f} GB/s per direction (theoretical)"
         for g, bw in PCIE.items()
     }
-    ratios = [f"best/{name}" for name in FAE] + [f"{name}/c" for name in FAE]
+    ratios = [f"best/{name}" for name in FAE_STEPS] + [f"{name}/c" for name in FAE_STEPS]
     for model in STEP_MODELS:
         print(f"step ms, {titles[model]}")
         print(
@@ -465,8 +481,8 @@ def print_steps(points: list[Point]) -> None:
         )
         for p in points:
             s = p.steps(model)
-            values = [_ratio(torchrec_best(s), s[name]) for name in FAE]
-            values += [_ratio(s[name], s["c"]) for name in FAE]
+            values = [_ratio(torchrec_best(s), s[name]) for name in FAE_STEPS]
+            values += [_ratio(s[name], s["c"]) for name in FAE_STEPS]
             print(
                 f"{_where(p)} | "
                 + " ".join(f"{s[n]:>8.3f}" for n in PLANS)
@@ -494,7 +510,7 @@ def print_decision_table(points: list[Point], dense: dict[int, float]) -> None:
         "within 2%, lose below 0.98, and the term that decides it (layout: the plans' steps with every row "
         "in HBM; offload: what keeping rows in host memory adds, cache pricing or exposed transfers)"
     )
-    for fae in FAE:
+    for fae in FAE_STEPS:
         print(f"{fae:<20} | " + " | ".join(f"{t:>22}" for t in titles))
         for p in points:
             cells = [
@@ -519,7 +535,7 @@ def _tally(points: list[Point], fae: str, model: str, terms_of: Callable[[Point]
 def print_decisions(points: list[Point]) -> None:
     """Per FAE plan and step model: at how many points FAE's step wins against TorchRec's best, is
     level with it (within 2%), or loses, and the range of the ratios."""
-    for name in FAE:
+    for name in FAE_STEPS:
         for model in STEP_MODELS:
             print(
                 f"{name} against TorchRec's best ({model}): {_tally(points, name, model, lambda p: Terms())}"
@@ -536,7 +552,7 @@ def print_sweeps(points: list[Point], dense: dict[int, float]) -> None:
     )
     for share in BANDWIDTH_SHARES:
         terms = Terms(bandwidth_share=share)
-        cells = [f"{fae}: {_tally(points, fae, 'Gen4', lambda p, t=terms: t)}" for fae in FAE]
+        cells = [f"{fae}: {_tally(points, fae, 'Gen4', lambda p, t=terms: t)}" for fae in FAE_STEPS]
         print(f"  {share:>5.2f} ({31.5 * share:>5.2f} GB/s) | " + " | ".join(cells))
     print(
         "sweep: the cache machinery's fixed cost per cache and step (us), paid by every step of TorchRec's "
@@ -546,7 +562,7 @@ def print_sweeps(points: list[Point], dense: dict[int, float]) -> None:
         terms = Terms(machinery_ms=cost / 1e3)
         cells = [
             f"{fae} {model}: {_tally(points, fae, model, lambda p, t=terms: t)}"
-            for fae in FAE
+            for fae in FAE_STEPS
             for model in ("Gen4", "perf")
         ]
         print(f"  {cost:>5g} us | " + " | ".join(cells))
@@ -555,17 +571,23 @@ def print_sweeps(points: list[Point], dense: dict[int, float]) -> None:
         f"break-even: the machinery cost per cache and step (us, up to {BREAK_EVEN_TOP_US:g}) at which FAE's "
         "step is 1.1x and 1.5x shorter than TorchRec's best (-: not below that); caches on the busiest rank"
     )
-    keys = [(fae, model, target) for fae in FAE for model in ("Gen4", "perf") for target in (1.1, 1.5)]
+    keys = [  # look-ahead is one-step prefetch to TorchRec's perf model, which counts a prefetch as blocking
+        (fae, model, target)
+        for fae in FAE_STEPS
+        for model in ("Gen4", "perf")
+        if not (fae == LOOKAHEAD and model == "perf")
+        for target in (1.1, 1.5)
+    ]
     print(
-        f"{'dim':>4} {'GPUs':>4} {'HBM/GPU':>9} | caches FAE pp, FAE, b LRU pp | "
+        f"{'dim':>4} {'GPUs':>4} {'HBM/GPU':>9} | caches FAE pp, FAE, FAE hot, b LRU pp | "
         + " ".join(f"{f'{fae} {model} {target}x':>17}" for fae, model, target in keys)
     )
     found = {key: break_even(points, *key, Terms(), top) for key in keys}
     for i, p in enumerate(points):
-        caches = ", ".join(str(p.caches.get(name, 0)) for name in ("FAE pp", "FAE", "b LRU pp"))
+        caches = ", ".join(str(p.caches.get(name, 0)) for name in (*FAE, "b LRU pp"))
         cells = [found[key][i] for key in keys]
         print(
-            f"{_where(p)} | {caches:>29} | "
+            f"{_where(p)} | {caches:>38} | "
             + " ".join(f"{'-' if c is None else f'{1e3 * c:.0f}':>17}" for c in cells)
         )
     if not dense:
@@ -575,7 +597,7 @@ def print_sweeps(points: list[Point], dense: dict[int, float]) -> None:
         "whole step: the dense part added to every plan's step, "
         + ", ".join(f"{ms:.3f} ms at dim {dim}" for dim, ms in sorted(dense.items()))
     )
-    for fae in FAE:
+    for fae in FAE_STEPS:
         for model in STEP_MODELS:
             tally = _tally(points, fae, model, lambda p: Terms(dense_ms=dense[p.dim]))
             print(f"  {fae} against TorchRec's best ({model}): {tally}")
@@ -599,7 +621,7 @@ def headline(p: Point) -> dict[str, float]:
     ratios = {f"{x}/{y}": (t[x], t[y]) for x, y in TRAFFIC_RATIOS}
     for model in STEP_MODELS:
         steps = p.steps(model)
-        ratios |= {f"best/{name} {model}": (torchrec_best(steps), steps[name]) for name in FAE_PLANS}
+        ratios |= {f"best/{name} {model}": (torchrec_best(steps), steps[name]) for name in FAE_STEPS}
     return {name: x / y if y else np.inf for name, (x, y) in ratios.items()}
 
 
@@ -731,6 +753,8 @@ def plot(points: list[Point], stream: IdStream, out: Path) -> None:
 
 _LEGEND = {
     "FAE pp": "FAE, prefetch pipeline",
+    "FAE hot": "FAE's hot rows, prefetch pipeline",
+    "FAE la": "FAE's hot rows, look-ahead prefetch (priced)",
     "FAE": "FAE",
     "a": "(a) TorchRec default",
     "b LRU": "(b) scale-up caches, LRU",

@@ -42,20 +42,21 @@ def _check_traffic_and_steps(out: str, dim: int, figures: Path, model: str) -> l
     steps = _rows(out, "step models", "FAE pp against", dim)
     assert len(traffic) == 2 and len(steps) == 3 * len(traffic), out
     for row in traffic:
-        for fae in row[1:3]:  # FAE pp, FAE: hot budget, estimated and measured hot-input shares
+        for fae in row[1:4]:  # FAE pp, FAE, FAE hot: hot budget, estimated and measured hot-input shares
             estimated, measured = (float(x.rstrip("%")) for x in fae.split()[-2:])
             assert 0 <= estimated <= 100 and abs(estimated - measured) < 5, (
                 "hot-input share: estimate and replay"
             )
-        fae_pp, fae, a, *caches, belady = (float(x) for x in row[3].split())
-        assert fae_pp > 0 and fae > 0 and a > 0 and len(caches) == 3
+        assert row[2].split()[:-2] == row[3].split()[:-2], "FAE hot: the hot budget FAE's knob chose"
+        fae_pp, fae, fae_hot, a, *caches, belady = (float(x) for x in row[4].split())
+        assert fae_pp > 0 and fae > 0 and fae_hot > 0 and a > 0 and len(caches) == 3
         assert belady <= min(a, *caches), "Belady on equal terms moves least"
-    assert float(traffic[0][3].split()[-1]) > 0, "Belady's cache cannot hold every row of the stream"
+    assert float(traffic[0][4].split()[-1]) > 0, "Belady's cache cannot hold every row of the stream"
     assert float(traffic[0][2].split()[-2].rstrip("%")) > 0, "without the prefetch pipeline hot rows pay"
     for row in steps:  # FAE's default plan is never slower than TorchRec's best, by any of the models
         best_over_fae_pp = float(row[2].split()[0])
         assert best_over_fae_pp >= 0.99, row
-    for name in ("FAE pp", "FAE"):
+    for name in ("FAE pp", "FAE hot", "FAE la", "FAE"):
         for model_name in ("perf", "Gen4", "Gen5"):
             assert re.search(
                 rf"^{name} against TorchRec's best \({model_name}\): win +\d+, level +\d+, lose +\d+",
@@ -63,7 +64,7 @@ def _check_traffic_and_steps(out: str, dim: int, figures: Path, model: str) -> l
                 re.M,
             )
     table = _rows(out, "decision:", "sweep:", dim)
-    assert len(table) == 4 and all(len(r) == (5 if model == "dlrm" else 4) for r in table), table
+    assert len(table) == 8 and all(len(r) == (5 if model == "dlrm" else 4) for r in table), table
     assert all(
         re.fullmatch(r"\d\.\d\d (win|level|lose) (layout|offload)", c.strip()) for r in table for c in r[1:]
     )
@@ -77,7 +78,9 @@ def _check_traffic_and_steps(out: str, dim: int, figures: Path, model: str) -> l
     saved = json.loads((figures / "traffic_points.json").read_text())
     assert saved["model"] == model
     assert [(p["dim"], p["world_size"]) for p in saved["points"]] == [(dim, 1), (dim, 2)]
-    assert all(p["caches"]["b LRU"] >= 1 and set(p["fae"]) == {"FAE pp", "FAE"} for p in saved["points"])
+    assert all(
+        p["caches"]["b LRU"] >= 1 and set(p["fae"]) == {"FAE pp", "FAE", "FAE hot"} for p in saved["points"]
+    )
     again = _run("bench_traffic.py", "--points", str(figures / "traffic_points.json"))
     printed = out[out.index("traffic: GiB moved") : out.index("\nconvergence:") + 1]
     assert again == printed, "the saved points print the same tables again"

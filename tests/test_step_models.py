@@ -6,8 +6,8 @@ from dataclasses import asdict
 import pytest
 
 from benchmarks.common.step_models import (
+    MOVERS,
     PCIE,
-    PLANS,
     FAEFigures,
     Point,
     Terms,
@@ -15,6 +15,7 @@ from benchmarks.common.step_models import (
     deciding_term,
     decision,
     dlrm_training_flops,
+    pipelined_step,
     torchrec_best,
 )
 
@@ -33,12 +34,14 @@ def _point(**changes) -> Point:
         "fae": {
             "FAE pp": FAEFigures(0, 0.0, 0.0, 0.0, 1.0),
             "FAE": FAEFigures(1 << 20, 0.5, 0.6, 0.8, 1.0),
+            "FAE hot": FAEFigures(1 << 20, 0.5, 0.6, 0.8, 1.0),
         },
-        "traffic": dict.fromkeys(PLANS[:-1], 2.0),
-        "link": dict.fromkeys(PLANS[:-1], 1.0),
-        "step": {"FAE pp": 1.2, "FAE": 1.5, "a": 3.0, "b LRU": 2.0, "b LRU pp": 1.1, "b LFU": 2.0, "c": 1.0},
+        "traffic": dict.fromkeys(MOVERS, 2.0),
+        "link": dict.fromkeys(MOVERS, 1.0),
+        "step": {"FAE pp": 1.2, "FAE": 1.5, "FAE hot": 1.3, "a": 3.0, "b LRU": 2.0, "b LRU pp": 1.1}
+        | {"b LFU": 2.0, "c": 1.0},
         "in_hbm": dict.fromkeys(("a", "b LRU", "b LRU pp", "b LFU"), 1.0),
-        "caches": {"FAE pp": 2, "FAE": 2, "a": 1, "b LRU": 2, "b LRU pp": 2, "b LFU": 2},
+        "caches": {"FAE pp": 2, "FAE": 2, "FAE hot": 2, "a": 1, "b LRU": 2, "b LRU pp": 2, "b LFU": 2},
     }
     return Point(**(fields | changes))
 
@@ -51,10 +54,11 @@ def test_the_traffic_model_adds_transfers_or_overlaps_them_with_the_prefetch_pip
     assert steps["c"] == 1.0
     # FAE's cold steps (40% of the steps, the measured share) carry all of its traffic
     assert steps["FAE"] == pytest.approx(0.6 * 0.8 + 0.4 * (1.0 + transfer / 0.4))
-    big = _point(link=dict.fromkeys(PLANS[:-1], 1e5)).steps("Gen4")  # 3.17 ms of transfers a step
+    big = _point(link=dict.fromkeys(MOVERS, 1e5)).steps("Gen4")  # 3.17 ms of transfers a step
     assert big["b LRU pp"] == pytest.approx(1e5 * MS_PER_BYTE_PER_INPUT), "the transfer exceeds the step"
-    assert big["FAE pp"] == pytest.approx(1e5 * MS_PER_BYTE_PER_INPUT)  # no hot steps: every step is cold
-    assert _point().steps("perf") == _point().step
+    # no hot steps: every step is cold and waits for its transfer (the first step's compute aside)
+    assert big["FAE pp"] == pytest.approx(1e5 * MS_PER_BYTE_PER_INPUT, rel=1e-3)
+    assert _point().steps("perf") == _point().step | {"FAE la": 1.3}, "look-ahead: FAE hot's prediction"
 
 
 def test_left_out_terms_are_charged_where_they_are_paid():
@@ -102,3 +106,21 @@ def test_dlrm_dense_flops_of_the_reference_configurations():
 def test_a_point_reads_back_as_it_was_written():
     point = _point()
     assert Point.from_dict(asdict(point)) == point
+
+
+def test_look_ahead_hides_a_cold_steps_transfer_behind_the_hot_steps_before_it():
+    """Half the steps hot, each 1 ms, and a cold step's transfer of 3 ms (1.5 ms a step on average):
+    one step ahead a cold step waits for about 2 ms of its transfer, with look-ahead the hot steps
+    since the last cold one hide more of it; neither beats the link (1.5 ms a step on average)."""
+    one_step = pipelined_step(0.5, 1.0, 1.0, 3.0, lookahead=False)
+    ahead = pipelined_step(0.5, 1.0, 1.0, 3.0, lookahead=True)
+    assert 1.5 <= ahead < one_step < 0.5 * 1.0 + 0.5 * (1.0 + 3.0)
+    assert pipelined_step(0.0, 1.0, 1.0, 0.5, lookahead=True) == pytest.approx(1.0, rel=1e-3), "hidden"
+    assert pipelined_step(1.0, 1.0, 2.0, 9.0, lookahead=False) == 1.0, "no cold step"
+    # FAE la is FAE hot's plan under the look-ahead pipeline
+    point = _point(link=dict.fromkeys(MOVERS, 1e5))
+    transfer = 1e5 * MS_PER_BYTE_PER_INPUT / 0.4  # FAE hot's cold steps (40%) carry its traffic
+    steps = point.steps("Gen4")
+    assert steps["FAE la"] == pytest.approx(pipelined_step(0.6, 0.8, 1.0, transfer, lookahead=True))
+    assert steps["FAE hot"] == pytest.approx(pipelined_step(0.6, 0.8, 1.0, transfer, lookahead=False))
+    assert steps["FAE la"] < steps["FAE hot"] and point.steps("perf")["FAE la"] == point.step["FAE hot"]

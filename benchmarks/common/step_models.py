@@ -17,20 +17,28 @@ same for every plan), and an effective bandwidth below the link's theoretical on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from itertools import pairwise
 
 import numpy as np
 
-#: FAE's plans: its caches planned for the prefetch pipeline (the planner's default) and without it.
-FAE = ("FAE pp", "FAE")
+#: FAE's plans: its knob with the caches planned for the prefetch pipeline (the planner's default) and
+#: without it, and the hot set the knob chose without it, its caches planned for the prefetch pipeline.
+FAE = ("FAE pp", "FAE", "FAE hot")
+#: "FAE hot" trained by a pipeline that looks ahead to the next cold batch and fetches its misses during
+#: the hot steps before it (priced, not built).
+LOOKAHEAD = "FAE la"
+#: FAE's plans as they train.
+FAE_STEPS = ("FAE pp", "FAE hot", LOOKAHEAD, "FAE")
 #: TorchRec's own plans of the unsplit tables: (a) its default planner, (b) its scale-up caches.
 TORCHREC = ("a", "b LRU", "b LRU pp", "b LFU")
 #: Every plan whose traffic is replayed, and every plan with a step ((c): every table in HBM).
 MOVERS = (*FAE, *TORCHREC)
-PLANS = (*MOVERS, "c")
+PLANS = (*FAE_STEPS, *TORCHREC, "c")
 #: The plans whose transfers the prefetch pipeline overlaps with the step.
-PIPELINED = ("FAE pp", "b LRU pp")
+PIPELINED = ("FAE pp", "FAE hot", LOOKAHEAD, "b LRU pp")
+#: Steps of the random order of hot and cold steps over which FAE's prefetch pipelines are timed.
+ORDER_STEPS = 2048
 #: Host-device bandwidth per direction of one GPU's link, bytes/s (theoretical: 16 and 32 GT/s x 16
 #: lanes, 128b/130b encoding).
 PCIE = {"Gen4": 31.5e9, "Gen5": 63.0e9}
@@ -101,45 +109,73 @@ class Point:
         host-device traffic costs nothing. FAE's at the share ``model`` prices it with."""
         if plan == "c":
             return self.step["c"]
-        if plan not in self.fae:
+        if plan not in FAE_STEPS:
             return self.in_hbm[plan]
-        share = self._share(plan, model)
-        return share * self.fae[plan].hot_step + (1.0 - share) * self.fae[plan].cold_step_in_hbm
+        share, fae = self._share(plan, model), self._figures(plan)
+        return share * fae.hot_step + (1.0 - share) * fae.cold_step_in_hbm
 
     def steps(self, model: str, terms: Terms = Terms()) -> dict[str, float]:
         """Every plan's step (ms) under ``model`` ("perf", TorchRec's, or a PCIe generation's traffic
         model), with ``terms`` added."""
-        return {plan: self._step(plan, model, terms) for plan in PLANS}
+        return {plan: self.step_of(plan, model, terms) for plan in PLANS}
+
+    def _figures(self, plan: str) -> FAEFigures:
+        """The figures of an FAE plan (look-ahead trains "FAE hot"'s plan)."""
+        return self.fae[self._replayed(plan)]
+
+    def _replayed(self, plan: str) -> str:
+        """The replayed plan whose traffic and caches ``plan`` has."""
+        return "FAE hot" if plan == LOOKAHEAD else plan
 
     def _share(self, plan: str, model: str) -> float:
         """FAE's hot-input share as ``model`` prices it: the knob's estimate for TorchRec's perf model
         (as its prediction does), the share measured on the stream for the traffic models."""
-        figures = self.fae[plan]
+        figures = self._figures(plan)
         return figures.hot_share if model == "perf" else figures.measured_share
 
-    def _step(self, plan: str, model: str, terms: Terms) -> float:
-        step = self._sparse(plan, model, terms.bandwidth_share) + terms.dense_ms
+    def step_of(self, plan: str, model: str, terms: Terms = Terms()) -> float:
+        """``plan``'s step (ms) under ``model`` with ``terms`` added."""
+        # the cache machinery runs on every step that looks a cache up: FAE's cold steps only
+        lookups = 1.0 - self._share(plan, model) if plan in FAE_STEPS else 1.0
+        machinery = terms.machinery_ms * self.caches.get(self._replayed(plan), 0)
         if plan == "c":
-            return step
-        lookups = 1.0 - self._share(plan, model) if plan in self.fae else 1.0  # steps that use the caches
-        return step + terms.machinery_ms * self.caches.get(plan, 0) * lookups
-
-    def _sparse(self, plan: str, model: str, bandwidth_share: float) -> float:
-        if model == "perf" or plan == "c":
-            return self.step[plan]
-        transfer = 1e3 * self.link[plan] * self.global_batch / (PCIE[model] * bandwidth_share)
-
-        def with_transfer(compute: float, moved: float) -> float:
-            return max(compute, moved) if plan in PIPELINED else compute + moved
-
-        if plan not in self.fae:
-            return with_transfer(self.in_hbm[plan], transfer)
-        fae = self.fae[plan]
-        share = fae.measured_share
+            return self.step["c"] + terms.dense_ms
+        if model == "perf":  # TorchRec's perf model counts a prefetch as blocking, whatever the pipeline
+            return self.step[self._replayed(plan)] + terms.dense_ms + machinery * lookups
+        transfer = (
+            1e3 * self.link[self._replayed(plan)] * self.global_batch / (PCIE[model] * terms.bandwidth_share)
+        )
+        if plan not in FAE_STEPS:
+            compute = self.in_hbm[plan] + machinery + terms.dense_ms
+            return max(compute, transfer) if plan in PIPELINED else compute + transfer
+        fae, share = self._figures(plan), self._share(plan, model)
+        hot = fae.hot_step + terms.dense_ms
+        cold = fae.cold_step_in_hbm + machinery + terms.dense_ms
         if share >= 1.0:
-            return fae.hot_step
-        cold = with_transfer(fae.cold_step_in_hbm, transfer / (1.0 - share))
-        return share * fae.hot_step + (1.0 - share) * cold
+            return hot
+        cold_transfer = transfer / (1.0 - share)  # the cold steps carry all of FAE's traffic
+        if plan not in PIPELINED:
+            return share * hot + (1.0 - share) * (cold + cold_transfer)
+        return pipelined_step(share, hot, cold, cold_transfer, lookahead=plan == LOOKAHEAD)
+
+
+def pipelined_step(share: float, hot: float, cold: float, transfer: float, lookahead: bool) -> float:
+    """The mean step (ms) of FAE's steps under a prefetch pipeline, timed over ``ORDER_STEPS`` steps hot
+    at random with probability ``share`` (one fixed order): a cold step runs once the step before it has
+    ended and its ``transfer`` has; the link moves one transfer at a time. TorchRec's prefetch pipeline
+    (one step ahead) starts a cold step's transfer when the step before it starts; ``lookahead`` starts
+    it when the cold step before it has ended if that is earlier, so that the hot steps between hide it."""
+    kinds = np.random.default_rng(0).random(ORDER_STEPS) < share  # True: a hot step
+    now = link = previous_start = last_cold_end = 0.0
+    for is_hot in kinds.tolist():
+        if is_hot:
+            previous_start, now = now, now + hot
+            continue
+        trigger = min(previous_start, last_cold_end) if lookahead else previous_start
+        link = max(link, trigger) + transfer
+        previous_start = max(now, link)
+        now = last_cold_end = previous_start + cold
+    return now / ORDER_STEPS
 
 
 def torchrec_best(steps: dict[str, float]) -> float:
@@ -170,23 +206,29 @@ def deciding_term(point: Point, fae: str, model: str, terms: Terms = Terms()) ->
 
 
 def break_even(points: list[Point], fae: str, model: str, target: float, terms: Terms, top: float) -> list:
-    """Per point, the smallest cache machinery cost per cache and step (ms, on a grid up to ``top``)
-    at which FAE's step is ``target`` times shorter than TorchRec's best under ``model`` with ``terms``,
-    or None where no cost up to ``top`` gets there."""
-    grid = np.linspace(0.0, top, 1001)
+    """Per point, the smallest cache machinery cost per cache and step (ms, up to ``top``) at which FAE's
+    step is ``target`` times shorter than TorchRec's best under ``model`` with ``terms`` (found on a grid
+    of 50 steps, then by bisection to a thousandth of ``top``), or None where no cost up to ``top`` gets
+    there."""
     found = []
     for point in points:
-        ratios = np.array(
-            [_ratio(point, fae, model, Terms(m, terms.dense_ms, terms.bandwidth_share)) for m in grid]
-        )
-        reached = np.flatnonzero(ratios >= target)
-        found.append(float(grid[reached[0]]) if len(reached) else None)
+
+        def reaches(cost: float, point: Point = point) -> bool:
+            charged = replace(terms, machinery_ms=cost)
+            best = min(point.step_of(name, model, charged) for name in TORCHREC)
+            return best / point.step_of(fae, model, charged) >= target
+
+        grid = np.linspace(0.0, top, 51)
+        first = next((i for i, cost in enumerate(grid) if reaches(cost)), None)
+        if first is None or first == 0:
+            found.append(None if first is None else 0.0)
+            continue
+        low, high = grid[first - 1], grid[first]
+        while high - low > top / 1000:
+            middle = (low + high) / 2
+            low, high = (low, middle) if reaches(middle) else (middle, high)
+        found.append(float(high))
     return found
-
-
-def _ratio(point: Point, fae: str, model: str, terms: Terms) -> float:
-    steps = point.steps(model, terms)
-    return torchrec_best(steps) / steps[fae]
 
 
 #: The dense part of DLRM per input, as (bottom MLP, top MLP) layer sizes by embedding dimension: the
