@@ -76,7 +76,7 @@ what moves is mostly rows used for the first time.
     python benchmarks/bench_traffic.py     # the default grid at 16M inputs: about 25 minutes on 2 cores
     python benchmarks/bench_traffic.py --num-samples 200k --warmup 100k --epoch 400k --scale 0.2 \
         --dims 128 --world-sizes 1 --caps 128MiB --convergence-lengths
-    python benchmarks/bench_traffic.py --model tbsm      # TBSM at the reference sizes: about 2 minutes
+    python benchmarks/bench_traffic.py --model tbsm      # TBSM at the reference sizes: about 3 minutes
     python benchmarks/bench_traffic.py --model tbsm --num-users 100000 \
         --convergence-lengths 25k 50k 100k 200k         # the doubling of the default length
 
@@ -846,7 +846,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     if model == "dlrm":
         parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/figures"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("benchmarks/figures") / ("" if model == "dlrm" else model),
+        help=f"where the figures and {POINTS_FILE} go (default: benchmarks/figures; TBSM's: its tbsm folder)",
+    )
     args = parser.parse_args(argv)
     args.caps = [parse_bytes(c) if isinstance(c, str) else c for c in args.caps]
     args.convergence_lengths = [

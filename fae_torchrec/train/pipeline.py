@@ -84,9 +84,9 @@ class FAETrainPipeline(_SkipsColdOnHotBatches, TrainPipelineSparseDist[Batch, ob
 class FAEPrefetchTrainPipeline(_SkipsColdOnHotBatches, PrefetchTrainPipelineSparseDist[Batch, object]):
     """``PrefetchTrainPipelineSparseDist`` (same arguments) that skips the cold part on hot batches.
 
-    For cold parts on ``fused_uvm_caching`` with ``CacheParams(prefetch_pipeline=True)`` (give it to
-    ``FAEShardingPlanner`` in the tables' ``ParameterConstraints``): the cache misses of the next
-    cold batch are fetched during the current step, and a hot batch prefetches nothing into the cold
+    For cold parts on ``fused_uvm_caching`` with ``CacheParams(prefetch_pipeline=True)``
+    (``FAEShardingPlanner`` plans them so by default): the cache misses of the next cold batch are
+    fetched during the current step, and a hot batch prefetches nothing into the cold
     caches (not even the first one: a prefetch that no lookup follows would keep its cache rows
     locked). CUDA only, as TorchRec's prefetch pipeline.
     """
