@@ -124,6 +124,7 @@ from benchmarks.common.step_models import (
     PCIE,
     PLANS,
     STEP_MODELS,
+    Calibration,
     FAEFigures,
     Point,
     Terms,
@@ -499,25 +500,41 @@ def _verdict(point: Point, fae: str, model: str, terms: Terms) -> str:
     return f"{ratio:.2f} {decision(ratio)} {deciding_term(point, fae, model, terms)}"
 
 
-def print_decision_table(points: list[Point], dense: dict[int, float]) -> None:
-    """Per grid point and FAE plan, FAE against TorchRec's best by each model (sparse part only), and
-    by the traffic model at PCIe Gen4 for the whole step (``dense``: the dense part's ms by embedding
-    dimension; none where empty)."""
-    columns = [(model, False) for model in STEP_MODELS] + ([("Gen4", True)] if dense else [])
-    titles = list(STEP_MODELS) + (["Gen4 whole"] if dense else [])
+def print_decision_table(
+    points: list[Point], dense: dict[int, float], calibration: Calibration | None = None
+) -> None:
+    """Per grid point and FAE plan, FAE against TorchRec's best by each model (sparse part only), by the
+    traffic model at PCIe Gen4 for the whole step (``dense``: the dense part's ms by embedding
+    dimension; none where empty), and with a GPU's ``calibration`` where given."""
+    columns: list[tuple[str, str, Callable[[Point], Terms]]] = [
+        (m, m, lambda p: Terms()) for m in STEP_MODELS
+    ]
+    if dense:
+        columns.append(("Gen4 whole", "Gen4", lambda p: Terms(dense_ms=dense[p.dim])))
+    if calibration is not None:
+        columns.append(("calibrated", "Gen4", lambda p: calibration.terms()))
     print(
         "decision: TorchRec's best step / FAE's (best: the shortest of a and the b's), win above 1.02, level "
         "within 2%, lose below 0.98, and the term that decides it (layout: the plans' steps with every row "
         "in HBM; offload: what keeping rows in host memory adds, cache pricing or exposed transfers)"
     )
     for fae in FAE_STEPS:
-        print(f"{fae:<20} | " + " | ".join(f"{t:>22}" for t in titles))
+        print(f"{fae:<20} | " + " | ".join(f"{title:>22}" for title, _, _ in columns))
         for p in points:
-            cells = [
-                _verdict(p, fae, model, Terms(dense_ms=dense[p.dim] if whole else 0.0))
-                for model, whole in columns
-            ]
+            cells = [_verdict(p, fae, model, terms_of(p)) for _, model, terms_of in columns]
             print(f"{_where(p)} | " + " | ".join(f"{c:>22}" for c in cells))
+
+
+def print_calibrated(points: list[Point], calibration: Calibration) -> None:
+    """FAE against TorchRec's best by the traffic model with a GPU's measured bandwidth and machinery."""
+    print(
+        f"calibrated on {calibration.device}: effective host-device bandwidth "
+        f"{calibration.effective_gbps:.1f} GB/s, cache machinery {calibration.machinery_us:.1f} us per cache "
+        "and step (bench_calibrate.py)"
+    )
+    for fae in FAE_STEPS:
+        tally = _tally(points, fae, "Gen4", lambda p: calibration.terms())
+        print(f"  {fae} against TorchRec's best (calibrated): {tally}")
 
 
 def _tally(points: list[Point], fae: str, model: str, terms_of: Callable[[Point], Terms]) -> str:
@@ -839,6 +856,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "configurations, forward and backward)",
     )
     parser.add_argument(
+        "--calibration",
+        type=Path,
+        help="price the steps also with a GPU's effective bandwidth and cache machinery cost, as "
+        "benchmarks/bench_calibrate.py measures and writes them",
+    )
+    parser.add_argument(
         "--points",
         type=Path,
         help=f"print the tables, decisions and sweeps of a run's {POINTS_FILE} instead of planning and "
@@ -919,14 +942,27 @@ def describe_data(args: argparse.Namespace, source: BlockSource) -> str:
     return f"training inputs counted after a warm-up of {args.warmup:,} ({describe(args, source)})"
 
 
-def print_models(points: list[Point], dense: dict[int, float]) -> None:
+def print_models(points: list[Point], dense: dict[int, float], calibration: Calibration | None) -> None:
     """Every table of the grid's points: traffic, the steps by each model, FAE against TorchRec's best,
-    the decision table and the sweeps (``dense``: the dense part's ms by embedding dimension)."""
+    the decision table and the sweeps (``dense``: the dense part's ms by embedding dimension), and the
+    steps priced with a GPU's ``calibration`` where given."""
     print_traffic(points)
     print_steps(points)
     print_decisions(points)
-    print_decision_table(points, dense)
+    print_decision_table(points, dense, calibration)
     print_sweeps(points, dense)
+    if calibration is not None:
+        print_calibrated(points, calibration)
+
+
+def calibration(args: argparse.Namespace) -> Calibration | None:
+    """The ``--calibration`` file's figures, if one is given; a bad one exits with status 2 naming it."""
+    if args.calibration is None:
+        return None
+    try:
+        return Calibration.load(args.calibration)
+    except ValueError as error:
+        fail(f"--calibration {error}")
 
 
 def load_points(path: Path) -> tuple[str, list[Point]]:
@@ -948,7 +984,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
     logger.setLevel(logging.INFO)
     if args.points is not None:
         model, points = load_points(args.points)
-        print_models(points, dense_ms(model, args, points))
+        print_models(points, dense_ms(model, args, points), calibration(args))
         return points
     started = time.perf_counter()
     source = open_data(args)
@@ -984,7 +1020,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
         "the rows it serves best, as the plans' HBM rows are; (b) caches have the sizes TorchRec's scale-up "
         "proposer gives LRU caches, for LRU, LRU with prefetch_pipeline (pp) and LFU alike"
     )
-    print_models(points, dense_ms(args.model, args, points))
+    print_models(points, dense_ms(args.model, args, points), calibration(args))
     print_convergence(by_length, args.convergence_points, args.num_samples)
     print_first_uses(stream, args.warmup, sorted(by_length))
     print(f"figures in {args.out}; {time.perf_counter() - started:.0f} s")

@@ -12,6 +12,7 @@ import pytest
 from benchmarks.bench_hot_share import budget_ladder
 from benchmarks.common.id_stream import taobao_stream
 from benchmarks.common.statistics import standard_error
+from benchmarks.common.step_models import Calibration
 from fae_torchrec.data.synthetic_taobao import SyntheticTaobao
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -279,3 +280,30 @@ def test_every_script_prints_its_help():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("usage:") == len(calls)
+
+
+def test_bench_calibrate_needs_a_gpu_and_bench_traffic_takes_its_figures(tmp_path):
+    """Without CUDA the calibration says why it cannot run; its figures, as it writes them, price the
+    saved TBSM points (committed with BENCHMARKS.md) beside the stated assumptions, and a damaged file is
+    refused naming it."""
+    refused = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_calibrate.py"), "--out", str(tmp_path / "c.json")],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "none is visible here" in refused.stderr
+    assert not (tmp_path / "c.json").exists()
+    calibration = tmp_path / "calibration.json"
+    Calibration("a GPU", effective_gbps=6.3, machinery_us=20.0).save(calibration)
+    points = str(ROOT / "benchmarks" / "figures" / "tbsm" / "traffic_points.json")
+    out = _run("bench_traffic.py", "--points", points, "--calibration", str(calibration))
+    assert re.search(r"^FAE pp +\| +perf \| +Gen4 \| +Gen5 \| +calibrated$", out, re.M), out
+    assert "calibrated on a GPU: effective host-device bandwidth 6.3 GB/s, cache machinery 20.0 us" in out
+    for name in ("FAE pp", "FAE hot", "FAE la", "FAE"):
+        assert re.search(rf"^  {name} against TorchRec's best \(calibrated\): win +\d+, level", out, re.M)
+    calibration.write_text('{"device": "a GPU"}')
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_traffic.py"), "--points", points, "--calibration",
+         str(calibration)],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 2 and f"--calibration {calibration}: not a calibration" in bad.stderr
