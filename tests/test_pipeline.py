@@ -51,19 +51,29 @@ def _run(pipeline, batches) -> int:
         steps += 1
 
 
-def _count_calls(module, name: str) -> list:
-    """Record each call of ``module.name`` (an instance attribute wraps the bound method)."""
-    calls, original = [], getattr(module, name)
+def _events(calls: dict[str, tuple]) -> list[str]:
+    """The order in which the named methods (``name: (module, method)``) are called from now on."""
+    events: list[str] = []
+    for name, (module, method) in calls.items():
+        original = getattr(module, method)
 
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
+        def recorded(*args, _name=name, _original=original, **kwargs):
+            events.append(_name)
+            return _original(*args, **kwargs)
 
-    setattr(module, name, counted)
-    return calls
+        setattr(module, method, recorded)
+    return events
 
 
-def _pipelined_training(rank: int, world_size: int, optimizer_name: str, first_hot: bool) -> None:
+def _hot_runs(kinds: list[bool]) -> list[int]:
+    """The lengths of the runs of hot steps between two cold ones."""
+    colds = [i for i, hot in enumerate(kinds) if not hot]
+    return [b - a - 1 for a, b in itertools.pairwise(colds)]
+
+
+def _pipelined_training(
+    rank: int, world_size: int, optimizer_name: str, first_hot: bool, lookahead: int = 0
+) -> None:
     optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
     embedding = EmbeddingOptimizer(optimizer, kwargs)
     data, tables, stats, hot_set = _setup("dlrm", world_size)
@@ -105,16 +115,30 @@ def _pipelined_training(rank: int, world_size: int, optimizer_name: str, first_h
     ]
 
     cold = split_module.cold
-    input_dists = _count_calls(cold, "input_dist")
-    lookups = _count_calls(cold, "compute_and_output_dist")
-    pipeline = FAETrainPipeline(fae["pipelined"][0], fae["pipelined"][1], CPU)
+    steps = "compute_and_output_dist"
+    events = _events({"cold dist": (cold, "input_dist"), "hot step": (split_module.hot, steps),
+                      "cold step": (cold, steps)})  # fmt: skip
+    pipeline = FAETrainPipeline(fae["pipelined"][0], fae["pipelined"][1], CPU, lookahead=lookahead)
     assert _run(pipeline, split_batches) == STEPS
     assert {id(m) for m in pipeline._pipelined_modules} == {id(split_module.hot), id(cold)}, (
         "both parts pipelined"
     )
     num_cold = kinds.count(False)
-    assert len(lookups) == num_cold, "the cold part looks up on cold steps only"
-    assert len(input_dists) == num_cold + first_hot, "and distributes inputs for them (and a first batch)"
+    assert events.count("cold step") == num_cold, "the cold part looks up on cold steps only"
+    assert events.count("cold dist") == num_cold + first_hot, (
+        "and distributes inputs for them (and a first batch)"
+    )
+    # the hot steps between a cold step and the next cold batch's input distribution: none with a
+    # look-ahead; without one TorchRec starts it during the step just before that batch
+    dists = [i for i, event in enumerate(events) if event == "cold dist"][first_hot:]  # one per cold batch
+    colds = [i for i, event in enumerate(events) if event == "cold step"]
+    waited = {
+        gap: events[colds[j] : dists[j + 1]].count("hot step")
+        for j, gap in enumerate(_hot_runs(kinds))
+        if gap >= 2  # with fewer hot steps between, both start it before any of them
+    }
+    assert waited, kinds
+    assert waited == {gap: 0 if lookahead else gap - 1 for gap in waited}, (waited, kinds)
 
     assert _run(TrainPipelineSparseDist(base_dmp, base_optimizer, CPU), [r.batch for r in routed]) == STEPS
     loop_dmp, loop_optimizer, _ = fae["loop"]
@@ -147,6 +171,17 @@ def test_a_first_hot_batch_creates_the_cold_input_dist(tmp_path, world_size):
     run_on_ranks(_pipelined_training, world_size, tmp_path, "rowwise_adagrad", True)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("world_size", "first_hot"), [(1, False), (2, True)])
+def test_the_look_ahead_starts_the_next_cold_batch_during_the_hot_steps_before_it(
+    tmp_path, world_size, first_hot
+):
+    """With ``lookahead`` the pipeline reads ahead and starts the next cold batch's cold input
+    distribution once the cold step before it is done, before the hot steps between them; it still
+    trains the baseline's model and the plain loop's, and distributes each cold batch's inputs once."""
+    run_on_ranks(_pipelined_training, world_size, tmp_path, "rowwise_adagrad", first_hot, 8)
+
+
 def _prefetch_pipeline_fills(rank: int, world_size: int) -> None:
     _, tables, stats, hot_set = _setup("dlrm", world_size)
     data = _setup("dlrm", world_size)[0]
@@ -164,7 +199,7 @@ def _prefetch_pipeline_fills(rank: int, world_size: int) -> None:
         batches = [next(r for r in routed if r.hot == kind).batch for kind in kinds]
         pipeline = FAEPrefetchTrainPipeline(dmp, optimizer, CPU)
         assert isinstance(pipeline, PrefetchTrainPipelineSparseDist)
-        input_dists = _count_calls(split.cold, "input_dist")
+        input_dists = _events({"cold dist": (split.cold, "input_dist")})
         pipeline.fill_pipeline(iter(batches))  # TorchRec's stages up to the first step's forward
         assert len(pipeline.batches) == 2
         assert len(input_dists) == 1 + (not kinds[1]), "the first batch, and the second if it is cold"

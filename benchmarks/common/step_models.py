@@ -28,7 +28,7 @@ import numpy as np
 #: without it, and the hot set the knob chose without it, its caches planned for the prefetch pipeline.
 FAE = ("FAE pp", "FAE", "FAE hot")
 #: "FAE hot" trained by a pipeline that looks ahead to the next cold batch and fetches its misses during
-#: the hot steps before it (priced, not built).
+#: the hot steps before it (``FAEPrefetchTrainPipeline``, which looks 8 batches ahead by default).
 LOOKAHEAD = "FAE la"
 #: FAE's plans as they train.
 FAE_STEPS = ("FAE pp", "FAE hot", LOOKAHEAD, "FAE")
