@@ -245,10 +245,13 @@ def measure_point(
     topology = make_topology(world_size, hbm_cap=hbm_cap)
     batch = args.batch_size
     plans = {"a": fixed.default(dim, world_size, hbm_cap)}
-    plans |= {
-        name: dry_run(scaleup_planner(topology, stats, batch, **kw), stats.tables)
-        for name, kw in SCALEUP.items()
-    }
+    for name, kw in SCALEUP.items():  # the point stays where TorchRec's scale-up finds no plan
+        try:
+            plans[name] = dry_run(scaleup_planner(topology, stats, batch, **kw), stats.tables)
+        except PlannerError:
+            logger.info(
+                "dim %d, %d GPUs x %s: %s finds no plan", dim, world_size, format_bytes(hbm_cap), name
+            )
     global_batch = batch * world_size
     warm = args.warmup
 
@@ -422,7 +425,14 @@ TRAFFIC_RATIOS = (
 
 
 def _traffic_ratios(p: Point) -> list[str]:
-    return [_ratio(p.traffic[x], p.traffic[y]) for x, y in TRAFFIC_RATIOS]
+    return [
+        _ratio(p.traffic[x], p.traffic[y]) if {x, y} <= set(p.traffic) else "-" for x, y in TRAFFIC_RATIOS
+    ]
+
+
+def _cell(values: dict[str, float], name: str, width: int, scale: float = 1.0) -> str:
+    """``name``'s value (times ``scale``), or "-" where the point has no such plan."""
+    return f"{values[name] * scale:>{width}.3f}" if name in values else f"{'-':>{width}}"
 
 
 def print_traffic(points: list[Point]) -> None:
@@ -446,7 +456,7 @@ def print_traffic(points: list[Point]) -> None:
         )
         print(
             f"{_where(p)} | {shares} | "
-            + " ".join(f"{p.traffic[n] * PER_MILLION:>8.3f}" for n in names)
+            + " ".join(_cell(p.traffic, n, 8, PER_MILLION) for n in names)
             + " | "
             + " ".join(f"{r:>{max(len(n), 6)}}" for r, n in zip(_traffic_ratios(p), ratios, strict=True))
         )
@@ -486,7 +496,7 @@ def print_steps(points: list[Point]) -> None:
             values += [_ratio(s[name], s["c"]) for name in FAE_STEPS]
             print(
                 f"{_where(p)} | "
-                + " ".join(f"{s[n]:>8.3f}" for n in PLANS)
+                + " ".join(_cell(s, n, 8) for n in PLANS)
                 + " | "
                 + " ".join(f"{v:>11}" for v in values)
             )
@@ -635,7 +645,7 @@ def headline(p: Point) -> dict[str, float]:
     """The ratios the convergence table follows: traffic of TorchRec's plans against FAE's and FAE's
     against Belady, and TorchRec's best step against each FAE plan's."""
     t = p.traffic
-    ratios = {f"{x}/{y}": (t[x], t[y]) for x, y in TRAFFIC_RATIOS}
+    ratios = {f"{x}/{y}": (t.get(x, np.nan), t.get(y, np.nan)) for x, y in TRAFFIC_RATIOS}
     for model in STEP_MODELS:
         steps = p.steps(model)
         ratios |= {f"best/{name} {model}": (torchrec_best(steps), steps[name]) for name in FAE_STEPS}
@@ -738,7 +748,8 @@ def plot(points: list[Point], stream: IdStream, out: Path) -> None:
                 caps = [p.hbm_cap / (1 << 30) for p in mine]
                 for label in labels:
                     values = [
-                        p.traffic[label] * PER_MILLION if what == "traffic" else p.steps(what)[label]
+                        (p.traffic if what == "traffic" else p.steps(what)).get(label, np.nan)
+                        * (PER_MILLION if what == "traffic" else 1.0)
                         for p in mine
                     ]
                     ax.plot(caps, [v or np.nan for v in values], marker="o", label=_LEGEND[label])  # log axis

@@ -173,3 +173,21 @@ def test_bench_calibrate_turns_step_times_into_the_models_figures():
     )
     with pytest.raises(ValueError, match="dim 16: a UVM step"):
         calibrate("a GPU", {16: {"hbm": 1.0, "uvm": 0.9, "hit": 1.0}}, {16: 1.0})
+
+
+def test_a_point_where_torchrecs_scale_up_planner_finds_no_plan():
+    """At many GPUs TorchRec's scale-up caches may not place: the point keeps FAE's plans, (a) and (c),
+    and TorchRec's best is (a)."""
+    point = _point()
+    scaleup = ("b LRU", "b LRU pp", "b LFU")
+    kept = {
+        name: {plan: value for plan, value in getattr(point, name).items() if plan not in scaleup}
+        for name in ("traffic", "link", "step", "in_hbm", "caches")
+    }
+    partial = _point(**kept)
+    assert partial.plans == ("FAE pp", "FAE hot", "FAE la", "FAE", "a", "c")
+    for model in ("perf", "Gen4"):
+        steps = partial.steps(model)
+        assert set(steps) == set(partial.plans) and torchrec_best(steps) == steps["a"]
+    assert decision(torchrec_best(partial.steps("perf")) / partial.steps("perf")["FAE"]) == "win"  # 3.0 / 1.5
+    assert break_even([partial], "FAE", "perf", 1.1, Terms(), top=1.0) == [0.0]

@@ -152,10 +152,15 @@ class Point:
         share, fae = self._share(plan, model), self._figures(plan)
         return share * fae.hot_step + (1.0 - share) * fae.cold_step_in_hbm
 
+    @property
+    def plans(self) -> tuple[str, ...]:
+        """The plans the point has, in ``PLANS``' order: a TorchRec planner that found no plan has none."""
+        return tuple(plan for plan in PLANS if plan in ("c", LOOKAHEAD) or plan in self.step)
+
     def steps(self, model: str, terms: Terms = Terms()) -> dict[str, float]:
-        """Every plan's step (ms) under ``model`` ("perf", TorchRec's, or a PCIe generation's traffic
-        model), with ``terms`` added."""
-        return {plan: self.step_of(plan, model, terms) for plan in PLANS}
+        """The step (ms) of every plan the point has under ``model`` ("perf", TorchRec's, or a PCIe
+        generation's traffic model), with ``terms`` added."""
+        return {plan: self.step_of(plan, model, terms) for plan in self.plans}
 
     def _figures(self, plan: str) -> FAEFigures:
         """The figures of an FAE plan (look-ahead trains "FAE hot"'s plan)."""
@@ -217,13 +222,13 @@ def pipelined_step(share: float, hot: float, cold: float, transfer: float, looka
 
 
 def torchrec_best(steps: dict[str, float]) -> float:
-    """The shortest step of TorchRec's own plans (default and scale-up caches)."""
-    return min(steps[name] for name in TORCHREC)
+    """The shortest step of TorchRec's own plans (default and scale-up caches) among ``steps``."""
+    return steps[best_plan(steps)]
 
 
 def best_plan(steps: dict[str, float]) -> str:
-    """Which of TorchRec's own plans has the shortest step."""
-    return min(TORCHREC, key=steps.__getitem__)
+    """Which of TorchRec's own plans among ``steps`` has the shortest step."""
+    return min((name for name in TORCHREC if name in steps), key=steps.__getitem__)
 
 
 def decision(ratio: float) -> str:
@@ -253,7 +258,7 @@ def break_even(points: list[Point], fae: str, model: str, target: float, terms: 
 
         def reaches(cost: float, point: Point = point) -> bool:
             charged = replace(terms, machinery_ms=cost)
-            best = min(point.step_of(name, model, charged) for name in TORCHREC)
+            best = min(point.step_of(name, model, charged) for name in TORCHREC if name in point.plans)
             return best / point.step_of(fae, model, charged) >= target
 
         grid = np.linspace(0.0, top, 51)
