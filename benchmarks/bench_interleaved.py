@@ -2,9 +2,9 @@
 
 ``bench_train.py`` runs each mode as its own process, one after the other; on a shared machine whose
 speed drifts between runs (BENCHMARKS.md, section 2) that buries a difference of a few percent. Here each
-rank builds both models as ``examples/train_dlrm_fae.py`` does (``build_training``: FAE's, and the
-baseline's with ``--baseline``, on the same data, the profile's sample left out; TBSM's with ``--model
-tbsm``, as ``examples/train_tbsm_fae.py`` builds them) and trains them in
+rank builds both models as ``examples/train_dlrm_fae.py`` does (the recipe's ``build_training``: FAE's,
+and the baseline's with ``--baseline``, on the same data, the profile's sample left out; TBSM's with
+``--model tbsm``, as ``examples/train_tbsm_fae.py`` builds them) and trains them in
 alternating stretches of ``--stretch`` steps (FAE's first in every other pair), both on TorchRec's train
 pipeline, so that both see the same moments of the machine. Each pair of stretches gives a ratio, FAE's
 samples/s over the baseline's (the example's own step times, routing excluded); the first
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from itertools import chain, count, islice
 from pathlib import Path
 
 import matplotlib
+import torch.distributed as dist
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -45,9 +45,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common.arguments import add_training_options, fail, training_options
-from benchmarks.common.example_runs import ERROR_TAIL_LINES, EXAMPLES, data_size, launcher
+from benchmarks.common.example_runs import ERROR_TAIL_LINES, data_size, launcher
 from benchmarks.common.statistics import standard_error
+from fae_torchrec import recipes
 from fae_torchrec.arguments import non_negative_int, positive_int
+from fae_torchrec.train.runner import StepRunner
 
 #: Each mode with the example options that select it.
 MODES = {"fae": [], "torchrec": ["--baseline"]}
@@ -75,23 +77,6 @@ def example_args(args: argparse.Namespace) -> list[str]:
     return [*data_size(args), *training_options(args), "--epochs", str(args.epochs), "--pipeline", "sparse"]
 
 
-def _import(model: str):
-    """``model``'s example, imported from its file (``examples`` is not a package; the TBSM example
-    imports the DLRM one by its module name, which this registers first)."""
-    spec = importlib.util.spec_from_file_location(EXAMPLES[model].stem, EXAMPLES[model])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-def _example(model: str):
-    """The DLRM example's driver (``build_training``, ``StepRunner``...) and ``model``'s family."""
-    driver = _import("dlrm")
-    module = driver if model == "dlrm" else _import(model)
-    return driver, getattr(module, f"{model.upper()}_FAMILY")
-
-
 def alternate(steps: dict[str, Iterator], stretch: int, world_size: int) -> dict[str, list[list[float]]]:
     """Train ``stretch`` steps of each mode's ``StepRunner.train`` iterator in turn (the second mode
     first in odd pairs) until one runs out; per mode, per stretch, the ``FIELDS``."""
@@ -117,24 +102,22 @@ def _epochs(router, epochs: int) -> Iterator:
 
 def worker(args: argparse.Namespace) -> None:
     """One rank: build both models, train them alternating, and (rank 0) write ``stretches.json``."""
-    example, family = _example(args.model)
-    rank, world, device = example.init_distributed()
+    family = recipes.FAMILIES[args.model]
+    rank, world, device = recipes.init_distributed()
     out = Path(args.out)
     try:
         steps = {}
         for mode, extra in MODES.items():
-            options = example.parse_args([*example_args(args), *extra, "--out", str(out / mode)], family)
-            training = example.build_training(options, rank, world, device, family)
-            runner = example.StepRunner(
-                options.pipeline, training.model, training.optimizer, device, training.fae
-            )
+            options = recipes.parse_args(family, [*example_args(args), *extra, "--out", str(out / mode)])
+            training = recipes.build_training(options, rank, world, device, family)
+            runner = StepRunner(options.pipeline, training.model, training.optimizer, device, training.fae)
             steps[mode] = runner.train(_epochs(training.router, options.epochs))
         stretches = alternate(steps, args.stretch, world)
         if rank == 0:
             (out / "stretches.json").write_text(json.dumps(stretches))
     finally:
-        gc.collect()  # the models' DDP wrappers hold the process group (see the example's main)
-        example.dist.destroy_process_group()
+        gc.collect()  # the models' DDP wrappers hold the process group (see the recipe's main)
+        dist.destroy_process_group()
 
 
 def summarize(stretches: dict[str, list[list[float]]], warmup_pairs: int) -> dict:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torchrec
 from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import CacheAlgorithm, CacheParams
@@ -34,20 +33,15 @@ from fae_torchrec.stats.hot_set import HotSet
 from fae_torchrec.stats.hot_share import estimate_hot_share, hot_share_curve
 from fae_torchrec.stats.plots import plot_access_cdf, plot_hot_share
 from fae_torchrec.stats.profiler import AccessProfiler
+from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.units import format_bytes, parse_bytes
 
 logger = logging.getLogger("fae_torchrec")
 
 #: FBGEMM's cache replacement policies by CLI name.
 CACHE_ALGORITHMS = {"lru": CacheAlgorithm.LRU, "lfu": CacheAlgorithm.LFU}
-#: Embedding optimizers by CLI name; each row's optimizer state is counted as TorchRec counts it.
-OPTIMIZERS: dict[str, type[torch.optim.Optimizer] | None] = {
-    "none": None,
-    "sgd": torchrec.optim.SGD,
-    "rowwise_adagrad": torchrec.optim.RowWiseAdagrad,
-    "adagrad": torchrec.optim.Adagrad,
-    "adam": torchrec.optim.Adam,
-}
+#: Embedding optimizers by CLI name ("none": weights only); each row's state counted as TorchRec counts it.
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer] | None] = {"none": None, **EMBEDDING_OPTIMIZERS}
 
 
 def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
@@ -145,7 +139,7 @@ def profile(args: argparse.Namespace) -> None:
     _check_out_file(args.out)
     tables, batches, total = _profiled_batches(args)
     profiler = AccessProfiler(tables, args.sample, args.sample_seed, args.holdout)
-    stats = profiler.profile(batches, total=total)
+    stats = profiler.profile(batches, total=total, progress=True)
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
     stats.save(args.out)

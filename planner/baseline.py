@@ -79,11 +79,18 @@ def default_planner(
     constraints: dict[str, ParameterConstraints] | None = None,
     *,
     tables: Sequence[EmbeddingBagConfig],
+    prefetch_pipeline: bool = False,
 ) -> EmbeddingShardingPlanner:
     """(a) TorchRec's default planner (with the enumerator's choices in a fixed order) for ``tables``,
-    with the user's ``constraints`` if any (such as ``CacheParams(prefetch_pipeline=True)``) and every
-    feature of a table priced (``per_feature_pooling``)."""
+    with the user's ``constraints`` if any and every feature of a table priced (``per_feature_pooling``).
+    ``prefetch_pipeline`` plans every UVM cache for TorchRec's prefetch pipeline
+    (``CacheParams(prefetch_pipeline=True)``, which ``PrefetchTrainPipelineSparseDist`` needs) where the
+    user's constraints give no ``cache_params``."""
     constraints = per_feature_pooling(tables, constraints)
+    for config in tables if prefetch_pipeline else ():
+        given = constraints.get(config.name, ParameterConstraints())
+        if given.cache_params is None:
+            constraints[config.name] = replace(given, cache_params=CacheParams(prefetch_pipeline=True))
     return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=batch_size,

@@ -1,10 +1,8 @@
-"""Bad input to ``fae-torchrec`` and ``examples/train_dlrm_fae.py``: exit status 2 and a message naming
-the option or file; damaged statistics files are refused by ``AccessStats.load``."""
+"""Bad input to ``fae-torchrec`` and the training recipe (``examples/train_dlrm_fae.py``): exit status 2
+and a message naming the option or file; damaged statistics files are refused by ``AccessStats.load``."""
 
 import argparse
-import importlib.util
 import re
-import sys
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -16,18 +14,12 @@ from torchrec.distributed.types import CacheAlgorithm, CacheParams
 
 from fae_torchrec import AccessStats, parse_bytes
 from fae_torchrec.cli import main
+from fae_torchrec.recipes import DLRM, parse_args
+from fae_torchrec.recipes import main as train_main
+from fae_torchrec.recipes.build import prepare
+from fae_torchrec.recipes.options import check_resume_position
 from planner import FAEShardingPlanner
 from tests.distributed import run_on_ranks
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
-
-
-def _example():
-    spec = importlib.util.spec_from_file_location("train_dlrm_fae", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -279,7 +271,7 @@ def test_byte_sizes_beyond_int64_are_refused():
 )
 def test_bad_example_options_name_the_option(capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
-        _example().parse_args(args)
+        parse_args(DLRM, args)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -293,7 +285,7 @@ def test_example_out_or_checkpoint_dir_that_cannot_be_written_is_refused_before_
         pytest.skip(f"{directory} is not mounted here")
     data = ["--data", "criteo-tsv", str(_damaged_tsv(tmp_path)), "--checkpoint-every", "5"]
     with pytest.raises(SystemExit) as exit_info:
-        _example().main([*data, option, below])
+        train_main(DLRM, [*data, option, below])
     assert exit_info.value.code == 2
     reported = capsys.readouterr().err
     assert f"{option} {below}: cannot create anything in {directory} (" in reported
@@ -302,16 +294,15 @@ def test_example_out_or_checkpoint_dir_that_cannot_be_written_is_refused_before_
 
 def _batch_larger_than_the_data(rank: int, world_size: int, out: str) -> None:
     """2,700 training inputs fill a step of 2,000 on one rank, not on two; fewer with --exclude-profiled."""
-    example = _example()
     data = ["--num-samples", "3000", "--scale", "0.001", "--batch-size", "2000", "--out", out]
     with pytest.raises(ValueError) as refused:
-        example.prepare_data(example.parse_args(data), rank)
+        prepare(parse_args(DLRM, data), DLRM)
     assert str(refused.value) == (
         "--batch-size 2000 per rank on 2 ranks (4,000 in all) is larger than the training data: --data "
         "synthetic has 2,700 training inputs, 1,350 per rank"
     )
     with pytest.raises(ValueError) as refused:
-        example.prepare_data(example.parse_args([*data, "--exclude-profiled"]), rank)
+        prepare(parse_args(DLRM, [*data, "--exclude-profiled"]), DLRM)
     found = re.fullmatch(
         r"--batch-size 2000 per rank on 2 ranks \(4,000 in all\) is larger than the training data: --data "
         r"synthetic has ([\d,]+) training inputs not profiled \(--exclude-profiled\), [\d,]+ per rank",
@@ -328,7 +319,7 @@ def test_a_batch_larger_than_the_training_data_is_refused_on_every_rank(tmp_path
 def test_a_resume_past_the_last_epoch_names_epochs():
     """A checkpoint of epoch 1 (the second) cannot be resumed with --epochs 1; at the last step of the last
     epoch it can (nothing is left to train)."""
-    check = _example()._check_resume_position
+    check = check_resume_position
     args = argparse.Namespace(epochs=1, checkpoint_dir="ck")
     with pytest.raises(
         ValueError, match=r"^--epochs 1: the checkpoint in --checkpoint-dir ck is at epoch 1, step 5"
@@ -341,11 +332,10 @@ def test_a_resume_past_the_last_epoch_names_epochs():
 def test_example_out_or_checkpoint_dir_that_is_a_file(tmp_path, capsys):
     afile = tmp_path / "file"
     afile.write_text("x")
-    example = _example()
     for option in ("--out", "--checkpoint-dir"):
         for value in (afile, afile / "below"):
             with pytest.raises(SystemExit) as exit_info:
-                example.parse_args([option, str(value)])
+                parse_args(DLRM, [option, str(value)])
             assert exit_info.value.code == 2
             assert f"{option} {value}: {afile} is a file, not a directory" in capsys.readouterr().err
-    assert example.parse_args(["--out", str(tmp_path / "new" / "dir")]).out == str(tmp_path / "new" / "dir")
+    assert parse_args(DLRM, ["--out", str(tmp_path / "new" / "dir")]).out == str(tmp_path / "new" / "dir")

@@ -3,7 +3,7 @@
 Stages, earliest first: shared helpers and data sources; ``fae_torchrec.stats`` (which rows are hot);
 ``fae_torchrec.modules`` (the split module) and ``fae_torchrec.models`` (models built on such modules);
 ``planner`` (placing its parts); ``fae_torchrec.train``; the front ends (``fae_torchrec`` itself, its
-command line). Imports are read with ``ast``, those inside functions and ``TYPE_CHECKING`` blocks
+command line, the training recipe). Imports are read with ``ast``, those inside functions and ``TYPE_CHECKING`` blocks
 included, so nothing runs.
 """
 
@@ -29,7 +29,7 @@ STAGES = (
     ("fae_torchrec.modules", "fae_torchrec.models"),
     ("planner",),
     ("fae_torchrec.train",),
-    ("fae_torchrec.cli",),
+    ("fae_torchrec.cli", "fae_torchrec.recipes"),
 )
 #: The package's own ``__init__`` re-exports every stage: a front end like the command line.
 FRONT = len(STAGES) - 1

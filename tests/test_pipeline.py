@@ -247,11 +247,8 @@ def test_cold_caches_are_planned_for_the_prefetch_pipeline_unless_told_otherwise
     assert {n: p.algorithm for n, p in plain.items()} == {
         n: CacheAlgorithm.LRU if n == f"{table}_cold" else CacheAlgorithm.LFU for n in plain
     }
-    # the baseline the example pairs with it: TorchRec's default planner, given the same constraints
-    constraints = {
-        t.name: ParameterConstraints(cache_params=CacheParams(prefetch_pipeline=True)) for t in tables
-    }
-    baseline = default_planner(topology, 32, constraints, tables=tables).plan(
+    # the baseline the example pairs with it: TorchRec's default planner, its caches pipelined
+    baseline = default_planner(topology, 32, tables=tables, prefetch_pipeline=True).plan(
         EmbeddingBagCollection(tables, device=torch.device("meta")), get_default_sharders()
     )
     cached = [

@@ -96,10 +96,13 @@ def hot_share_curve(ranking: RowRanking, budgets: np.ndarray) -> ShareCurve:
     return ShareCurve(budgets=budgets, share=share, low=low, high=high)
 
 
-def measure_hot_share(hot_set: HotSet, data: Iterable[BatchLike], total: int | None = None) -> float:
-    """The true share of entirely-hot inputs in ``data`` (every input classified)."""
+def measure_hot_share(
+    hot_set: HotSet, data: Iterable[BatchLike], total: int | None = None, progress: bool = False
+) -> float:
+    """The true share of entirely-hot inputs in ``data`` (every input classified; ``progress`` draws a bar
+    over ``total`` batches)."""
     hot = seen = 0
-    for batch in tqdm(data, total=total, desc="classifying", unit="batch", leave=False):
+    for batch in tqdm(data, total=total, desc="classifying", unit="batch", leave=False, disable=not progress):
         mask = hot_set.is_hot_input(batch)
         hot += int(mask.sum())
         seen += len(mask)

@@ -1,14 +1,13 @@
-"""PNG pictures of a profile: access CDF per table and estimated hot-input share against budget."""
+"""PNG pictures of a profile: access CDF per table and estimated hot-input share against budget.
+
+Drawn on ``matplotlib.figure.Figure`` without pyplot, so that no backend is chosen or changed."""
 
 from __future__ import annotations
 
 import os
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_share import ShareCurve
@@ -16,7 +15,8 @@ from fae_torchrec.stats.hot_share import ShareCurve
 
 def plot_access_cdf(stats: AccessStats, path: str | os.PathLike) -> None:
     """Per table, the share of its sampled accesses taken by its most accessed fraction of rows."""
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig = Figure(figsize=(8, 5))
+    ax = fig.subplots()
     for config, counts in zip(stats.tables, stats.counts, strict=True):
         total = counts.sum()
         if total == 0:
@@ -33,12 +33,12 @@ def plot_access_cdf(stats: AccessStats, path: str | os.PathLike) -> None:
     ax.legend(fontsize=6, ncol=2, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_hot_share(curve: ShareCurve, path: str | os.PathLike, budget: int | None = None) -> None:
     """Estimated hot-input share against the hot-row budget, with its 95% band."""
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig = Figure(figsize=(8, 5))
+    ax = fig.subplots()
     mib = curve.budgets / 2**20
     ax.fill_between(mib, 100 * curve.low, 100 * curve.high, alpha=0.3, label="95% interval")
     ax.plot(mib, 100 * curve.share, marker=".", label="estimated hot-input share")
@@ -53,4 +53,3 @@ def plot_hot_share(curve: ShareCurve, path: str | os.PathLike, budget: int | Non
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)

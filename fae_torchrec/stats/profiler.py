@@ -77,9 +77,13 @@ class AccessProfiler:
         self.num_sampled += int(sampled.sum())
         return sampled
 
-    def profile(self, batches: Iterable[BatchLike], total: int | None = None) -> AccessStats:
-        """Update with every batch (with a progress bar over ``total`` batches) and return the stats."""
-        for batch in tqdm(batches, total=total, desc="profiling", unit="batch", leave=False):
+    def profile(
+        self, batches: Iterable[BatchLike], total: int | None = None, progress: bool = False
+    ) -> AccessStats:
+        """Update with every batch and return the stats (``progress`` draws a bar over ``total`` batches)."""
+        for batch in tqdm(
+            batches, total=total, desc="profiling", unit="batch", leave=False, disable=not progress
+        ):
             self.update(batch)
         return self.stats()
 

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 from torchmetrics.functional.classification import binary_auroc
 from torchrec.datasets.utils import Batch
+
+from fae_torchrec.data.block import SampleBlock
+from fae_torchrec.train.partition import HotColdPartition
+from fae_torchrec.train.router import BatchRouter
 
 
 def evaluate(model: nn.Module, batches: Iterable[Batch]) -> dict[str, float]:
@@ -32,6 +37,18 @@ def evaluate(model: nn.Module, batches: Iterable[Batch]) -> dict[str, float]:
     scores = _gathered(torch.cat(predictions))
     auc = binary_auroc(scores, _gathered(torch.cat(targets)).int(), thresholds=None)
     return {"auc": float(auc), "log_loss": float(loss_sum[0] / loss_sum[1])}
+
+
+def validation_batches(
+    validation: SampleBlock, keys: tuple[str, ...], batch_size: int, world_size: int, rank: int
+) -> list[Batch]:
+    """This rank's batches of the ``validation`` inputs (features ``keys``), the same number on every rank
+    (as :func:`evaluate` needs), cut by :class:`BatchRouter` as training batches are."""
+    everything_cold = HotColdPartition(
+        validation.slice(0, 0), validation, np.zeros(len(validation), dtype=bool), keys
+    )
+    router = BatchRouter(everything_cold, batch_size, world_size, rank, order="phases")
+    return [routed.batch for routed in router.epoch(0)]
 
 
 def _gathered(values: torch.Tensor) -> torch.Tensor:

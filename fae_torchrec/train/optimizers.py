@@ -38,6 +38,13 @@ DENSE_COUNTERPARTS: dict[type[torch.optim.Optimizer], type[torch.optim.Optimizer
     torchrec.optim.Adagrad: torch.optim.Adagrad,
     torchrec.optim.Adam: torch.optim.Adam,
 }
+#: Embedding optimizers by the name the command line and the examples give them.
+EMBEDDING_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "adagrad": torch.optim.Adagrad,
+    "rowwise_adagrad": torchrec.optim.RowWiseAdagrad,
+    "adam": torch.optim.Adam,
+}
 #: Dense optimizers that move a row whose gradient is zero (SGD, Adagrad and RowWiseAdagrad do not).
 MOVES_UNUSED_ROWS = (torch.optim.Adam,)
 #: FBGEMM's ``eps`` when none is given (``torch.optim`` defaults to another one).

@@ -96,16 +96,19 @@ class HotColdPartition:
         total: int | None = None,
         balance: float = 0.0,
         seed: int = 0,
+        progress: bool = False,
     ) -> HotColdPartition:
         """Partition to ``directory`` block by block (memory stays one block), then open it
-        (``balance`` and ``seed`` as in :meth:`of`)."""
+        (``balance`` and ``seed`` as in :meth:`of`; ``progress`` draws a bar over ``total`` blocks)."""
         check_share(balance, "label balance")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         writers: dict[tuple[str, str], _NpyAppender] = {}
         is_hot = _NpyAppender(directory / "is_hot.npy", np.dtype(bool), ())
         ids_per_feature = None
-        blocks = tqdm(blocks, total=total, desc="partitioning", unit="block", leave=False)
+        blocks = tqdm(
+            blocks, total=total, desc="partitioning", unit="block", leave=False, disable=not progress
+        )
         for index, block in enumerate(blocks):
             ids_per_feature = block.ids_per_feature
             block, hot = _with_part_ids(block, hot_set, keys, balance, generator(seed, "balance", index))

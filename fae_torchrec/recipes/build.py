@@ -1,0 +1,194 @@
+"""A run of the training recipe made ready to train: the process group, the prepared data, the planned and
+sharded model, its optimizers and router."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner.types import PlannerError
+from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.types import CacheParams, ShardingPlan, ShardingPlanner
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from fae_torchrec.modules import FAEEmbeddingBagCollection, load_initial_tables
+from fae_torchrec.recipes.family import ModelFamily
+from fae_torchrec.stats.access_stats import AccessStats
+from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS, EmbeddingOptimizer, unfused_optimizer
+from fae_torchrec.train.prepare import PreparedData, prepare_data
+from fae_torchrec.train.router import BatchRouter
+from fae_torchrec.train.step import find_fae_module
+from fae_torchrec.units import parse_bytes
+from planner import FAEShardingPlanner
+from planner.baseline import default_planner, hbm_planner, scaleup_planner
+from planner.topology import make_topology
+
+logger = logging.getLogger("fae_torchrec.recipes")
+#: ``prepare_data``'s parameters by the options that set them, for its messages.
+_OPTIONS = {
+    key: f"--{key.replace('_', '-')}" for key in ("sample", "batch_size", "val_every", "exclude_profiled")
+}
+
+
+def init_distributed() -> tuple[int, int, torch.device]:
+    """Join torchrun's process group, or make a group of one for a plain ``python`` run; the rank, the
+    world size and this rank's device."""
+    cuda = torch.cuda.is_available()
+    backend = "nccl" if cuda else "gloo"
+    if "RANK" in os.environ:
+        dist.init_process_group(backend)
+    else:
+        store = Path(tempfile.mkdtemp()) / "store"
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        return rank, world, torch.device("cuda", torch.cuda.current_device())
+    return rank, world, torch.device("cpu")
+
+
+@dataclass
+class Training:
+    """A run ready to train (:func:`build_training`): its data, plan, sharded model, dense optimizer and
+    router, the first step's batches not yet read."""
+
+    mode: str
+    tables: list[EmbeddingBagConfig]
+    data: PreparedData
+    plan: ShardingPlan
+    model: DistributedModelParallel
+    optimizer: torch.optim.Optimizer
+    router: BatchRouter
+    fae: bool
+
+
+def prepare(args: argparse.Namespace, family: ModelFamily) -> tuple[list[EmbeddingBagConfig], PreparedData]:
+    """The tables of ``args``' data and the data prepared for them (:func:`prepare_data`, collective):
+    FAE's partition, or the baseline's, all cold, in ``--out``; the statistics saved there too."""
+    source = family.open_source(args)
+    tables = source.table_configs(args.dim)
+    out = Path(args.out)
+    data = prepare_data(
+        source, tables, out / f"partition-{'baseline' if args.baseline else 'fae'}",
+        sample=args.sample, batch_size=args.batch_size,
+        hot_budget=None if args.baseline else parse_bytes(args.budget), val_every=family.val_every(args),
+        balance=args.balance, seed=args.seed, exclude_profiled=args.exclude_profiled,
+        names={"data": f"--data {' '.join(args.data)}", **_OPTIONS}, progress=True,
+    )  # fmt: skip
+    if dist.get_rank() == 0:
+        data.stats.save(out / "stats.npz")
+    return tables, data
+
+
+def build_training(
+    args: argparse.Namespace, rank: int, world: int, device: torch.device, family: ModelFamily
+) -> Training:
+    """Prepare the data (:func:`prepare`), build and plan the model of ``args`` (FAE's, or the baseline's
+    with ``--baseline``), shard it with DMP in its initial state and make its router."""
+    if args.optimizer == "adam" and device.type == "cpu":
+        raise ValueError(
+            "--optimizer adam: FBGEMM has no fused Adam on CPU; use it on GPU, or another optimizer"
+        )
+    if args.pipeline == "prefetch" and device.type != "cuda":
+        raise ValueError(
+            "--pipeline prefetch: TorchRec's prefetch pipeline runs on CUDA only; use --pipeline sparse here"
+        )
+    args.pipeline = args.pipeline or ("prefetch" if device.type == "cuda" else "sparse")
+    hbm_cap = parse_bytes(args.hbm_cap) if args.hbm_cap is not None else None
+    if hbm_cap is not None and device.type == "cpu":
+        logger.warning("--hbm-cap %s ignored: there is no device memory to cap on CPU", args.hbm_cap)
+        hbm_cap = None
+    tables, data = prepare(args, family)
+    mode = args.baseline or "fae"
+    budget = parse_bytes(args.budget)
+    torch.manual_seed(args.seed)  # the same dense layers on every rank
+    # the tables are made in their shards (load_initial_tables): here they take no memory
+    meta = torch.device("meta")
+    sparse = (
+        EmbeddingBagCollection(tables, device=meta)
+        if args.baseline
+        else FAEEmbeddingBagCollection(tables, data.stats.hot_set(budget), device=meta)
+    )
+    planner = _planner(
+        mode, world, device, hbm_cap, data.stats, args.batch_size, budget, args.pipeline == "prefetch"
+    )
+    model = family.build_model(sparse, args)
+    embedding_optimizer = EmbeddingOptimizer(EMBEDDING_OPTIMIZERS[args.optimizer], {"lr": args.lr})
+    embedding_optimizer.apply(sparse)
+    del sparse  # DMP replaces it (or its parts) by sharded modules
+    sharders = get_default_sharders()
+    try:
+        plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    except PlannerError as error:
+        raise PlannerError(f"--hbm-cap {args.hbm_cap or 'default'}: {error}", error.error_type) from error
+    logger.info("%s: plan kernels %s", mode, dict(kernels(plan)))
+    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
+    # the same initial tables on every rank and in both layouts, made a block at a time in the shards
+    load_initial_tables(model.get_submodule(family.sparse_path), tables, args.seed)
+    # data-parallel tables by the embedding optimizer's dense form, the dense layers by Adagrad
+    dense = unfused_optimizer(
+        dmp, embedding_optimizer, lambda params: torch.optim.Adagrad(params, lr=args.dense_lr)
+    )
+    fae = find_fae_module(dmp)  # FAE: the router splits the batches for the parts, by the part ids
+    partition = data.partition
+    router = BatchRouter(
+        partition, args.batch_size, world, rank, order=args.order,
+        seed=args.seed if args.order_seed is None else args.order_seed, warmup=args.warmup,
+        split=None if fae is None else fae.split,
+    )  # fmt: skip
+    num_train = len(partition.hot) + len(partition.cold)
+    logger.info(
+        "%s: %d training inputs (%d hot, %.1f%%), %d validation inputs, %d ranks",
+        mode, num_train, len(partition.hot), 100 * len(partition.hot) / num_train, len(data.validation),
+        world,
+    )  # fmt: skip
+    return Training(mode, tables, data, plan, dmp, dense, router, fae is not None)
+
+
+def _planner(
+    mode: str,
+    world: int,
+    device: torch.device,
+    hbm_cap: int | None,
+    stats: AccessStats,
+    batch_size: int,
+    budget: int,
+    prefetch: bool,
+) -> ShardingPlanner:
+    """The planner of ``mode``: FAE's, or the baseline's from ``planner.baseline``. On CUDA ``hbm``
+    may use the device's whole memory, the others ``hbm_cap`` (TorchRec's default when None). With
+    ``prefetch`` every UVM cache is planned for TorchRec's prefetch pipeline."""
+    if mode == "hbm" and device.type == "cuda":
+        hbm_cap = torch.cuda.get_device_properties(device).total_memory
+    topology = make_topology(world, device.type, hbm_cap)
+    if mode == "fae":
+        return FAEShardingPlanner(
+            topology,
+            stats,
+            batch_size=batch_size,
+            hot_budget_bytes=budget,
+            cache_params=CacheParams(prefetch_pipeline=prefetch),
+        )
+    if mode == "scaleup":
+        return scaleup_planner(topology, stats, batch_size, prefetch_pipeline=prefetch)
+    if mode == "hbm":
+        return hbm_planner(topology, list(stats.tables), batch_size)  # no cache to prefetch into
+    return default_planner(topology, batch_size, tables=stats.tables, prefetch_pipeline=prefetch)
+
+
+def kernels(plan: ShardingPlan) -> Counter[str]:
+    """How many tables (of all sharded modules) each sharding type / compute kernel got."""
+    return Counter(
+        f"{sharding.sharding_type}/{sharding.compute_kernel}"
+        for module_plan in plan.plan.values()
+        for sharding in module_plan.values()
+    )

@@ -1,0 +1,113 @@
+"""The model families the training recipe trains: DLRM on Criteo-layout data, TBSM on Taobao-layout data."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch import nn
+from torchrec.models.dlrm import DLRM as TorchRecDLRM
+from torchrec.models.dlrm import DLRMTrain
+
+from fae_torchrec.arguments import int_at_least
+from fae_torchrec.data.source import BlockSource
+from fae_torchrec.data.sources import (
+    PROFILE_SAMPLE,
+    add_data_arguments,
+    add_taobao_arguments,
+    default_tables,
+    open_source,
+    open_taobao_source,
+)
+from fae_torchrec.models import TBSM as TBSMModel
+from fae_torchrec.train.prepare import BLOCK
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """What differs between the models the recipe trains; everything else (profiling, partitioning,
+    planning, DMP, the router, pipelines, evaluation, checkpoints, outputs) is shared.
+
+    Attributes:
+        name: the model's name in logs and plots.
+        description: the command's help line.
+        add_arguments: adds the data options (and any model option) to the parser.
+        open_source: the data source the options name, in blocks of ``BLOCK`` inputs.
+        build_model: the train module (loss, (loss, logits, labels)) around a sparse module (an
+            ``EmbeddingBagCollection`` or ``FAEEmbeddingBagCollection``) and the options.
+        sparse_path: where the sparse module lives in the train module (``get_submodule``).
+        val_every: the option that holds out every N-th input for validation, or None when the source
+            splits its own (TBSM's, by time).
+        named_defaults: option values a resume must match that are defaults computed from others.
+        defaults: the family's own defaults of the recipe's options (such as ``batch_size``).
+        warmup: the default ``--warmup`` of the stream order (other orders take none).
+    """
+
+    name: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    open_source: Callable[[argparse.Namespace], BlockSource]
+    build_model: Callable[[nn.Module, argparse.Namespace], nn.Module]
+    sparse_path: str
+    val_every: Callable[[argparse.Namespace], int | None] = lambda args: None
+    named_defaults: Callable[[argparse.Namespace], dict] = lambda args: {}
+    defaults: dict = field(default_factory=dict)
+    warmup: float = 0.0
+
+
+def _dlrm_arguments(parser: argparse.ArgumentParser) -> None:
+    add_data_arguments(parser, num_samples=300_000, scale=0.02)
+    parser.add_argument(
+        "--val-every",
+        type=int_at_least(2, " (1 would hold out every input, leaving none to train on)"),
+        default=10,
+        help="hold out every N-th input (N >= 2) for validation",
+    )
+
+
+def _dlrm(sparse: nn.Module, args: argparse.Namespace) -> nn.Module:
+    return DLRMTrain(
+        TorchRecDLRM(
+            sparse,
+            dense_in_features=13,
+            dense_arch_layer_sizes=[64, args.dim],
+            over_arch_layer_sizes=[64, 32, 1],
+        )
+    )
+
+
+def _tbsm(sparse: nn.Module, args: argparse.Namespace) -> nn.Module:
+    """TBSM with the reference run's layer sizes, the bottom MLP ending in ``--dim``; TorchRec's
+    ``DLRMTrain`` is its binary cross-entropy wrapper (it serves any model of dense and sparse
+    features)."""
+    return DLRMTrain(TBSMModel(sparse, ts_length=args.ts_length, dense_arch_layer_sizes=[args.dim]))
+
+
+DLRM = ModelFamily(
+    name="DLRM",
+    description="Train TorchRec's DLRM with FAE on DistributedModelParallel, or a baseline with --baseline.",
+    add_arguments=_dlrm_arguments,
+    open_source=lambda args: open_source(args, batch_size=BLOCK, require_labels=True)[0],
+    build_model=_dlrm,
+    sparse_path="model.sparse_arch.embedding_bag_collection",
+    val_every=lambda args: args.val_every,
+    named_defaults=lambda args: {"tables": args.tables or default_tables(args.data)},
+)
+
+TBSM = ModelFamily(
+    name="TBSM",
+    description="Train TBSM (the time-based sequence model) with FAE on DistributedModelParallel, or a "
+    "baseline.",
+    add_arguments=lambda parser: add_taobao_arguments(parser, num_users=20_000, scale=0.01),
+    open_source=lambda args: open_taobao_source(args, batch_size=BLOCK),
+    build_model=_tbsm,
+    sparse_path="model.embedding_bag_collection",
+    # label balance and warm-up: without them FAE's hot steps, 60% positive against 40% for the other
+    # inputs, cost TBSM accuracy, and can keep it at a constant prediction (BENCHMARKS.md, section 6)
+    defaults={"batch_size": 256, "sample": PROFILE_SAMPLE["tbsm"], "budget": "2MiB", "balance": 0.5},
+    warmup=0.1,
+)
+
+#: The families by the name ``--model`` options give them.
+FAMILIES = {"dlrm": DLRM, "tbsm": TBSM}

@@ -1,0 +1,206 @@
+"""The training recipe: train a :class:`ModelFamily` with FAE (or a TorchRec baseline) end to end, with
+evaluations, checkpoints, metrics and curves, as ``examples/train_dlrm_fae.py`` and
+``examples/train_tbsm_fae.py`` run it."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import resource
+import traceback
+import warnings
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from matplotlib.figure import Figure
+from torchrec.distributed.planner.types import PlannerError
+from tqdm import tqdm
+
+from fae_torchrec.recipes.build import build_training, init_distributed, kernels
+from fae_torchrec.recipes.family import ModelFamily
+from fae_torchrec.recipes.options import check_resume_position, parse_args, resume_config
+from fae_torchrec.tables import TableLayout
+from fae_torchrec.train.checkpoint import Checkpoints
+from fae_torchrec.train.evaluation import evaluate, validation_batches
+from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
+from fae_torchrec.train.runner import StepRunner, steps_to_pause
+
+logger = logging.getLogger("fae_torchrec.recipes")
+
+
+def main(family: ModelFamily, argv: list[str] | None = None) -> dict:
+    """Train ``family`` as the command line ``argv`` says (``sys.argv`` when None); the run's metrics."""
+    args = parse_args(family, argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", force=True)
+    logger.setLevel(logging.INFO)
+    # FBGEMM's CPU lookup has no autograd kernel registered, and PyTorch says so on the first backward
+    warnings.filterwarnings("ignore", message=".*an autograd kernel was not registered", category=UserWarning)
+    rank, world, device = init_distributed()
+    try:
+        return _train(args, rank, world, device, family)
+    except BaseException as error:
+        traceback.clear_frames(error.__traceback__)  # a failed run's model goes with its frames
+        raise
+    finally:
+        # the model's DDP wrappers hold the process group: freed only at exit, the group's threads
+        # can abort the process (a command that should exit with status 2 then dies of SIGABRT)
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def _train(
+    args: argparse.Namespace, rank: int, world: int, device: torch.device, family: ModelFamily
+) -> dict:
+    training = build_training(args, rank, world, device, family)
+    mode, tables, partition, plan = training.mode, training.tables, training.data.partition, training.plan
+    dmp, dense, router = training.model, training.optimizer, training.router
+    num_train = len(partition.hot) + len(partition.cold)
+    validation = validation_batches(training.data.validation, partition.keys, args.batch_size, world, rank)
+
+    progress = {
+        "step": 0,
+        "counts": {"hot_steps": 0, "cold_steps": 0},
+        "history": {"step": [], "loss": [], "eval_step": [], "auc": [], "log_loss": []},
+    }
+    history, counts = progress["history"], progress["counts"]
+    first_epoch, first_step = 0, 0
+    checkpoints = (
+        Checkpoints(args.checkpoint_dir, resume_config(args, family), plan) if args.checkpoint_dir else None
+    )
+    earlier = checkpoints.held_steps() if checkpoints and not args.resume else []
+    if earlier:
+        raise ValueError(
+            f"--checkpoint-dir {args.checkpoint_dir} holds checkpoints of an earlier run (steps {earlier}): "
+            "pass --resume to continue it, or choose an empty directory"
+        )
+    if args.resume:
+        position = checkpoints.load(dmp, dense)
+        router.load_state_dict(position["router"])
+        progress = position["progress"]
+        history, counts = progress["history"], progress["counts"]
+        first_epoch, first_step = position["router"]["epoch"], position["router"]["step"]
+        logger.info("resumed at epoch %d, step %d", first_epoch, first_step)
+        check_resume_position(args, first_epoch, first_step, len(router.schedule(first_epoch)))
+    runner = StepRunner(args.pipeline, dmp, dense, device, fae=training.fae)
+    # this run's wall times (after a resume: since it), in seconds: per hot and per cold step, and of
+    # getting each step's batch from the router (onto the device, in the plain loop)
+    seen, step_index, step_seconds, routing_seconds = 0, progress["step"], {"hot": [], "cold": []}, 0.0
+    for epoch in range(first_epoch, args.epochs):
+        steps = router.epoch(epoch, start_step=first_step if epoch == first_epoch else 0)
+        total = len(router.schedule(epoch))
+        done = first_step if epoch == first_epoch else 0
+        bar = tqdm(total=total, initial=done, desc=f"{mode} epoch {epoch}", disable=rank != 0)
+        while done < total:
+            # the steps up to the next evaluation or checkpoint: a pipeline trains them all, then pauses
+            segment = islice(steps, steps_to_pause(step_index, total - done, *_pauses(args)))
+            for routed, loss, seconds, routing in runner.train(segment):
+                kind = "hot" if routed.hot else "cold"
+                step_seconds[kind].append(seconds)
+                routing_seconds += routing
+                bar.update()
+                counts[f"{kind}_steps"] += 1
+                seen += routed.batch.labels.numel() * world
+                step_index += 1
+                done += 1
+                history["step"].append(step_index)
+                history["loss"].append(loss)
+                if step_index % 20 == 0:
+                    bar.set_postfix(loss=f"{loss:.4f}")
+            if args.eval_every and step_index % args.eval_every == 0:
+                result = evaluate(runner.paused(), (b.to(device) for b in validation))
+                _record(history, step_index, result)
+                router.report_validation_loss(result["log_loss"])
+            if args.checkpoint_dir and args.checkpoint_every and step_index % args.checkpoint_every == 0:
+                progress["step"] = step_index
+                position = {"router": router.state_dict(), "progress": progress}
+                checkpoints.save(step_index, runner.paused(), dense, position)
+        bar.close()
+        if not history["eval_step"] or history["eval_step"][-1] != step_index:
+            result = evaluate(runner.paused(), (b.to(device) for b in validation))
+            _record(history, step_index, result)
+            router.report_validation_loss(result["log_loss"])
+    all_steps = step_seconds["hot"] + step_seconds["cold"]
+    layout = TableLayout.of(tables)
+    metrics = {
+        "model": family.name,
+        "mode": mode,
+        "world_size": world,
+        "train_inputs": num_train,
+        "hot_input_share": len(partition.hot) / num_train,
+        **counts,
+        "plan_kernels": dict(kernels(plan)),
+        # training steps only (not evaluation), of this run (after a resume: since it; None when a
+        # resume found nothing left to train)
+        "samples_per_second": seen / sum(all_steps) if all_steps else None,
+        "hot_step_ms": _mean_ms(step_seconds["hot"]),
+        "cold_step_ms": _mean_ms(step_seconds["cold"]),
+        "routing_ms": 1000 * routing_seconds / len(all_steps) if all_steps else None,
+        # rank 0's peak resident memory, against the tables' size: weights, and with optimizer state
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20),
+        "tables_gib": layout.num_rows @ layout.row_bytes() / (1 << 30),
+        "tables_with_state_gib": layout.num_rows
+        @ layout.row_bytes(EMBEDDING_OPTIMIZERS[args.optimizer])
+        / (1 << 30),
+        "final_auc": history["auc"][-1],
+        "final_log_loss": history["log_loss"][-1],
+        "history": history,
+    }
+    throughput = f"{metrics['samples_per_second']:.0f} samples/s" if all_steps else "no step in this run"
+    logger.info(
+        "%s: %s, %d hot and %d cold steps, validation AUC %.4f, log loss %.4f",
+        mode, throughput, counts["hot_steps"], counts["cold_steps"], metrics["final_auc"],
+        metrics["final_log_loss"],
+    )  # fmt: skip
+    if rank == 0:
+        _write(metrics, Path(args.out))
+    return metrics
+
+
+def _pauses(args: argparse.Namespace) -> tuple[int, int]:
+    """Steps between evaluations and between checkpoints (0: none)."""
+    return args.eval_every, args.checkpoint_every if args.checkpoint_dir else 0
+
+
+def _mean_ms(seconds: list[float]) -> float | None:
+    """Mean of ``seconds`` in milliseconds; None when there are none."""
+    return 1000 * float(np.mean(seconds)) if seconds else None
+
+
+def _record(history: dict, step: int, result: dict) -> None:
+    history["eval_step"].append(step)
+    history["auc"].append(result["auc"])
+    history["log_loss"].append(result["log_loss"])
+
+
+def _write(metrics: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    history = metrics["history"]
+    fig = Figure(figsize=(10, 4))
+    left, right = fig.subplots(1, 2)
+    losses = np.asarray(history["loss"])
+    window = max(1, len(losses) // 50)
+    smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+    left.plot(history["step"][window - 1 :], smooth)
+    left.set_xlabel("step")
+    left.set_ylabel(f"train loss (moving mean of {window})")
+    right.plot(history["eval_step"], history["auc"], marker="o")
+    right.set_xlabel("step")
+    right.set_ylabel("validation AUC")
+    fig.suptitle(f"{metrics['model']}, {metrics['mode']}, {metrics['world_size']} rank(s)")
+    fig.tight_layout()
+    fig.savefig(out / "curves.png", dpi=110)
+
+
+def run(family: ModelFamily) -> None:
+    """The command: train ``family``; a bad option, file or plan exits with status 2 and says why."""
+    try:
+        main(family)
+    except (ValueError, OSError, PlannerError) as error:
+        logger.error("%s", error)
+        raise SystemExit(2) from error

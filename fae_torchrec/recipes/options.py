@@ -1,0 +1,155 @@
+"""The training recipe's command line: its options, the combinations it refuses, and what a resume must
+share with the run that saved."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from fae_torchrec.arguments import (
+    byte_size,
+    fraction,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    share,
+    unwritable_directory,
+)
+from fae_torchrec.data.sources import PROFILE_SAMPLE
+from fae_torchrec.recipes.family import ModelFamily
+from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
+from fae_torchrec.train.runner import PIPELINES
+from fae_torchrec.train.schedule import ORDERS, check_warmup
+
+logger = logging.getLogger("fae_torchrec.recipes")
+
+#: The baselines ``--baseline`` names, each planned by its ``planner.baseline`` planner.
+BASELINES = ("torchrec", "scaleup", "hbm")
+
+
+def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.Namespace:
+    """The options of the recipe for ``family`` (its data options first); exits with status 2 on a bad
+    option or combination."""
+    parser = argparse.ArgumentParser(description=family.description)
+    family.add_arguments(parser)
+    parser.add_argument(
+        "--baseline",
+        nargs="?",
+        const="torchrec",
+        choices=BASELINES,
+        help="TorchRec alone, data in random order, planned by TorchRec's default planner (torchrec, "
+        "the default), with scaled-up UVM caches (scaleup) or all tables in device memory (hbm)",
+    )
+    parser.add_argument(
+        "--hbm-cap",
+        type=byte_size,
+        help="device memory per GPU the planners may use (FAE, torchrec, scaleup; CUDA only)",
+    )
+    parser.add_argument("--dim", type=positive_int, default=16, help="embedding dimension")
+    parser.add_argument("--batch-size", type=positive_int, default=512, help="per-rank batch size")
+    parser.add_argument("--epochs", type=positive_int, default=1)
+    parser.add_argument(
+        "--sample", type=fraction, default=PROFILE_SAMPLE["dlrm"], help="profiled fraction of inputs"
+    )
+    parser.add_argument(
+        "--exclude-profiled",
+        action="store_true",
+        help="train (either mode) on the training inputs the profile did not sample only, so that what "
+        "the run measures comes from inputs disjoint from those that chose the hot set (benchmarks)",
+    )
+    parser.add_argument("--budget", type=byte_size, default="256KiB", help="hot-row budget (FAE)")
+    parser.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="stream",
+        help="hot/cold step order (stream: each input trains where the baseline's random order has it)",
+    )
+    parser.add_argument(
+        "--order-seed",
+        type=non_negative_int,
+        help="seed of the random step orders, to vary the order alone (default: --seed)",
+    )
+    parser.add_argument(
+        "--balance",
+        type=share,
+        default=0.0,
+        help="the share of the label bias of hot steps taken out: of the hot inputs of the label they "
+        "over-represent, as many as would make them click at the data's rate, times this, train in "
+        "cold steps (1: hot steps at the data's click rate)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=share,
+        help="stream order: the share of the first epoch trained in cold steps only, before any hot step "
+        f"(default {family.warmup}; other orders take none)",
+    )
+    parser.add_argument(
+        "--pipeline",
+        choices=PIPELINES,
+        help="sparse: TorchRec's TrainPipelineSparseDist (FAETrainPipeline for FAE), which overlaps the "
+        "next batch's input distribution with the step; prefetch (CUDA only): TorchRec's "
+        "PrefetchTrainPipelineSparseDist (FAEPrefetchTrainPipeline), which also fetches the next "
+        "batch's cache misses, with every UVM cache planned for it (CacheParams(prefetch_pipeline=True)); "
+        "none: a plain loop (default: prefetch on CUDA, sparse on CPU)",
+    )
+    parser.add_argument("--optimizer", choices=sorted(EMBEDDING_OPTIMIZERS), default="rowwise_adagrad")
+    parser.add_argument("--lr", type=positive_float, default=0.05, help="embedding learning rate")
+    parser.add_argument("--dense-lr", type=positive_float, default=0.05, help="dense (Adagrad) learning rate")
+    parser.add_argument(
+        "--eval-every",
+        type=non_negative_int,
+        default=0,
+        help="steps between evaluations (0: at each epoch's end)",
+    )
+    parser.add_argument("--out", default="runs/train", help="metrics.json and curves.png go here")
+    parser.add_argument("--checkpoint-dir", help="write a checkpoint here every --checkpoint-every steps")
+    parser.add_argument("--checkpoint-every", type=non_negative_int, default=0)
+    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
+    parser.set_defaults(**family.defaults)
+    args = parser.parse_args(argv)
+    if args.warmup is None:
+        args.warmup = family.warmup if args.order == "stream" else 0.0
+    problem = _invalid_combination(args)
+    if problem:
+        parser.error(problem)
+    return args
+
+
+def _invalid_combination(args: argparse.Namespace) -> str | None:
+    """What is wrong with options that are fine one by one (output directories that cannot be written,
+    ``--resume`` without a checkpoint), or None."""
+    if args.resume and not args.checkpoint_dir:
+        return "--resume needs --checkpoint-dir"
+    try:
+        check_warmup(args.warmup, args.order)
+    except ValueError as error:
+        return f"--warmup {args.warmup}: {error}"
+    for option, directory in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir)):
+        if directory is None:
+            continue
+        problem = unwritable_directory(directory)
+        if problem is not None:
+            return f"{option} {directory}: {problem}"
+    if args.checkpoint_dir and not args.checkpoint_every and not args.resume:
+        return "--checkpoint-dir needs --checkpoint-every N (steps between checkpoints)"
+    return None
+
+
+def check_resume_position(args: argparse.Namespace, epoch: int, step: int, epoch_steps: int) -> None:
+    """Log that a run resumed at its last step has nothing left to train (it evaluates and writes its
+    metrics); raise ``ValueError`` naming ``--epochs`` when the checkpoint lies beyond the run's end."""
+    if epoch >= args.epochs:
+        raise ValueError(
+            f"--epochs {args.epochs}: the checkpoint in --checkpoint-dir {args.checkpoint_dir} is at epoch "
+            f"{epoch}, step {step}, past the last epoch of this run; resume with --epochs {epoch + 1} or more"
+        )
+    if epoch == args.epochs - 1 and step == epoch_steps:
+        logger.info("nothing left to train: the checkpoint is at the last step of epoch %d", epoch)
+
+
+def resume_config(args: argparse.Namespace, family: ModelFamily) -> dict:
+    """The options a resumed run must share with the run that saved, keyed as written on the command
+    line (every option but these: how long to train, how often to evaluate and save, where to write)."""
+    free = {"epochs", "eval_every", "out", "checkpoint_dir", "checkpoint_every", "resume"}
+    chosen = {**vars(args), **family.named_defaults(args)}  # defaults computed from other options, named
+    return {f"--{key.replace('_', '-')}": value for key, value in chosen.items() if key not in free}

@@ -1,0 +1,172 @@
+"""FAE's offline step on every rank at once: one rank profiles the training data and writes its hot/cold
+partition, every rank then opens it.
+
+Profiling and partitioning stream the whole data set once; doing it on every rank would read it
+``world_size`` times and could write the partition from several processes. Rank 0 does it, broadcasts the
+statistics and the validation inputs, and every rank memory-maps the partition (it reads only its own
+batches). A problem found on rank 0 is raised on every rank, so no rank waits for a collective that the
+others left.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch.distributed as dist
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from tqdm import tqdm
+
+from fae_torchrec.data.block import SampleBlock
+from fae_torchrec.data.source import BlockSource
+from fae_torchrec.stats.access_stats import AccessStats
+from fae_torchrec.stats.hot_set import HotSet
+from fae_torchrec.stats.profiler import AccessProfiler
+from fae_torchrec.train.partition import HotColdPartition
+
+#: Inputs per block while the data streams past.
+BLOCK = 4096
+#: The parameters of :func:`prepare_data` its messages name.
+_NAMED = ("sample", "batch_size", "val_every", "exclude_profiled")
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """What :func:`prepare_data` gives every rank: the profile's statistics, the validation inputs (all
+    of them, on every rank) and the training inputs split into hot and cold."""
+
+    stats: AccessStats
+    validation: SampleBlock
+    partition: HotColdPartition
+
+
+def prepare_data(
+    source: BlockSource,
+    tables: Sequence[EmbeddingBagConfig],
+    directory: str | os.PathLike,
+    *,
+    sample: float,
+    batch_size: int,
+    hot_budget: int | None,
+    val_every: int | None = None,
+    balance: float = 0.0,
+    seed: int = 0,
+    exclude_profiled: bool = False,
+    names: Mapping[str, str] | None = None,
+    progress: bool = False,
+) -> PreparedData:
+    """Profile ``sample`` of ``source``'s training inputs, choose the hot set of ``hot_budget`` bytes
+    (None: no hot row, a baseline's partition, all cold) and write the partition of the training inputs
+    to ``directory``; collective over the default process group when one is initialised.
+
+    Every ``val_every``-th input is held out for validation (None: the source's own split, such as
+    TBSM's by time). With ``exclude_profiled`` the partition holds only the inputs the profile did not
+    sample, so that what training measures comes from inputs disjoint from those that chose the hot
+    set. ``balance`` and ``seed`` are :meth:`HotColdPartition.write`'s. Raises ``ValueError``, naming
+    ``name`` (how the caller calls the data), when there is no training or validation input, or fewer
+    training inputs than one ``batch_size`` on every rank (a smaller batch would train, but not the batch
+    that was planned); nothing is written then. The messages name the data and these parameters as
+    ``names`` says (such as ``{"data": "--data train.txt", "batch_size": "--batch-size"}``), else as
+    "the data" and by their own names. ``progress`` draws bars while profiling and partitioning."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    names = {"data": "the data", **{key: key for key in _NAMED}, **(names or {})}
+    shared: list = [None, None, None]
+    if rank == 0:
+        try:
+            stats, validation = _profile_and_partition(
+                source, tables, Path(directory), sample, batch_size, hot_budget, val_every, balance, seed,
+                exclude_profiled, names, progress,
+            )  # fmt: skip
+            shared = [stats, validation, None]
+        except (ValueError, OSError) as error:
+            shared = [None, None, str(error)]
+    if dist.is_initialized():
+        dist.broadcast_object_list(shared, src=0)
+    stats, validation, problem = shared
+    if problem is not None:
+        raise ValueError(problem)
+    return PreparedData(stats, validation, HotColdPartition.open(directory))
+
+
+def _split(source: BlockSource, validation: bool, val_every: int | None) -> Iterator[SampleBlock]:
+    return source.split_blocks(validation, val_every, BLOCK)
+
+
+def _profile_and_partition(
+    source: BlockSource,
+    tables: Sequence[EmbeddingBagConfig],
+    directory: Path,
+    sample: float,
+    batch_size: int,
+    hot_budget: int | None,
+    val_every: int | None,
+    balance: float,
+    seed: int,
+    exclude_profiled: bool,
+    names: Mapping[str, str],
+    progress: bool,
+) -> tuple[AccessStats, SampleBlock]:
+    """Rank 0's part of :func:`prepare_data`: the statistics and the validation set; the partition is
+    written to ``directory``."""
+    profiler = AccessProfiler(tables, sample, seed=seed)
+    profiled = []  # with exclude_profiled, per training block, the inputs the profile counted
+    blocks = _split(source, False, val_every)
+    for block in tqdm(blocks, desc="profiling", unit="block", leave=False, disable=not progress):
+        counted = profiler.update(block.to_batch(source.feature_names))
+        if exclude_profiled:
+            profiled.append(np.flatnonzero(counted).astype(np.int32))
+    if profiler.num_inputs == 0:
+        raise ValueError(f"no training input: {names['data']} has no inputs")
+    if exclude_profiled and profiler.num_sampled == profiler.num_inputs:
+        raise ValueError(
+            f"{names['exclude_profiled']}: {names['sample']} {sample} profiled all {profiler.num_inputs} "
+            f"training inputs of {names['data']}, which leaves none to train on"
+        )
+    held_out = list(_split(source, True, val_every))
+    if not held_out:
+        raise ValueError(
+            f"no validation input: {names['data']} has {profiler.num_inputs} inputs, fewer than "
+            f"{names['val_every']} {val_every} (one input in every {val_every} is held out for validation)"
+            if val_every
+            else f"no validation input: {names['data']} has {profiler.num_inputs} training inputs and none "
+            "to validate on"
+        )
+    _check_batch_size(
+        batch_size, profiler.num_inputs - (profiler.num_sampled if exclude_profiled else 0),
+        exclude_profiled, names,
+    )  # fmt: skip
+    stats = profiler.stats()
+    hot_set = (
+        HotSet(tuple(tables), tuple(np.empty(0, dtype=np.int64) for _ in tables))
+        if hot_budget is None
+        else stats.hot_set(hot_budget)
+    )
+    training = _split(source, False, val_every)
+    if exclude_profiled:
+        training = (
+            block.select(np.delete(np.arange(len(block)), counted))
+            for block, counted in zip(training, profiled, strict=True)
+        )
+    HotColdPartition.write(
+        training, hot_set, source.feature_names, directory, balance=balance, seed=seed, progress=progress
+    )
+    return stats, SampleBlock.concat(held_out)
+
+
+def _check_batch_size(
+    batch_size: int, num_train: int, exclude_profiled: bool, names: Mapping[str, str]
+) -> None:
+    """Raise ``ValueError`` naming ``batch_size`` unless ``num_train`` training inputs fill one step on
+    every rank."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if num_train < batch_size * world:
+        ranks = f" per rank on {world} ranks ({batch_size * world:,} in all)" if world > 1 else ""
+        per_rank = f", {num_train // world:,} per rank" if world > 1 else ""
+        trained = f" not profiled ({names['exclude_profiled']})" if exclude_profiled else ""
+        raise ValueError(
+            f"{names['batch_size']} {batch_size}{ranks} is larger than the training data: {names['data']} "
+            f"has {num_train:,} training inputs{trained}{per_rank}"
+        )
