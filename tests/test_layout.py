@@ -3,8 +3,8 @@
 Stages, earliest first: shared helpers and data sources; ``fae_torchrec.stats`` (which rows are hot);
 ``fae_torchrec.modules`` (the split module) and ``fae_torchrec.models`` (models built on such modules);
 ``planner`` (placing its parts); ``fae_torchrec.train``; the front ends (``fae_torchrec`` itself, its
-command line, the training recipe). Imports are read with ``ast``, those inside functions and ``TYPE_CHECKING`` blocks
-included, so nothing runs.
+command line, the training recipe). Imports are read with ``ast``, those inside functions and
+``TYPE_CHECKING`` blocks included, so nothing runs.
 """
 
 from __future__ import annotations
