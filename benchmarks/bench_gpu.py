@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common.example_runs import run_example
-from fae_torchrec import parse_bytes
+from fae_torchrec.units import parse_bytes
 
 #: The runs, in order: FAE, then the example's ``--baseline`` choices (a), (b), (c).
 MODES = ("fae", "torchrec", "scaleup", "hbm")

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fae_torchrec import AccessProfiler, estimate_hot_share, format_bytes, parse_bytes
+from fae_torchrec import AccessProfiler
 from fae_torchrec.data import CriteoTsvReader, SyntheticCriteo
+from fae_torchrec.stats import estimate_hot_share
+from fae_torchrec.units import format_bytes, parse_bytes
 
 KAGGLE_HEAD = (
     Path(__file__).resolve().parents[2] / "shared/realdata/criteo_kaggle_head10k/train_head10000.txt"

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common.arguments import fail
 from benchmarks.common.training_data import NUM_USERS, describe, model_parser, profile_training
-from fae_torchrec import AccessProfiler, AccessStats, HotSet, format_bytes, hot_share_curve, parse_bytes
+from fae_torchrec import AccessProfiler, AccessStats, HotSet
 from fae_torchrec.arguments import byte_size, fraction, int_at_least, positive_int
 from fae_torchrec.data import SampleBlock
 from fae_torchrec.data.source import BlockSource
@@ -58,6 +58,8 @@ from fae_torchrec.data.sources import (
     open_source,
     open_taobao_source,
 )
+from fae_torchrec.stats import hot_share_curve
+from fae_torchrec.units import format_bytes, parse_bytes
 
 #: Synthetic DLRM inputs (TBSM's users: ``NUM_USERS``).
 NUM_SAMPLES = 2_000_000

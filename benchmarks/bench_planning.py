@@ -25,10 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torchrec.distributed.sharding_plan import get_default_sharders
 
-from fae_torchrec import AccessProfiler, format_bytes, parse_bytes
+from fae_torchrec import AccessProfiler
 from fae_torchrec.arguments import positive_int
 from fae_torchrec.data import SyntheticCriteo
-from planner import FAEShardingPlanner, torchrec_default_plan
+from fae_torchrec.units import format_bytes, parse_bytes
+from planner import FAEShardingPlanner
+from planner.baseline import torchrec_default_plan
 from planner.topology import make_topology
 
 

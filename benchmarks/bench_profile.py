@@ -36,9 +36,10 @@ def _worker(args: argparse.Namespace, rank: int, barrier, results) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from fae_torchrec import AccessProfiler, FeatureIds, HotColdPartition
+    from fae_torchrec import AccessProfiler, HotColdPartition
     from fae_torchrec.data import SyntheticCriteo
     from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
+    from fae_torchrec.stats import FeatureIds
     from fae_torchrec.units import parse_bytes
 
     data = SyntheticCriteo(args.num_samples, scale=args.scale, seed=args.seed)

@@ -135,15 +135,18 @@ from benchmarks.common.step_models import (
     torchrec_best,
 )
 from benchmarks.common.training_data import NUM_USERS, describe, model_parser
-from fae_torchrec import HotSet, format_bytes, hot_share_curve, parse_bytes
+from fae_torchrec import HotSet
 from fae_torchrec.arguments import fraction, non_negative_int, positive_float, positive_int
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import KAGGLE_INPUTS
 from fae_torchrec.data.source import BlockSource
 from fae_torchrec.data.sources import PROFILE_SAMPLE, add_taobao_arguments, open_taobao_source
+from fae_torchrec.stats import hot_share_curve
 from fae_torchrec.stats.hot_set import COLD
-from planner import FAEPlanReport, FAEShardingPlanner
+from fae_torchrec.units import format_bytes, parse_bytes
+from planner import FAEShardingPlanner
 from planner.baseline import BaselinePlan, default_planner, dry_run, hbm_planner, scaleup_planner
+from planner.report import FAEPlanReport
 from planner.topology import make_topology
 
 logger = logging.getLogger("bench_traffic")

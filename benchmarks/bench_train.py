@@ -62,15 +62,10 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from benchmarks.common.arguments import add_training_options, training_options
 from benchmarks.common.example_runs import data_size, run_example
 from benchmarks.common.statistics import standard_error
-from fae_torchrec import (
-    AccessStats,
-    BatchRouter,
-    FAEEmbeddingBagCollection,
-    HotColdPartition,
-    RoutedBatch,
-    SplitFeatures,
-    parse_bytes,
-)
+from fae_torchrec import AccessStats, BatchRouter, FAEEmbeddingBagCollection, HotColdPartition
+from fae_torchrec.modules import SplitFeatures
+from fae_torchrec.train import RoutedBatch
+from fae_torchrec.units import parse_bytes
 
 MODES = ("fae", "torchrec")
 #: The goal for FAE's machinery (what its steps do that the baseline's do not), as a share of a step.

@@ -5,84 +5,71 @@
 2. ``fae_torchrec.modules``: split embedding tables into hot and cold parts
    (``FAEEmbeddingBagCollection``), which the top-level ``planner`` package places for
    ``DistributedModelParallel``.
-3. ``fae_torchrec.train``: partition the data into entirely-hot and other inputs and train with a
-   router that runs hot mini-batches on the hot part only.
+3. ``fae_torchrec.train``: prepare the data once (``prepare_data``: profile, hot set, the inputs split into
+   entirely-hot and other ones) and train with a router whose hot mini-batches run the hot part only, on
+   TorchRec's train pipelines (``FAETrainPipeline``).
 
-``fae_torchrec.data`` holds the data sources; every public name is re-exported here.
+Here are the names a TorchRec training script needs (docs/adopt.md); the others live in their stage's
+package (``fae_torchrec.stats``, ``fae_torchrec.modules``, ``fae_torchrec.train``, ``fae_torchrec.data``).
+Importing the package draws nothing and configures nothing (no plotting backend, no logging).
 """
 
-from fae_torchrec.modules import (
-    FAEEmbeddingBagCollection,
-    SplitFeatures,
-    gather_full_state_dict,
-    load_full_state_dict,
-    load_initial_tables,
-    part_table_name,
-)
-from fae_torchrec.stats import (
-    AccessProfiler,
-    AccessStats,
-    FeatureIds,
-    Holdout,
-    HotSet,
-    RowRanking,
-    ShareCurve,
-    ShareEstimate,
-    estimate_hot_share,
-    hot_share_curve,
-    measure_hot_share,
-)
-from fae_torchrec.tables import TableLayout, row_bytes
+import importlib
+import warnings
+
+from fae_torchrec.modules import FAEEmbeddingBagCollection
+from fae_torchrec.stats import AccessProfiler, AccessStats, HotSet
 from fae_torchrec.train import (
     BatchRouter,
-    CheckpointError,
     Checkpoints,
     EmbeddingOptimizer,
     FAEPrefetchTrainPipeline,
     FAETrainPipeline,
     HotColdPartition,
-    RoutedBatch,
-    Step,
     evaluate,
-    make_schedule,
+    prepare_data,
     train_step,
     unfused_optimizer,
 )
-from fae_torchrec.units import format_bytes, parse_bytes
 
 __all__ = [
     "AccessProfiler",
     "AccessStats",
     "BatchRouter",
-    "CheckpointError",
     "Checkpoints",
     "EmbeddingOptimizer",
     "FAEEmbeddingBagCollection",
     "FAEPrefetchTrainPipeline",
     "FAETrainPipeline",
-    "FeatureIds",
-    "Holdout",
     "HotColdPartition",
     "HotSet",
-    "RoutedBatch",
-    "RowRanking",
-    "ShareCurve",
-    "ShareEstimate",
-    "SplitFeatures",
-    "Step",
-    "TableLayout",
-    "estimate_hot_share",
     "evaluate",
-    "format_bytes",
-    "gather_full_state_dict",
-    "hot_share_curve",
-    "load_full_state_dict",
-    "load_initial_tables",
-    "make_schedule",
-    "measure_hot_share",
-    "parse_bytes",
-    "part_table_name",
-    "row_bytes",
+    "prepare_data",
     "train_step",
     "unfused_optimizer",
 ]
+
+#: Names release 0.1 exported here, by the package that holds them now.
+_MOVED = {
+    name: package
+    for package, names in {
+        "fae_torchrec.modules": "SplitFeatures gather_full_state_dict load_full_state_dict "
+        "load_initial_tables part_table_name",
+        "fae_torchrec.stats": "FeatureIds Holdout RowRanking ShareCurve ShareEstimate estimate_hot_share "
+        "hot_share_curve measure_hot_share",
+        "fae_torchrec.tables": "TableLayout row_bytes",
+        "fae_torchrec.train": "CheckpointError RoutedBatch Step make_schedule",
+        "fae_torchrec.units": "format_bytes parse_bytes",
+    }.items()
+    for name in names.split()
+}
+
+
+def __getattr__(name: str):
+    """Release 0.1's names, from their package, with a ``DeprecationWarning`` that says where."""
+    if name not in _MOVED:
+        raise AttributeError(f"module 'fae_torchrec' has no attribute {name!r}")
+    warnings.warn(
+        f"fae_torchrec.{name} moved: import it from {_MOVED[name]}", DeprecationWarning, stacklevel=2
+    )
+    return getattr(importlib.import_module(_MOVED[name]), name)

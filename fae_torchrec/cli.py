@@ -224,7 +224,8 @@ def _torchrec_quiet() -> Iterator[None]:
 
 
 def plan(args: argparse.Namespace) -> None:
-    from planner import FAEShardingPlanner, default_planner, dry_run, scaleup_planner
+    from planner import FAEShardingPlanner
+    from planner.baseline import default_planner, dry_run, scaleup_planner
     from planner.topology import make_topology
 
     stats = AccessStats.load(args.stats)

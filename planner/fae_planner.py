@@ -174,8 +174,8 @@ class FAEShardingPlanner(ShardingPlanner):
         #: once or more per budget): where planning time goes.
         self.torchrec_runs: list[float] = []
         self._ranking = stats.ranking(optimizer_class)
-        #: The knob's hot set and the cold sizing of its plan (load factors, kernel options), which
-        #: ``plan`` tries first for that hot set.
+        #: The last hot set sized (the knob's choice, or ``plan``'s) and the cold sizing of its plan (load
+        #: factors, kernel options), which ``plan`` tries first for that hot set.
         self._chosen: tuple[HotSet, Sizing] | None = None
 
     def choose_hot_set(self) -> HotSet:
@@ -254,11 +254,24 @@ class FAEShardingPlanner(ShardingPlanner):
         hot_set = split.hot_set()
         if hot_set.layout.describe() != self.stats.layout.describe():
             raise ValueError("the statistics are for other tables than the model's FAEEmbeddingBagCollection")
-        chosen = self._chosen
-        known = chosen[1] if chosen and all(map(np.array_equal, chosen[0].hot_ids, hot_set.hot_ids)) else None
-        plan, self.report, _ = self._plan(module, hot_set, sharders, path, known)
+        plan, self.report, _ = self._plan(module, hot_set, sharders, path, self._sizing(hot_set))
         logger.info("%s", self.report)
         return plan
+
+    def _sizing(self, hot_set: HotSet) -> Sizing | None:
+        """The cold sizing of ``hot_set`` as the knob plans it (on its meta module, without the model's
+        dense part), kept for the next call: ``plan`` starts from it whether ``choose_hot_set`` ran before
+        or not, so the plan of a model does not depend on the order of the calls. None where no sizing
+        places."""
+        chosen = self._chosen
+        if chosen and all(map(np.array_equal, chosen[0].hot_ids, hot_set.hot_ids)):
+            return chosen[1]
+        try:
+            _, _, sizing = self._plan(self.meta_module(hot_set), hot_set, get_default_sharders())
+        except PlannerError:
+            return None
+        self._chosen = (hot_set, sizing)
+        return sizing
 
     def collective_plan(
         self,

@@ -12,12 +12,13 @@ import pytest
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.types import CacheAlgorithm, CacheParams
 
-from fae_torchrec import AccessStats, parse_bytes
+from fae_torchrec import AccessStats
 from fae_torchrec.cli import main
 from fae_torchrec.recipes import DLRM, parse_args
 from fae_torchrec.recipes import main as train_main
 from fae_torchrec.recipes.build import prepare
 from fae_torchrec.recipes.options import check_resume_position
+from fae_torchrec.units import parse_bytes
 from planner import FAEShardingPlanner
 from tests.distributed import run_on_ranks
 

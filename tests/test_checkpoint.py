@@ -13,9 +13,10 @@ from torchrec.distributed.planner.types import Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.models.dlrm import DLRM, DLRMTrain
 
-from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, load_full_state_dict
+from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
+from fae_torchrec.modules import load_full_state_dict
 from fae_torchrec.modules.state import gather_full_state_dict
 from fae_torchrec.train.checkpoint import CheckpointError, Checkpoints
 from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
@@ -61,7 +62,7 @@ class _Run:
         for routed in self.router.epoch(0, start_step=start):
             if routed.step >= stop:
                 break
-            train_step(dmp, routed.batch, dense, hot=routed.hot)
+            train_step(dmp, routed.batch, dense)
 
 
 def _assert_same_state(actual: dict, expected: dict) -> None:

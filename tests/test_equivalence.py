@@ -23,9 +23,10 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, SplitFeatures
+from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
 from fae_torchrec.data import SyntheticCriteo, SyntheticTaobao
 from fae_torchrec.models import TBSM
+from fae_torchrec.modules import SplitFeatures
 from fae_torchrec.modules.state import gather_full_state_dict, load_full_state_dict
 from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
@@ -149,7 +150,7 @@ def _same_training(
         assert [r.batch.sparse_features.is_hot for r in fae_routed] == [r.hot for r in routed]
     for step, fae_step in zip(routed, fae_routed, strict=True):
         train_step(base_dmp, step.batch, base_optimizer)
-        train_step(fae_dmp, fae_step.batch, fae_optimizer, hot=fae_step.hot)
+        train_step(fae_dmp, fae_step.batch, fae_optimizer)
 
     expected, actual = gather_full_state_dict(base_dmp), gather_full_state_dict(fae_dmp)
     tables_after = split.ebc_state_dict(actual, prefix=prefix)

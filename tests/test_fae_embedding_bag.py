@@ -8,7 +8,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from fae_torchrec import FAEEmbeddingBagCollection, HotSet, load_full_state_dict
+from fae_torchrec import FAEEmbeddingBagCollection, HotSet
+from fae_torchrec.modules import load_full_state_dict
 
 HOT_IDS = {"t_a": [2, 5], "t_b": list(range(20)), "t_c": [0, 7, 29], "t_d": []}
 

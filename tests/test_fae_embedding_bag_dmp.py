@@ -11,14 +11,8 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterCons
 from torchrec.modules.embedding_configs import PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from fae_torchrec import (
-    AccessProfiler,
-    FAEEmbeddingBagCollection,
-    gather_full_state_dict,
-    load_full_state_dict,
-    load_initial_tables,
-)
-from fae_torchrec.modules import state
+from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
+from fae_torchrec.modules import gather_full_state_dict, load_full_state_dict, load_initial_tables, state
 from planner import FAEShardingPlanner
 from tests.distributed import run_on_ranks
 from tests.test_fae_embedding_bag import _batch, _ebc, _hot_set, _tables

@@ -6,7 +6,9 @@ import torch
 import torchrec
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from fae_torchrec import AccessProfiler, AccessStats, Holdout, HotSet, row_bytes
+from fae_torchrec import AccessProfiler, AccessStats, HotSet
+from fae_torchrec.stats import Holdout
+from fae_torchrec.tables import row_bytes
 
 
 def _stats(tables, counts) -> AccessStats:

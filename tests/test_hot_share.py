@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from fae_torchrec import AccessProfiler, estimate_hot_share, hot_share_curve, measure_hot_share
+from fae_torchrec import AccessProfiler
 from fae_torchrec.data import SyntheticCriteo
+from fae_torchrec.stats import estimate_hot_share, hot_share_curve, measure_hot_share
 from fae_torchrec.stats.hot_share import wilson_interval
 
 NUM_INPUTS = 2_000_000

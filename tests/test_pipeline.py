@@ -31,7 +31,8 @@ from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.pipeline import FAEPrefetchTrainPipeline, FAETrainPipeline
 from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.step import train_step
-from planner import FAEShardingPlanner, default_planner
+from planner import FAEShardingPlanner
+from planner.baseline import default_planner
 from tests.distributed import run_on_ranks
 from tests.test_equivalence import OPTIMIZERS, PREFIXES, STEPS, _model, _setup, _shard
 
@@ -143,7 +144,7 @@ def _pipelined_training(
     assert _run(TrainPipelineSparseDist(base_dmp, base_optimizer, CPU), [r.batch for r in routed]) == STEPS
     loop_dmp, loop_optimizer, _ = fae["loop"]
     for step in routed:
-        train_step(loop_dmp, step.batch, loop_optimizer, hot=step.hot)
+        train_step(loop_dmp, step.batch, loop_optimizer)
 
     expected = gather_full_state_dict(base_dmp)
     for name in ("pipelined", "loop"):

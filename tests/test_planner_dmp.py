@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 import torchrec
 from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner.types import PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
@@ -71,12 +72,11 @@ def _train_hot_and_cold_steps(rank: int, world_size: int) -> None:
         losses.append(float(loss))
         cold_before, hot_before = _local_weights(fae.cold), _local_weights(fae.hot)
         start = (step * world_size + rank) * 32
-        fae.hot_only = True
-        dense.zero_grad()
-        loss, _ = dmp(hot.slice(start, start + 32).to_batch(DEFAULT_CAT_NAMES))
+        batch = hot.slice(start, start + 32).to_batch(DEFAULT_CAT_NAMES)
+        dense.zero_grad()  # a hot step: the batch split before it, marked hot
+        loss, _ = dmp(Batch(batch.dense_features, fae.split(batch.sparse_features, True), batch.labels))
         loss.backward()
         dense.step()
-        fae.hot_only = False
         losses.append(float(loss))
         assert all(torch.equal(a, b) for a, b in zip(cold_before, _local_weights(fae.cold), strict=True))
         assert any(not torch.equal(a, b) for a, b in zip(hot_before, _local_weights(fae.hot), strict=True))

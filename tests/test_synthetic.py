@@ -3,10 +3,11 @@ import pytest
 import torch
 from torchrec.datasets.utils import Batch
 
-from fae_torchrec import AccessProfiler, FeatureIds
+from fae_torchrec import AccessProfiler
 from fae_torchrec.data import KAGGLE_TABLE_SIZES, SyntheticCriteo, scaled_table_sizes
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
 from fae_torchrec.data.synthetic import CHUNK_SIZE
+from fae_torchrec.stats import FeatureIds
 
 
 def _all_ids(data: SyntheticCriteo) -> np.ndarray:

@@ -63,9 +63,6 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
                 raise ValueError(f"table {config.name}: weighted features need SUM pooling")
         self._configs = list(tables)
         self._layout = layout
-        #: Default of ``forward``'s ``hot_only``: set it before a step when the model calls this
-        #: module itself (as TorchRec's ``DLRM`` does); every rank must set it alike.
-        self.hot_only = False
         self._is_weighted = is_weighted
         num_hot = np.array([len(ids) for ids in hot_set.hot_ids], dtype=np.int64)
         self._num_hot = num_hot.tolist()
@@ -366,15 +363,14 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             )
         return SplitFeatures(parts.get(HOT), cold, is_hot)
 
-    def forward(
-        self, features: KeyedJaggedTensor | SplitFeatures, hot_only: bool | None = None
-    ) -> KeyedTensor:
+    def forward(self, features: KeyedJaggedTensor | SplitFeatures, hot_only: bool = False) -> KeyedTensor:
         """Pooled embeddings of ``features``, as the unsplit EBC gives them.
 
         ``features`` is the original ``KeyedJaggedTensor``, remapped here, or its ``split``, made
-        before the step. A split batch that ``is_hot`` skips the cold part; so does an original one
-        with ``hot_only`` (default: the ``hot_only`` attribute), which must carry hot ids only: a
-        cold id raises ``ValueError`` before any lookup. That check is local to the rank: under DMP
+        before the step. A split batch that ``is_hot`` skips the cold part (a model that calls this
+        module itself, as TorchRec's ``DLRM`` does, passes the split on: hot or cold travels with the
+        batch); so does an original one with ``hot_only``, which must carry hot ids only: a cold id
+        raises ``ValueError`` before any lookup. That check is local to the rank: under DMP
         the other ranks would then wait in the hot part's collectives, so the router must only mark
         batches it made of hot inputs. Under FX tracing (TorchRec's train pipelines) ``features``
         is a split, and both parts are traced.
@@ -383,7 +379,6 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             return self._pool(
                 features.hot, features.cold if is_fx_symbolic_tracing() or not features.is_hot else None
             )
-        hot_only = self.hot_only if hot_only is None else hot_only
         parts = self._split(self._ordered(features), (HOT,) if hot_only else (HOT, COLD))
         return self._pool(parts.get(HOT), parts.get(COLD))
 

@@ -60,7 +60,8 @@ def plan_layout(plan: ShardingPlan) -> dict[str, str]:
 
 
 class Checkpoints:
-    """The checkpoints of one training run in ``directory`` (every method is a collective).
+    """The checkpoints of one training run in ``directory`` (every method is a collective; making one
+    is not: the ranks agree on the run's id at its first ``save`` or ``load``).
 
     ``config`` holds what a resume must share with the run that saved (JSON values keyed by a name the
     user knows, such as ``--batch-size``); ``plan`` is the model's ``ShardingPlan``.
@@ -73,9 +74,8 @@ class Checkpoints:
         self.config = json.loads(json.dumps(dict(config)))  # as it reads back from a manifest
         self.layout = plan_layout(plan) if plan is not None else {}
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        run = [uuid.uuid4().hex]
-        dist.broadcast_object_list(run, src=0)
-        self.run_id: str = run[0]
+        #: The run's id in the manifests: a fresh one made on rank 0 at the first save, or the resumed run's.
+        self.run_id: str | None = None
 
     def save(
         self,
@@ -86,6 +86,10 @@ class Checkpoints:
     ) -> Path:
         """Write this rank's shards at ``step``; once every rank has, drop the older checkpoints.
         ``position`` says where to resume (a router's ``state_dict``, counters); returns the folder."""
+        if self.run_id is None:
+            run = [uuid.uuid4().hex]
+            dist.broadcast_object_list(run, src=0)
+            self.run_id = run[0]
         runs = {m["run"] for m in map(self._manifest, self._steps()) if "damaged" not in m}
         _raise_on_every_rank(
             f"{self.directory} holds checkpoints of another run: resume from them, or checkpoint into an "

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from tqdm import tqdm
 
-from fae_torchrec.data.block import SampleBlock
+from fae_torchrec.data.block import SampleBlock, rebatch
 from fae_torchrec.data.source import BlockSource
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import HotSet
@@ -36,10 +36,11 @@ _NAMED = ("sample", "batch_size", "val_every", "exclude_profiled")
 @dataclass(frozen=True)
 class PreparedData:
     """What :func:`prepare_data` gives every rank: the profile's statistics, the validation inputs (all
-    of them, on every rank) and the training inputs split into hot and cold."""
+    of them, on every rank; None when none was asked for) and the training inputs split into hot and
+    cold."""
 
     stats: AccessStats
-    validation: SampleBlock
+    validation: SampleBlock | None
     partition: HotColdPartition
 
 
@@ -51,7 +52,7 @@ def prepare_data(
     sample: float,
     batch_size: int,
     hot_budget: int | None,
-    val_every: int | None = None,
+    val_every: int | None = 0,
     balance: float = 0.0,
     seed: int = 0,
     exclude_profiled: bool = False,
@@ -62,15 +63,16 @@ def prepare_data(
     (None: no hot row, a baseline's partition, all cold) and write the partition of the training inputs
     to ``directory``; collective over the default process group when one is initialised.
 
-    Every ``val_every``-th input is held out for validation (None: the source's own split, such as
-    TBSM's by time). With ``exclude_profiled`` the partition holds only the inputs the profile did not
-    sample, so that what training measures comes from inputs disjoint from those that chose the hot
-    set. ``balance`` and ``seed`` are :meth:`HotColdPartition.write`'s. Raises ``ValueError``, naming
-    ``name`` (how the caller calls the data), when there is no training or validation input, or fewer
-    training inputs than one ``batch_size`` on every rank (a smaller batch would train, but not the batch
-    that was planned); nothing is written then. The messages name the data and these parameters as
-    ``names`` says (such as ``{"data": "--data train.txt", "batch_size": "--batch-size"}``), else as
-    "the data" and by their own names. ``progress`` draws bars while profiling and partitioning."""
+    Every ``val_every``-th input is held out for validation (0, the default: none, every input trains;
+    None: the source's own split, such as TBSM's by time). With ``exclude_profiled`` the partition holds
+    only the inputs the profile did not sample, so that what training measures comes from inputs
+    disjoint from those that chose the hot set. ``balance`` and ``seed`` are
+    :meth:`HotColdPartition.write`'s. Raises ``ValueError`` when there is no training input, no
+    validation input where some were asked for, or fewer training inputs than one ``batch_size`` on
+    every rank (a smaller batch would train, but not the batch that was planned); nothing is written
+    then. The messages name the data and these parameters as ``names`` says (such as
+    ``{"data": "--data train.txt", "batch_size": "--batch-size"}``), else as "the data" and by their own
+    names. ``progress`` draws bars while profiling and partitioning."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     names = {"data": "the data", **{key: key for key in _NAMED}, **(names or {})}
     shared: list = [None, None, None]
@@ -92,6 +94,8 @@ def prepare_data(
 
 
 def _split(source: BlockSource, validation: bool, val_every: int | None) -> Iterator[SampleBlock]:
+    if val_every == 0:
+        return iter(()) if validation else rebatch(source.raw_blocks(), BLOCK)
     return source.split_blocks(validation, val_every, BLOCK)
 
 
@@ -126,7 +130,7 @@ def _profile_and_partition(
             f"training inputs of {names['data']}, which leaves none to train on"
         )
     held_out = list(_split(source, True, val_every))
-    if not held_out:
+    if not held_out and val_every != 0:
         raise ValueError(
             f"no validation input: {names['data']} has {profiler.num_inputs} inputs, fewer than "
             f"{names['val_every']} {val_every} (one input in every {val_every} is held out for validation)"
@@ -153,7 +157,7 @@ def _profile_and_partition(
     HotColdPartition.write(
         training, hot_set, source.feature_names, directory, balance=balance, seed=seed, progress=progress
     )
-    return stats, SampleBlock.concat(held_out)
+    return stats, SampleBlock.concat(held_out) if held_out else None
 
 
 def _check_batch_size(

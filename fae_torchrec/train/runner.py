@@ -60,7 +60,7 @@ class StepRunner:
             batch = step.batch.to(self.device)
             _synchronize(self.device)
             routed_at = time.perf_counter()
-            loss = train_step(self.model, batch, self.optimizer, hot=step.hot)
+            loss = train_step(self.model, batch, self.optimizer)
             _synchronize(self.device)
             yield step, loss, time.perf_counter() - routed_at, routed_at - started
 

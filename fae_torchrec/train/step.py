@@ -17,25 +17,18 @@ def find_fae_module(model: nn.Module) -> FAEEmbeddingBagCollection | None:
     return found[0] if found else None
 
 
-def train_step(
-    model: nn.Module, batch: Batch, dense_optimizer: torch.optim.Optimizer, hot: bool = False
-) -> float:
+def train_step(model: nn.Module, batch: Batch, dense_optimizer: torch.optim.Optimizer) -> float:
     """Forward, backward and optimizer steps on ``batch``; the loss.
 
     ``model(batch)`` returns ``(loss, ...)`` as TorchRec's ``DLRMTrain`` does. Embedding weights are
     updated by their fused optimizers during backward; ``dense_optimizer`` updates the rest, data-
-    parallel tables included (build it with :func:`fae_torchrec.train.optimizers.unfused_optimizer`). A
-    ``hot`` step runs the hot part of the FAE module only (every rank must agree on ``hot``).
+    parallel tables included (build it with :func:`fae_torchrec.train.optimizers.unfused_optimizer`).
+    Whether the step is hot travels with the batch: a batch whose ``sparse_features`` is a
+    ``SplitFeatures`` that ``is_hot`` (as :class:`BatchRouter` makes them, alike on every rank) runs the
+    hot part of the FAE module only.
     """
-    fae = find_fae_module(model)
-    if fae is not None:
-        fae.hot_only = hot
-    try:
-        dense_optimizer.zero_grad()
-        loss = model(batch)[0]
-        loss.backward()
-        dense_optimizer.step()
-    finally:
-        if fae is not None:
-            fae.hot_only = False
+    dense_optimizer.zero_grad()
+    loss = model(batch)[0]
+    loss.backward()
+    dense_optimizer.step()
     return float(loss.detach())

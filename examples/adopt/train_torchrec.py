@@ -1,0 +1,84 @@
+"""A plain TorchRec training script: DLRM with TorchRec's planner, DMP and TrainPipelineSparseDist, fed
+by a DataLoader. docs/adopt.md turns it into FAE (train_fae.py beside it).
+
+    python examples/adopt/train_torchrec.py
+    torchrun --nproc_per_node 2 examples/adopt/train_torchrec.py
+"""
+
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from itertools import islice
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset
+from torchrec import EmbeddingBagCollection
+from torchrec.datasets.utils import Batch
+from torchrec.distributed import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
+from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.keyed import KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from fae_torchrec.data import SyntheticCriteo
+
+BATCH_SIZE = 512
+
+
+class Batches(IterableDataset):
+    """A DataLoader's view of the batches ``batches()`` gives, anew for each epoch."""
+
+    def __init__(self, batches: Callable[[], Iterable[Batch]]) -> None:
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches())
+
+
+def main() -> float:
+    if "RANK" in os.environ:  # torchrun
+        dist.init_process_group("gloo")
+    else:  # a plain `python` run: a group of one
+        store = f"file://{tempfile.mkdtemp()}/store"
+        dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    rank, world_size, device = dist.get_rank(), dist.get_world_size(), torch.device("cpu")
+    torch.manual_seed(0)
+
+    data = SyntheticCriteo(100_000, batch_size=BATCH_SIZE, scale=0.002)
+    tables = data.table_configs(embedding_dim=16)
+
+    ebc = EmbeddingBagCollection(tables)
+    model = DLRMTrain(
+        DLRM(ebc, dense_in_features=13, dense_arch_layer_sizes=[64, 16], over_arch_layer_sizes=[64, 32, 1])
+    )
+    apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": 0.05})
+    topology = TopologyFactory.create_topology(
+        TrainerConfig(world_size=world_size), kernel_config=KernelConfig(compute_device=device.type)
+    )
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=BATCH_SIZE)
+    plan = planner.collective_plan(model, get_default_sharders(), dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(model, device=device, plan=plan)
+    dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    optimizer = KeyedOptimizerWrapper(dense, lambda params: torch.optim.Adagrad(params, lr=0.05))
+
+    loader = DataLoader(Batches(lambda: islice(data, rank, None, world_size)), batch_size=None)
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, device)
+    batches, losses = iter(loader), []
+    while True:
+        try:
+            losses.append(float(pipeline.progress(batches)[0]))
+        except StopIteration:
+            break
+    if rank == 0:
+        print(f"{len(losses)} steps, mean loss of the last 20: {sum(losses[-20:]) / 20:.4f}")
+    dist.destroy_process_group()
+    return sum(losses[-20:]) / 20
+
+
+if __name__ == "__main__":
+    main()
