@@ -8,8 +8,9 @@ from functools import cached_property
 
 import numpy as np
 import torch
-from torchrec.distributed.planner.shard_estimators import _get_optimizer_multipler
 from torchrec.modules.embedding_configs import DATA_TYPE_NUM_BITS, EmbeddingBagConfig
+
+from fae_torchrec.torchrec_compat import optimizer_multiplier
 
 
 def row_bytes(config: EmbeddingBagConfig, optimizer_class: type[torch.optim.Optimizer] | None = None) -> int:
@@ -21,7 +22,7 @@ def row_bytes(config: EmbeddingBagConfig, optimizer_class: type[torch.optim.Opti
     """
     weight = config.embedding_dim * DATA_TYPE_NUM_BITS[config.data_type] // 8
     shape = torch.Size([config.num_embeddings, config.embedding_dim])
-    return round(weight * (1 + _get_optimizer_multipler(optimizer_class, shape)))
+    return round(weight * (1 + optimizer_multiplier(optimizer_class, shape)))
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 
 from fae_torchrec.stats import AccessStats
 from fae_torchrec.stats.hot_set import COLD
+from fae_torchrec.torchrec_compat import best_plan, planner_enumerator, planner_topology
 from planner.cache_sizing import smallest_load_factors
 from planner.constraints import check_cache_params, cold_cache_statistics, fae_constraints, step_pooling
 from planner.enumerator import OrderedEnumerator
@@ -174,9 +175,9 @@ def dry_run(
     if optimizer_class is not None:
         apply_optimizer_in_backward(optimizer_class, module.parameters(), {"lr": 0.01})
     plan = planner.plan(module, get_default_sharders())
-    options, world_size = planner._best_plan, planner._topology.world_size
+    options, world_size = best_plan(planner), planner_topology(planner).world_size
     hbm = in_hbm(options)
-    planner._enumerator.populate_estimates(hbm)
+    planner_enumerator(planner).populate_estimates(hbm)
     return BaselinePlan(
         plan, options, RankTotals.of(options, world_size), RankTotals.of(hbm, world_size).step
     )

@@ -10,18 +10,14 @@ from __future__ import annotations
 
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 
+from fae_torchrec.torchrec_compat import EnumeratorFilterHooks
 
-class OrderedEnumerator(EmbeddingEnumerator):
+
+class OrderedEnumerator(EnumeratorFilterHooks, EmbeddingEnumerator):
     """``EmbeddingEnumerator`` whose filtered sharding types and kernels keep the sharder's order."""
 
-    def _filter_sharding_types(
-        self, name: str, allowed_sharding_types: list[str], sharder_key: str = ""
-    ) -> list[str]:
-        kept = super()._filter_sharding_types(name, allowed_sharding_types, sharder_key)
-        return sorted(kept, key=allowed_sharding_types.index)
+    def kept_sharding_types(self, kept: list[str], allowed: list[str]) -> list[str]:
+        return sorted(kept, key=allowed.index)
 
-    def _filter_compute_kernels(
-        self, name: str, allowed_compute_kernels: list[str], sharding_type: str
-    ) -> list[str]:
-        kept = super()._filter_compute_kernels(name, allowed_compute_kernels, sharding_type)
-        return sorted(kept, key=allowed_compute_kernels.index)
+    def kept_compute_kernels(self, kept: list[str], allowed: list[str]) -> list[str]:
+        return sorted(kept, key=allowed.index)

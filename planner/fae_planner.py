@@ -43,6 +43,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 
 from fae_torchrec.modules import FAEEmbeddingBagCollection
 from fae_torchrec.stats import COLD, HOT, AccessStats, HotSet
+from fae_torchrec.torchrec_compat import best_plan
 from fae_torchrec.units import format_bytes
 from planner.cache_sizing import ColdCacheSizing, smallest_load_factors
 from planner.constraints import (
@@ -412,7 +413,7 @@ class FAEShardingPlanner(ShardingPlanner):
             plan = planner.plan(module, sharders)
         finally:
             self.torchrec_runs.append(time.perf_counter() - started)
-        return plan, planner._best_plan, enumerator
+        return plan, best_plan(planner), enumerator
 
     def _report(
         self,

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Module-name prefixes in stage order; a module may import from its own stage and earlier ones.
 STAGES = (
     (
+        "fae_torchrec.torchrec_compat",
         "fae_torchrec.units",
         "fae_torchrec.seeds",
         "fae_torchrec.tables",

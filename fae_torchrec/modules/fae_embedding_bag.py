@@ -18,7 +18,6 @@ from dataclasses import replace
 
 import numpy as np
 import torch
-from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingBagCollectionInterface
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
@@ -26,6 +25,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from fae_torchrec.modules.split_features import SplitFeatures
 from fae_torchrec.stats.hot_set import COLD, HOT, HotSet
 from fae_torchrec.tables import TableLayout
+from fae_torchrec.torchrec_compat import is_fx_symbolic_tracing
 
 _SPLIT, _ALL_HOT, _ALL_COLD = 0, 1, 2
 

@@ -9,10 +9,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection
+from fae_torchrec.torchrec_compat import ShardedTensor
 
 #: Rows of a table made at once by :func:`load_initial_tables`, each block from its own seed.
 INIT_BLOCK_ROWS = 1 << 20

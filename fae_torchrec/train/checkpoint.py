@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan
+
+from fae_torchrec.torchrec_compat import ShardedTensor
 
 logger = logging.getLogger(__name__)
 

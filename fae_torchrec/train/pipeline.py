@@ -19,7 +19,6 @@ default, ``FAETrainPipeline`` not at all.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -29,6 +28,14 @@ from torchrec.distributed.train_pipeline import PrefetchTrainPipelineSparseDist,
 from torchrec.distributed.train_pipeline.pipeline_context import TrainPipelineContext
 
 from fae_torchrec.modules.split_features import SplitFeatures
+from fae_torchrec.torchrec_compat import (
+    PrefetchHook,
+    pipelined_modules,
+    queued_batches,
+    queued_contexts,
+    set_pipelined_modules,
+    stock_prefetch,
+)
 from fae_torchrec.train.step import find_fae_module
 
 
@@ -38,9 +45,6 @@ class _SkipsColdOnHotBatches:
     input distribution on its first batch; a hot batch's cold input is empty). With a look-ahead,
     the next cold batch's cold part starts once the cold step before it is done."""
 
-    _pipelined_modules: list[nn.Module]
-    batches: deque
-    contexts: deque
     #: Queued batches (from the next to train) whose input distribution TorchRec's stages have started
     #: when a step ends: the look-ahead starts the cold part of the others itself.
     _started_at_step_end = 1
@@ -69,12 +73,12 @@ class _SkipsColdOnHotBatches:
     @contextmanager
     def _modules(self, cold: bool) -> Iterator[None]:
         """TorchRec's stages, run meanwhile, see the cold part only, or every sharded module but it."""
-        modules = self._pipelined_modules
-        self._pipelined_modules = [module for module in modules if (module is self._cold) == cold]
+        modules = pipelined_modules(self)
+        set_pipelined_modules(self, [module for module in modules if (module is self._cold) == cold])
         try:
             yield
         finally:
-            self._pipelined_modules = modules
+            set_pipelined_modules(self, modules)
 
     def start_sparse_data_dist(self, batch: Batch | None, context: TrainPipelineContext) -> None:
         if batch is None:
@@ -89,8 +93,9 @@ class _SkipsColdOnHotBatches:
 
     def progress(self, dataloader_iter: Iterator[Batch]) -> object:
         output = super().progress(dataloader_iter)
-        if self.contexts:
-            self._cold_ahead = {index for index in self._cold_ahead if index >= self.contexts[0].index}
+        contexts = queued_contexts(self)
+        if contexts:
+            self._cold_ahead = {index for index in self._cold_ahead if index >= contexts[0].index}
         if self._lookahead:
             self._look_ahead(dataloader_iter)
         return output
@@ -99,17 +104,18 @@ class _SkipsColdOnHotBatches:
         """Once the last cold step is done (the next step is hot, and no queued cold batch's cold part has
         started), start the next cold batch's cold part, reading ahead until one is queued or
         ``lookahead`` batches are."""
-        if not self.batches or not self._is_hot(self.batches[0]):
+        batches, contexts = queued_batches(self), queued_contexts(self)
+        if not batches or not self._is_hot(batches[0]):
             return
         index = 1
-        while index < len(self.batches) or (
-            len(self.batches) < self._lookahead and self.enqueue_batch(dataloader_iter)
+        while index < len(batches) or (
+            len(batches) < self._lookahead and self.enqueue_batch(dataloader_iter)
         ):
-            context = self.contexts[index]
+            context = contexts[index]
             if context.index in self._cold_ahead:
                 return
-            if not self._is_hot(self.batches[index]):
-                self._start_cold(self.batches[index], context, started=index < self._started_at_step_end)
+            if not self._is_hot(batches[index]):
+                self._start_cold(batches[index], context, started=index < self._started_at_step_end)
                 self._cold_ahead.add(context.index)
                 return
             index += 1
@@ -137,7 +143,9 @@ class FAETrainPipeline(_SkipsColdOnHotBatches, TrainPipelineSparseDist[Batch, ob
         self._find_cold(model, lookahead)
 
 
-class FAEPrefetchTrainPipeline(_SkipsColdOnHotBatches, PrefetchTrainPipelineSparseDist[Batch, object]):
+class FAEPrefetchTrainPipeline(
+    _SkipsColdOnHotBatches, PrefetchHook, PrefetchTrainPipelineSparseDist[Batch, object]
+):
     """``PrefetchTrainPipelineSparseDist`` (same arguments) that skips the cold part on hot batches.
 
     For cold parts on ``fused_uvm_caching`` with ``CacheParams(prefetch_pipeline=True)``
@@ -154,23 +162,23 @@ class FAEPrefetchTrainPipeline(_SkipsColdOnHotBatches, PrefetchTrainPipelineSpar
         super().__init__(model, *args, **kwargs)
         self._find_cold(model, lookahead)
 
-    def _prefetch(self, context: TrainPipelineContext) -> None:
-        batch = self.batches[list(self.contexts).index(context)]
+    def prefetch_hook(self, context: TrainPipelineContext) -> None:
+        batch = queued_batches(self)[list(queued_contexts(self)).index(context)]
         if context.index in self._cold_ahead:  # the cold part is prefetched: keep what it left
             kept = dict(context.module_input_post_prefetch), dict(context.module_contexts_post_prefetch)
             with self._modules(cold=False):
-                super()._prefetch(context)
+                stock_prefetch(self, context)
             context.module_input_post_prefetch.update(kept[0])
             context.module_contexts_post_prefetch.update(kept[1])
             return
         if not self._is_hot(batch):
-            super()._prefetch(context)
+            stock_prefetch(self, context)
             return
         with self._modules(cold=False):
-            super()._prefetch(context)
+            stock_prefetch(self, context)
 
     def _start_cold(self, batch: Batch, context: TrainPipelineContext, started: bool) -> None:
         """Start ``batch``'s cold part now, its cache prefetch included."""
         super()._start_cold(batch, context, started)
         with self._modules(cold=True):
-            PrefetchTrainPipelineSparseDist._prefetch(self, context)
+            stock_prefetch(self, context)
