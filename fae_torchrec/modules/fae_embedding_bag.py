@@ -23,11 +23,9 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from fae_torchrec.modules.split_features import SplitFeatures
-from fae_torchrec.stats.hot_set import COLD, HOT, HotSet
+from fae_torchrec.stats.hot_set import ALL_HOT, COLD, HOT, HotRowIndex, HotSet
 from fae_torchrec.tables import TableLayout
 from fae_torchrec.torchrec_compat import is_fx_symbolic_tracing
-
-_SPLIT, _ALL_HOT, _ALL_COLD = 0, 1, 2
 
 
 def part_table_name(table: str, part: str) -> str:
@@ -82,18 +80,12 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self._part_key_names = {part: [features[i] for i in keys] for part, keys in self._part_keys.items()}
         self._dims = {f: c.embedding_dim for c in tables for f in c.feature_names}
         self._mean_features = {f for c in tables if c.pooling == PoolingType.MEAN for f in c.feature_names}
-        # Only tables with rows in both parts need a lookup: sorted global rows (table offset + id)
-        # of their hot rows, then the total as a sentinel so that searchsorted lands on a valid index.
-        # A table entirely hot (or cold) keeps its ids, with no memory spent on it.
-        offsets = np.concatenate([[0], np.cumsum(layout.num_rows)])
-        split = (num_hot > 0) & (num_hot < layout.num_rows)
-        hot_rows = [ids + offsets[t] for t, ids in enumerate(hot_set.hot_ids) if split[t]] + [offsets[-1:]]
-        looked_up = np.where(split, num_hot, 0)
-        self.register_buffer("hot_rows", torch.from_numpy(np.concatenate(hot_rows).astype(np.int64)))
-        self.register_buffer("row_offsets", torch.from_numpy(offsets[:-1].astype(np.int64)))
-        self.register_buffer("hot_offsets", torch.from_numpy(np.cumsum(looked_up) - looked_up))
-        kind = np.where(num_hot == 0, _ALL_COLD, np.where(split, _SPLIT, _ALL_HOT))
-        self.register_buffer("table_kind", torch.from_numpy(kind.astype(np.int64)), persistent=False)
+        # the remap's index (HotRowIndex) as buffers: they move with the module and its state holds them
+        index = HotRowIndex.of(hot_set)
+        self.register_buffer("hot_rows", index.hot_rows)
+        self.register_buffer("row_offsets", index.row_offsets)
+        self.register_buffer("hot_offsets", index.hot_offsets)
+        self.register_buffer("table_kind", index.table_kind, persistent=False)
         table_of_feature = [layout.table_of(f) for f in features]
         self.register_buffer("table_of_feature", torch.tensor(table_of_feature), persistent=False)
 
@@ -167,7 +159,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         starts = self.hot_offsets.cpu().tolist()
         offsets = self.row_offsets.cpu().tolist()
         return [
-            torch.arange(n) if kind == _ALL_HOT else rows[start : start + n] - offset
+            torch.arange(n) if kind == ALL_HOT else rows[start : start + n] - offset
             for start, n, offset, kind in zip(
                 starts, self._num_hot, offsets, self.table_kind.tolist(), strict=True
             )
@@ -194,22 +186,14 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
 
     def _remap(self, features: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each id of ``features`` (original ids, table order) as its id in its part, and whether it
-        is hot: one ``searchsorted`` over the sorted hot rows of all tables."""
+        is hot: one ``searchsorted`` over the sorted hot rows of all tables (``HotRowIndex``)."""
         values = features.values()
         device = values.device
-        hot_rows, hot_offsets = self.hot_rows.to(device), self.hot_offsets.to(device)
         table = torch.repeat_interleave(
             self.table_of_feature.to(device), torch.tensor(features.length_per_key(), device=device)
         )
-        rows = values + self.row_offsets.to(device)[table]
-        position = torch.searchsorted(hot_rows, rows)
-        kind = self.table_kind.to(device)[table]
-        is_hot = torch.where(kind == _SPLIT, hot_rows[position] == rows, kind == _ALL_HOT)
-        # hot rows of the table below each id: its hot id if hot, and id minus it is its cold id
-        hot_before = torch.where(
-            kind == _SPLIT, position - hot_offsets[table], torch.where(kind == _ALL_HOT, values, 0)
-        )
-        return torch.where(is_hot, hot_before, values - hot_before), is_hot
+        index = HotRowIndex(self.hot_rows, self.row_offsets, self.hot_offsets, self.table_kind)
+        return index.to(device).part_ids(values, table)
 
     def _split(
         self, features: KeyedJaggedTensor, parts: tuple[str, ...], part_ids: bool = False

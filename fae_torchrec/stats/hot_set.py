@@ -17,6 +17,59 @@ from fae_torchrec.tables import TableLayout
 #: partition's files and of the planner's parts.
 HOT, COLD = "hot", "cold"
 PARTS = (HOT, COLD)
+#: ``HotRowIndex.table_kind``: a table with hot and cold rows, every row hot, no row hot.
+SPLIT, ALL_HOT, ALL_COLD = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class HotRowIndex:
+    """The hot rows of every table in one sorted tensor of global rows (table offset + id), so that the
+    ids of any tables are told hot or cold and numbered in their part by one ``searchsorted``, in torch
+    on any device: the one remap of FAE, behind ``HotSet``'s numpy methods and the split module's.
+
+    Only tables with rows in both parts are in ``hot_rows`` (their kind ``SPLIT``), followed by the
+    number of all rows as a sentinel so that a search lands on a valid index; a table entirely hot or
+    cold keeps its ids, with no memory spent on it. ``hot_offsets`` says where each table's hot rows
+    start in ``hot_rows``, ``row_offsets`` where its rows start among all rows."""
+
+    hot_rows: torch.Tensor
+    row_offsets: torch.Tensor
+    hot_offsets: torch.Tensor
+    table_kind: torch.Tensor
+
+    @classmethod
+    def of(cls, hot_set: HotSet) -> HotRowIndex:
+        layout = hot_set.layout
+        num_hot = np.array([len(ids) for ids in hot_set.hot_ids], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(layout.num_rows)])
+        split = (num_hot > 0) & (num_hot < layout.num_rows)
+        hot_rows = [ids + offsets[t] for t, ids in enumerate(hot_set.hot_ids) if split[t]] + [offsets[-1:]]
+        looked_up = np.where(split, num_hot, 0)
+        kind = np.where(num_hot == 0, ALL_COLD, np.where(split, SPLIT, ALL_HOT))
+        return cls(
+            torch.from_numpy(np.concatenate(hot_rows).astype(np.int64)),
+            torch.from_numpy(offsets[:-1].astype(np.int64)),
+            torch.from_numpy((np.cumsum(looked_up) - looked_up).astype(np.int64)),
+            torch.from_numpy(kind.astype(np.int64)),
+        )
+
+    def part_ids(self, ids: torch.Tensor, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each id of ``ids`` (a row of table ``tables[i]``, not checked) as its id in its part, and
+        whether it is hot; on the ids' device (where this index's tensors must be)."""
+        rows = ids + self.row_offsets[tables]
+        position = torch.searchsorted(self.hot_rows, rows)
+        kind = self.table_kind[tables]
+        is_hot = torch.where(kind == SPLIT, self.hot_rows[position] == rows, kind == ALL_HOT)
+        # hot rows of the table below each id: its hot id if hot, and id minus it is its cold id
+        hot_before = torch.where(
+            kind == SPLIT, position - self.hot_offsets[tables], torch.where(kind == ALL_HOT, ids, 0)
+        )
+        return torch.where(is_hot, hot_before, ids - hot_before), is_hot
+
+    def to(self, device: torch.device) -> HotRowIndex:
+        return HotRowIndex(
+            *(t.to(device) for t in (self.hot_rows, self.row_offsets, self.hot_offsets, self.table_kind))
+        )
 
 
 @dataclass(frozen=True)
@@ -78,52 +131,53 @@ class HotSet:
         """Boolean mask over all rows of ``table`` (name or index): True where the row is hot."""
         return self._masks[self.layout.index(table)]
 
+    @cached_property
+    def index(self) -> HotRowIndex:
+        """The hot rows of every table in one sorted tensor (:class:`HotRowIndex`)."""
+        return HotRowIndex.of(self)
+
     def is_hot(self, table: str | int, ids: np.ndarray) -> np.ndarray:
         """For ``ids`` of ``table`` (rows of it, not checked): whether each is hot. A binary search in
-        the table's hot ids, so no mask of the table's size is built."""
-        return self._search(self.layout.index(table), np.asarray(ids))[1]
+        the hot rows, so no mask of the table's size is built."""
+        return self._part_ids(self.layout.index(table), np.asarray(ids))[1]
 
-    def _search(self, index: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For ``ids`` of table ``index``: the hot rows below each (its hot id if it is hot), and
-        whether it is hot."""
-        hot_ids = self.hot_ids[index]
-        if len(hot_ids) in (0, self.tables[index].num_embeddings):  # no row hot, or every row
-            return (ids if len(hot_ids) else np.zeros_like(ids)), np.full(ids.shape, len(hot_ids) > 0)
-        below = np.searchsorted(hot_ids, ids)
-        return below, hot_ids[np.minimum(below, len(hot_ids) - 1)] == ids
+    def _part_ids(self, index: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For ``ids`` of table ``index``: each one's id in its part, and whether it is hot
+        (:meth:`HotRowIndex.part_ids`, on the ids' memory)."""
+        values = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).reshape(-1)
+        part, hot = self.index.part_ids(values, torch.full_like(values, index))
+        return part.numpy().reshape(np.shape(ids)), hot.numpy().reshape(np.shape(ids))
 
     def is_hot_row(self, rows: np.ndarray) -> np.ndarray:
         """For global rows (table offset + id, as a holdout stores them): whether each is hot."""
-        rows = np.asarray(rows)
-        tables = self.layout.table_of_rows(rows)
-        hot = np.zeros(rows.shape, dtype=bool)
-        for t, offset in enumerate(self.layout.row_offsets[:-1]):
-            in_table = tables == t
-            hot[in_table] = self.is_hot(t, rows[in_table] - offset)
-        return hot
+        rows = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
+        tables = torch.from_numpy(np.asarray(self.layout.table_of_rows(rows.numpy()), dtype=np.int64))
+        return self.index.part_ids(rows - self.index.row_offsets[tables], tables)[1].numpy()
 
     def remap(self, table: str | int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For original ``ids`` of ``table``: whether each is hot, and its id in its part.
 
         Raises ``ValueError`` naming the table and the id when an id is not a row of the table.
         """
-        signed = self.signed_part_ids(table, ids)
-        is_hot = signed >= 0
-        return is_hot, np.where(is_hot, signed, ~signed)
+        index = self.layout.index(table)
+        ids = np.asarray(ids)
+        self.layout.check_ids(index, ids.reshape(-1))
+        part, is_hot = self._part_ids(index, ids)
+        return is_hot, part
 
     def signed_part_ids(self, table: str | int, ids: np.ndarray, feature: str | None = None) -> np.ndarray:
         """Original ``ids`` of ``table`` as ids in their part, in one signed array: hot id ``h`` as
         ``h``, cold id ``c`` as ``~c`` (``-c - 1``). What a partition stores, so that training splits
         a batch by sign instead of looking its ids up (``FAEEmbeddingBagCollection.split``).
 
-        A binary search in the table's hot ids (no array of the table's size). Raises ``ValueError``
+        A binary search in the hot rows (no array of the table's size). Raises ``ValueError``
         naming the table (and ``feature``) and the id when an id is not a row of the table.
         """
         index = self.layout.index(table)
         ids = np.asarray(ids)
         self.layout.check_ids(index, ids.reshape(-1), feature=feature)
-        hot_below, is_hot = self._search(index, ids)
-        return np.where(is_hot, hot_below, ~(ids - hot_below))
+        part, is_hot = self._part_ids(index, ids)
+        return np.where(is_hot, part, ~part)
 
     def is_hot_input(self, data: BatchLike) -> np.ndarray:
         """Per input of a batch: True when every id it carries, in every feature, is hot.
