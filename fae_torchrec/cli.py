@@ -7,10 +7,7 @@ import logging
 import os
 import sys
 import time
-import warnings
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -28,6 +25,7 @@ from fae_torchrec.data.sources import (
     open_source,
     open_taobao_source,
 )
+from fae_torchrec.logs import logger_level, torchrec_quiet
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import HotSet
 from fae_torchrec.stats.hot_share import estimate_hot_share, hot_share_curve
@@ -190,39 +188,6 @@ def _check_out_file(out: str) -> None:
         raise ValueError(f"--out {out}: {problem}")
 
 
-def _no_torchrec_warning(record: logging.LogRecord) -> bool:
-    """Drops TorchRec's records below ERROR that it logs on the root logger."""
-    return record.levelno >= logging.ERROR or "torchrec" not in Path(record.pathname).parts
-
-
-@contextmanager
-def _logger_level(name: str, level: int) -> Iterator[None]:
-    """The logger ``name`` at ``level`` inside the block, at its own level again after it."""
-    named = logging.getLogger(name)
-    before = named.level
-    named.setLevel(level)
-    try:
-        yield
-    finally:
-        named.setLevel(before)
-
-
-@contextmanager
-def _torchrec_quiet() -> Iterator[None]:
-    """TorchRec's warnings off the terminal, its errors on, while a command runs: FAE runs TorchRec's
-    planner once or more per budget it tries, and every run repeats dry-run notices a user cannot act
-    on (the storage reservation FAE keeps on purpose, a dense size unknown in a dry run, no sharding
-    spec for data-parallel tables, which TorchRec logs on the root logger)."""
-    root = logging.getLogger()
-    root.addFilter(_no_torchrec_warning)
-    try:
-        with _logger_level("torchrec", logging.ERROR), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
-            yield
-    finally:
-        root.removeFilter(_no_torchrec_warning)
-
-
 def plan(args: argparse.Namespace) -> None:
     from planner import FAEShardingPlanner
     from planner.baseline import default_planner, dry_run, scaleup_planner
@@ -257,7 +222,7 @@ def plan(args: argparse.Namespace) -> None:
     where = f"--world-size {args.world_size} --hbm-cap {args.hbm_cap}"
     try:
         # the knob logs each budget it tries as it goes: its search takes minutes at 128 GPUs
-        with _logger_level("planner", logging.INFO):
+        with logger_level("planner", logging.INFO):
             hot_set = planner.choose_hot_set()
         planner.plan(planner.meta_module(hot_set), get_default_sharders())
     except PlannerError as error:
@@ -300,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logger.setLevel(logging.INFO)
     args = _parser(argv).parse_args(argv)
     try:
-        with _torchrec_quiet():
+        with torchrec_quiet():
             {"profile": profile, "plan": plan}[args.command](args)
     except (ValueError, OSError, PlannerError) as error:
         logger.error("%s", error)

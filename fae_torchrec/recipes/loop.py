@@ -10,7 +10,6 @@ import json
 import logging
 import resource
 import traceback
-import warnings
 from itertools import islice
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from matplotlib.figure import Figure
 from torchrec.distributed.planner.types import PlannerError
 from tqdm import tqdm
 
+from fae_torchrec.logs import torchrec_quiet
 from fae_torchrec.recipes.build import build_training, init_distributed, kernels
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.recipes.options import check_resume_position, parse_args, resume_config
@@ -38,11 +38,10 @@ def main(family: ModelFamily, argv: list[str] | None = None) -> dict:
     args = parse_args(family, argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", force=True)
     logger.setLevel(logging.INFO)
-    # FBGEMM's CPU lookup has no autograd kernel registered, and PyTorch says so on the first backward
-    warnings.filterwarnings("ignore", message=".*an autograd kernel was not registered", category=UserWarning)
     rank, world, device = init_distributed()
     try:
-        return _train(args, rank, world, device, family)
+        with torchrec_quiet():
+            return _train(args, rank, world, device, family)
     except BaseException as error:
         traceback.clear_frames(error.__traceback__)  # a failed run's model goes with its frames
         raise
