@@ -24,7 +24,7 @@ from fae_torchrec.modules import FAEEmbeddingBagCollection, load_initial_tables
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS, EmbeddingOptimizer, unfused_optimizer
-from fae_torchrec.train.prepare import PreparedData, prepare_data
+from fae_torchrec.train.prepare import NAMED_PARAMETERS, PreparedData, prepare_data
 from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.step import find_fae_module
 from fae_torchrec.units import parse_bytes
@@ -34,9 +34,7 @@ from planner.topology import make_topology
 
 logger = logging.getLogger("fae_torchrec.recipes")
 #: ``prepare_data``'s parameters by the options that set them, for its messages.
-_OPTIONS = {
-    key: f"--{key.replace('_', '-')}" for key in ("sample", "batch_size", "val_every", "exclude_profiled")
-}
+_OPTIONS = {key: f"--{key.replace('_', '-')}" for key in NAMED_PARAMETERS}
 
 
 def init_distributed() -> tuple[int, int, torch.device]:

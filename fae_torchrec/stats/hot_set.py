@@ -159,10 +159,7 @@ class HotSet:
 
         Raises ``ValueError`` naming the table and the id when an id is not a row of the table.
         """
-        index = self.layout.index(table)
-        ids = np.asarray(ids)
-        self.layout.check_ids(index, ids.reshape(-1))
-        part, is_hot = self._part_ids(index, ids)
+        part, is_hot = self._checked_part_ids(table, ids)
         return is_hot, part
 
     def signed_part_ids(self, table: str | int, ids: np.ndarray, feature: str | None = None) -> np.ndarray:
@@ -173,11 +170,17 @@ class HotSet:
         A binary search in the hot rows (no array of the table's size). Raises ``ValueError``
         naming the table (and ``feature``) and the id when an id is not a row of the table.
         """
+        part, is_hot = self._checked_part_ids(table, ids, feature)
+        return np.where(is_hot, part, ~part)
+
+    def _checked_part_ids(
+        self, table: str | int, ids: np.ndarray, feature: str | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_part_ids` of ``ids`` once they are checked to be rows of ``table``."""
         index = self.layout.index(table)
         ids = np.asarray(ids)
         self.layout.check_ids(index, ids.reshape(-1), feature=feature)
-        part, is_hot = self._part_ids(index, ids)
-        return np.where(is_hot, part, ~part)
+        return self._part_ids(index, ids)
 
     def is_hot_input(self, data: BatchLike) -> np.ndarray:
         """Per input of a batch: True when every id it carries, in every feature, is hot.

@@ -29,8 +29,8 @@ from fae_torchrec.train.partition import HotColdPartition
 
 #: Inputs per block while the data streams past.
 BLOCK = 4096
-#: The parameters of :func:`prepare_data` its messages name.
-_NAMED = ("sample", "batch_size", "val_every", "exclude_profiled")
+#: The parameters of :func:`prepare_data` its messages name (``names`` may rename them).
+NAMED_PARAMETERS = ("sample", "batch_size", "val_every", "exclude_profiled")
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def prepare_data(
     ``{"data": "--data train.txt", "batch_size": "--batch-size"}``), else as "the data" and by their own
     names. ``progress`` draws bars while profiling and partitioning."""
     rank = dist.get_rank() if dist.is_initialized() else 0
-    names = {"data": "the data", **{key: key for key in _NAMED}, **(names or {})}
+    names = {"data": "the data", **{key: key for key in NAMED_PARAMETERS}, **(names or {})}
     shared: list = [None, None, None]
     if rank == 0:
         try:
