@@ -88,7 +88,7 @@ def _check_traffic_and_steps(out: str, dim: int, figures: Path, model: str) -> l
     return _rows(out, "convergence:", "doubling", dim)
 
 
-@pytest.mark.slow
+@pytest.mark.benchmark
 def test_bench_traffic_prints_every_comparison_and_draws_the_curves(tmp_path):
     out = _run(
         "bench_traffic.py",
@@ -108,7 +108,7 @@ def test_bench_traffic_prints_every_comparison_and_draws_the_curves(tmp_path):
     assert "doubling the default 200,000 inputs to 400,000" in out
 
 
-@pytest.mark.slow
+@pytest.mark.benchmark
 def test_bench_traffic_replays_tbsm_inputs_the_profile_did_not_read(tmp_path):
     out = _run(
         "bench_traffic.py", "--model", "tbsm", "--num-users", "10000", "--scale", "0.05", "--holdout", "4k",
@@ -151,14 +151,36 @@ def test_taobao_stream_replays_in_training_order_what_the_profile_left():
         taobao_stream(source, source.num_train, holdout_size=1000)
 
 
+@pytest.mark.benchmark
 def test_bench_profile_and_bench_hot_set_run_small():
     profile = _run("bench_profile.py", "--num-samples", "140000", "--scale", "0.01", "--holdout", "2000",
                    "--repeat", "1")  # fmt: skip
-    assert "extrapolated" in profile
+    per_million = {  # seconds per million inputs, by pass
+        name: float(value)
+        for name, value in re.findall(r"^(\w[\w ]*?) +[\d.]+ +[\d,]+ +[\d,]+ +([\d.]+)$", profile, re.M)
+    }
+    assert set(per_million) == {"generate", "fae profile", "naive full count", "classify", "partition"}
+    assert all(value > 0 for value in per_million.values()), profile
+    ratio = float(re.search(r"^ratio naive full count / fae profile: ([\d.]+)x$", profile, re.M)[1])
+    assert ratio == pytest.approx(per_million["naive full count"] / per_million["fae profile"], abs=0.01)
+    share = float(re.search(r"^hot-input share at \S+: ([\d.]+)%$", profile, re.M)[1])
+    assert 0 < share <= 100
     hot_set = _run("bench_hot_set.py", "--num-samples", "40000", "--scale", "0.01", "--budgets", "64KiB,1MiB")
-    assert "ratio" in hot_set
+    rows = re.findall(r"^ +([\d.]+ [KM]iB) +([\d,]+) +([\d.]+)% +([\d.]+)% +([\d.]+) ", hot_set, re.M)
+    assert [row[0] for row in rows] == ["64.0 KiB", "1.0 MiB"], hot_set
+    (small, *small_shares), (large, *large_shares) = (
+        (int(row[1].replace(",", "")), *map(float, row[2:])) for row in rows
+    )
+    assert 0 < small < large and small_shares[0] < large_shares[0], (
+        "a larger budget, more rows and inputs hot"
+    )
+    for sample, everything, ratio in (small_shares, large_shares):
+        assert 0 < sample <= 100 and 0 < everything <= 100
+        assert ratio == pytest.approx(sample / everything, abs=2e-3)
+        assert ratio <= 1.01, "the sample's hot set is no better than the one chosen from every input"
 
 
+@pytest.mark.benchmark
 def test_bench_planning_times_both_planners_side_by_side():
     out = _run("bench_planning.py", "--world-sizes", "2", "4", "--scale", "0.01", "--num-samples", "100k",
                "--candidates", "2")  # fmt: skip
@@ -170,6 +192,7 @@ def test_bench_planning_times_both_planners_side_by_side():
         assert 0 < in_runs <= wall and float(torchrec.split()[0]) > 0 and ratio.strip().endswith("x")
 
 
+@pytest.mark.benchmark
 def test_bench_schedule_compares_each_order_with_the_baseline(tmp_path):
     out = _run("bench_schedule.py", "--num-samples", "30000", "--label-gap", "-1", "--seeds", "4",
                "--figures", str(tmp_path))  # fmt: skip
@@ -192,6 +215,7 @@ def test_bench_schedule_compares_each_order_with_the_baseline(tmp_path):
     assert (tmp_path / "bench_schedule.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.benchmark
 @pytest.mark.parametrize(
     "data",
     [
@@ -282,6 +306,7 @@ def test_every_script_prints_its_help():
     assert done.stdout.count("usage:") == len(calls)
 
 
+@pytest.mark.benchmark
 def test_bench_calibrate_needs_a_gpu_and_bench_traffic_takes_its_figures(tmp_path):
     """Without CUDA the calibration says why it cannot run; its figures, as it writes them, price the
     saved TBSM points (committed with BENCHMARKS.md) beside the stated assumptions, and a damaged file is

@@ -66,6 +66,7 @@ def _bench_train(
     return out
 
 
+@pytest.mark.benchmark
 def test_bench_train_one_rank(tmp_path):
     _bench_train(tmp_path, "1")
     written = sorted(tmp_path.glob("ws1-*-*/metrics.json"), key=lambda path: path.stat().st_mtime_ns)
@@ -74,6 +75,7 @@ def test_bench_train_one_rank(tmp_path):
     ], "the mode that runs first alternates"  # fmt: skip
 
 
+@pytest.mark.benchmark
 def test_bench_train_runs_tbsm(tmp_path):
     tiny = ["--model", "tbsm", "--num-users", "1000", "--scale", "0.01", "--batch-size", "256", "--budget",
             "1MiB"]  # fmt: skip
@@ -91,12 +93,12 @@ def test_bench_train_passes_its_pipeline_to_both_modes():
         assert args[args.index("--pipeline") + 1] == expected, args
 
 
-@pytest.mark.slow
+@pytest.mark.benchmark
 def test_bench_train_two_ranks(tmp_path):
     _bench_train(tmp_path, "2", repeats=1)
 
 
-@pytest.mark.slow
+@pytest.mark.benchmark
 def test_bench_gpu_runs_on_cpu(tmp_path):
     out = _script("benchmarks/bench_gpu.py", *TINY, "--num-samples", "12000", "--out", str(tmp_path))
     assert "plan like (a), TorchRec's CPU kernels" in out
@@ -119,6 +121,7 @@ def test_bench_gpu_rejects_a_bad_hbm_cap():
     assert "--hbm-cap: not a byte size: 'lots'" in run.stderr
 
 
+@pytest.mark.benchmark
 def test_bench_interleaved_trains_both_models_in_one_process_in_turns(tmp_path):
     """Both models train in stretches of --stretch steps, in one process (or one per rank), until one
     has trained all its steps; the summary counts the pairs after the warm-up, the last one left out."""
@@ -147,6 +150,7 @@ def test_bench_interleaved_trains_both_models_in_one_process_in_turns(tmp_path):
     assert (tmp_path / "bench_interleaved.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.benchmark
 def test_bench_interleaved_trains_tbsm_with_model_tbsm(tmp_path):
     """``--model tbsm`` builds TBSM's models (three tables, users as the data size), as its example does."""
     out = _script("benchmarks/bench_interleaved.py", "--model", "tbsm", "--num-users", "3000", "--scale",
@@ -161,6 +165,7 @@ def test_bench_interleaved_trains_tbsm_with_model_tbsm(tmp_path):
     assert re.search(r"^world size 1: \d+ pairs of 2-step stretches counted", out, re.M), out
 
 
+@pytest.mark.benchmark
 def test_bench_interleaved_needs_two_pairs_to_compare(tmp_path):
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_interleaved.py"), *TINY, "--num-samples", "8000",
@@ -172,6 +177,7 @@ def test_bench_interleaved_needs_two_pairs_to_compare(tmp_path):
     assert "pairs of stretches counted after --warmup-pairs 1000: need at least 2" in run.stderr
 
 
+@pytest.mark.benchmark
 def test_bench_accuracy_pairs_fae_with_the_baseline_by_seed(tmp_path):
     out = _script("benchmarks/bench_accuracy.py", "--seeds", "2", "--num-samples", "4000", "--order",
                   "stream", "--jobs", "2", "--out", str(tmp_path), "--figures", str(tmp_path))  # fmt: skip
@@ -200,6 +206,7 @@ def test_bench_accuracy_pairs_fae_with_the_baseline_by_seed(tmp_path):
     assert not list(tmp_path.glob("*/partition-*")), "the partitions are removed after each run"
 
 
+@pytest.mark.benchmark
 def test_bench_accuracy_reads_real_rows_where_they_are(tmp_path):
     rows = realdata("criteo_kaggle_head10k/train_head10000.txt")
     out = _script("benchmarks/bench_accuracy.py", "--seeds", "2", "--data", "criteo-tsv", str(rows),

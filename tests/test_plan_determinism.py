@@ -66,7 +66,6 @@ def _plans(*hash_seeds: str) -> list[dict]:
 
 @pytest.mark.slow
 def test_plans_do_not_depend_on_the_hash_seed():
-    first, *others = _plans("0", "1", "2", "3")
+    first, other = _plans("0", "1")  # two seeds that planned apart before the fix
     assert any("data_parallel" in v for v in first["fae cpu x2"].values())
-    for seed, plans in zip(("1", "2", "3"), others, strict=True):
-        assert plans == first, f"PYTHONHASHSEED={seed} planned otherwise than 0"
+    assert other == first, "PYTHONHASHSEED=1 planned otherwise than 0"

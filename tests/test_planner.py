@@ -110,7 +110,7 @@ def test_the_knob_chooses_a_budget_that_beats_no_hot_rows(kaggle_stats):
     ids=["32 GPUs x 64 MiB, dim 16", "1 GPU x 256 MiB, dim 128"],
 )
 def test_fae_plans_wherever_torchrec_does(kaggle_stats, world_size, hbm_cap, dim):
-    """Topologies where FAE found no plan although TorchRec's default planner did (issue 11): the knob
+    """Topologies where FAE found no plan although TorchRec's default planner did (before the fix): the knob
     always tries no hot rows with TorchRec's own choice of kernels, so it finds a plan and predicts a
     step no slower than TorchRec's."""
     stats = _stats_at_dim(kaggle_stats, dim)

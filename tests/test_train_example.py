@@ -86,49 +86,12 @@ def test_torchrun_with_two_ranks_and_a_resume_at_the_last_step(tmp_path):
     assert metrics["hot_steps"] + metrics["cold_steps"] == 140
     assert 0.5 < metrics["final_auc"] <= 1.0
     _resume_at_the_last_step(tmp_path, metrics, *common, launcher=launcher)
-
-
-@pytest.mark.slow
-def test_resumed_run_ends_where_the_straight_run_ends(tmp_path):
-    python = (sys.executable,)
-    common = [
-        "--num-samples",
-        "30000",
-        "--val-every",
-        "4",
-        "--order",
-        "adaptive",
-        "--eval-every",
-        "4",
-        "--lr",
-        "0.5",
-    ]
-    straight = _run(tmp_path / "straight", *common, "--checkpoint-dir", str(tmp_path / "ck"),
-                    "--checkpoint-every", "30", launcher=python, outputs=[tmp_path / "ck"])  # fmt: skip
-    # 22,500 training inputs in steps of 512: 43; the resumed run saves at the last one
-    assert straight["hot_steps"] + straight["cold_steps"] == 43
-    resumed = _run(tmp_path / "resumed", *common, "--checkpoint-dir", str(tmp_path / "ck"), "--resume",
-                   "--checkpoint-every", "43", launcher=python)  # fmt: skip
-    assert (resumed["hot_steps"], resumed["cold_steps"]) == (straight["hot_steps"], straight["cold_steps"])
-    assert resumed["history"]["eval_step"] == straight["history"]["eval_step"]
-    assert resumed["history"]["auc"] == straight["history"]["auc"], "the same evaluations, the same results"
-    assert resumed["final_log_loss"] == straight["final_log_loss"]
-    _resume_at_the_last_step(tmp_path, straight, *common, "--checkpoint-dir", str(tmp_path / "ck"),
-                             launcher=python)  # fmt: skip
-    other = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--out", str(tmp_path / "other"), *common, "--batch-size", "256",
-         "--checkpoint-dir", str(tmp_path / "ck"), "--resume"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert other.returncode == 2, other.stderr[-2000:]
-    assert "--batch-size: the checkpoint in" in other.stderr and "written with 512" in other.stderr
     fresh = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--out", str(tmp_path / "fresh"), *common,
-         "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "30"],
+        [sys.executable, str(EXAMPLE), "--out", str(tmp_path / "fresh"), *common, "--checkpoint-every", "9"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert fresh.returncode == 2, fresh.stderr[-2000:]
-    assert "holds checkpoints of an earlier run (steps [" in fresh.stderr and "pass --resume" in fresh.stderr
+    assert "holds checkpoints of an earlier run (steps [140]): pass --resume" in fresh.stderr
 
 
 def test_a_run_frees_its_model_before_it_destroys_the_process_group(tmp_path):
@@ -259,22 +222,6 @@ def test_unlabelled_data_is_refused_naming_the_file(tmp_path):
     assert run.returncode == 2
     assert f"{test}: unlabelled data (39 fields per line" in run.stderr
     assert not (tmp_path / "metrics.json").exists()
-
-
-@pytest.mark.slow
-def test_the_pipeline_trains_what_the_plain_loop_trains(tmp_path):
-    """``--pipeline sparse`` (the default: FAETrainPipeline, pausing for evaluations) and the plain loop
-    take the same steps to the same model."""
-    common = ["--num-samples", "30000", "--eval-every", "10"]
-    for mode in ([], ["--baseline"]):
-        piped = _run(tmp_path / f"piped{len(mode)}", *common, *mode, launcher=(sys.executable,))
-        plain = _run(
-            tmp_path / f"plain{len(mode)}", *common, *mode, "--pipeline", "none", launcher=(sys.executable,)
-        )
-        assert (piped["hot_steps"], piped["cold_steps"]) == (plain["hot_steps"], plain["cold_steps"])
-        assert piped["history"]["eval_step"] == plain["history"]["eval_step"]
-        assert piped["history"]["loss"] == pytest.approx(plain["history"]["loss"], abs=1e-5)
-        assert piped["history"]["auc"] == pytest.approx(plain["history"]["auc"], abs=1e-5)
 
 
 @pytest.mark.slow
