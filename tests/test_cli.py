@@ -1,4 +1,5 @@
 import logging
+import re
 import subprocess
 import sys
 
@@ -55,9 +56,20 @@ def test_profile_tbsm_counts_the_training_windows_and_plans_them(tmp_path, capsy
         for table in ("user", "item", "category")
     ]
     torchrec_level, root_filters = logging.getLogger("torchrec").level, list(logging.getLogger().filters)
-    main(["plan", "--stats", str(out), "--world-size", "2", "--hbm-cap", "16MiB", "--batch-size", "256"])
+    main(["plan", "--stats", str(out), "--world-size", "2", "--hbm-cap", "6MiB", "--batch-size", "256",
+          "--candidates", "2", "--processes", "2", "--cache-algorithm", "lfu"])  # fmt: skip
     planned = capsys.readouterr().out
-    assert "\nt_item " in planned and "predicted step ratio, TorchRec default / FAE:" in planned, planned
+    took = re.search(r"FAE planning took [\d.]+ s in (\d+) process\(es\), (\d+) runs of TorchRec's", planned)
+    assert took and took[1] == "2" and int(took[2]) >= 3, planned  # no hot rows and two budgets at least
+    hot_rows = re.findall(r"^t_(?:user|item|category) +([\d,]+) ", planned, re.M)
+    assert len(hot_rows) == 3 and any(rows != "0" for rows in hot_rows), "a plan with hot rows"
+    load_factors = [float(lf) for lf in re.findall(r"fused_uvm_caching lf=([\d.]+)", planned)]
+    assert load_factors and all(0 < lf <= 1 for lf in load_factors), "cold parts in UVM caches"
+    step = float(re.search(r"^predicted step ([\d.]+) ms", planned, re.M)[1])
+    for name in ("TorchRec default", r"TorchRec scale-up caches \(LFU\)"):
+        other = float(re.search(rf"^{name} plan: predicted step ([\d.]+) ms", planned, re.M)[1])
+        ratio = float(re.search(rf"^predicted step ratio, {name} / FAE: ([\d.]+)x", planned, re.M)[1])
+        assert ratio == pytest.approx(other / step, rel=0.03) and ratio >= 1, (name, planned)
     # the command silenced TorchRec's warnings while it ran, not in the process that called it
     assert logging.getLogger("torchrec").level == torchrec_level
     assert logging.getLogger().filters == root_filters

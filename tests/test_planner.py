@@ -15,7 +15,6 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
-from fae_torchrec.cli import main
 from fae_torchrec.data import SyntheticCriteo, SyntheticTaobao
 from fae_torchrec.stats import estimate_hot_share
 from fae_torchrec.train.checkpoint import plan_layout
@@ -222,21 +221,6 @@ def test_bad_input_is_a_clear_error(kaggle_stats):
             FAEEmbeddingBagCollection(stats.tables, stats.hot_set(1 << 20), device=torch.device("meta")),
             get_default_sharders(),
         )
-
-
-@pytest.mark.slow
-def test_plan_cli_prints_both_plans(kaggle_stats, tmp_path, capsys):
-    _, stats = kaggle_stats
-    stats.save(tmp_path / "stats.npz")
-    main(["plan", "--stats", str(tmp_path / "stats.npz"), "--world-size", "8", "--hbm-cap", "256MiB",
-          "--candidates", "2", "--processes", "2", "--cache-algorithm", "lfu"])  # fmt: skip
-    printed = capsys.readouterr().out
-    assert "FAE plan: hot budget" in printed and "fused_uvm_caching lf=" in printed
-    assert "TorchRec default plan: predicted step" in printed
-    assert "TorchRec scale-up caches (LFU) plan: predicted step" in printed
-    assert "FAE planning took" in printed and " s in 2 process(es), " in printed
-    assert "predicted step ratio, TorchRec default / FAE:" in printed
-    assert "predicted step ratio, TorchRec scale-up caches (LFU) / FAE:" in printed
 
 
 @pytest.mark.slow
