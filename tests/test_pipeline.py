@@ -192,6 +192,7 @@ def _runner_pauses(rank: int, world_size: int) -> None:
     data, tables, stats, hot_set = _setup("dlrm", world_size)
     topology = Topology(world_size=world_size, compute_device="cpu")
     validation = validation_batches(next(data.blocks()), DEFAULT_CAT_NAMES, 32, world_size, rank)
+    partition = HotColdPartition.of(data.blocks(), hot_set, DEFAULT_CAT_NAMES)
     runs = {}
     for kind in ("sparse", "none"):
         torch.manual_seed(0)
@@ -199,7 +200,6 @@ def _runner_pauses(rank: int, world_size: int) -> None:
         planner = FAEShardingPlanner(topology, stats, batch_size=32, hot_budget_bytes=48 << 10)
         dmp, optimizer, _ = _shard(model, PREFIX, planner, EmbeddingOptimizer(*OPTIMIZERS["adagrad"][:2]))
         split = dmp.module.model.sparse_arch.embedding_bag_collection
-        partition = HotColdPartition.of(data.blocks(), hot_set, DEFAULT_CAT_NAMES)
         router = BatchRouter(partition, 32, world_size, rank, order="shuffled", seed=1, split=split.split)
         runner, steps = StepRunner(kind, dmp, optimizer, CPU, fae=True), router.epoch(0)
         trained, evaluations = [], []
@@ -224,8 +224,7 @@ def test_the_step_runner_pauses_the_pipeline_where_the_plain_loop_evaluates(tmp_
 
 
 def _prefetch_pipeline_fills(rank: int, world_size: int) -> None:
-    _, tables, stats, hot_set = _setup("dlrm", world_size)
-    data = _setup("dlrm", world_size)[0]
+    data, tables, stats, hot_set = _setup("dlrm", world_size)
     torch.manual_seed(0)
     model = _model("dlrm", FAEEmbeddingBagCollection(tables, hot_set))
     planner = FAEShardingPlanner(
