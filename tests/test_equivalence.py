@@ -100,14 +100,12 @@ def _setup(model: str, world_size: int):
     return data, tables, stats, stats.hot_set(48 << 10)
 
 
-def _same_training(
-    rank: int, world_size: int, optimizer_name: str, constrained: bool, split_before: bool = False,
-    model: str = "dlrm", balance: float = 0.0,
-) -> None:  # fmt: skip
-    optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
-    embedding = EmbeddingOptimizer(optimizer, kwargs)
+def _baseline_and_fae(model: str, world_size: int, embedding: EmbeddingOptimizer, constrained: bool, setup):
+    """The baseline and the FAE model of ``setup`` (``_setup``'s data, tables, stats and hot set) sharded
+    under DMP from the same initial state, their unfused optimizers, and that state: (baseline DMP,
+    its optimizer, FAE DMP, its optimizer, initial tables, initial model state)."""
     prefix = PREFIXES[model]
-    data, tables, stats, hot_set = _setup(model, world_size)
+    _, tables, stats, hot_set = setup
     table_wise = {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in tables}
     constraints = table_wise if constrained else None
     topology = Topology(world_size=world_size, compute_device="cpu")
@@ -134,27 +132,19 @@ def _same_training(
         assert types == {"table_wise"} if constrained else "data_parallel" in types, types
     hot_types = {s.sharding_type for s in fae_plan.plan[prefix + "hot"].values()}
     assert constrained or "data_parallel" in hot_types, "an FAE hot part is data-parallel"
+    return base_dmp, base_optimizer, fae_dmp, fae_optimizer, initial, initial_dense
 
-    partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names, balance=balance)
-    if balance:  # label balance: some entirely-hot inputs train in cold steps
-        assert hot_set.is_hot_input(partition.cold.feature_ids(data.feature_names)).any()
-    router = BatchRouter(partition, 32, world_size=world_size, rank=rank, seed=1)
-    routed = list(router.epoch(0))[:STEPS]
-    assert len(routed) >= 20 and any(r.hot for r in routed) and not all(r.hot for r in routed)
-    split = fae_dmp.module.get_submodule(prefix.rstrip("."))
-    fae_routed = routed
-    if split_before:  # the router splits each batch for the parts: the model does no remapping
-        router.split = split.split
-        fae_routed = list(router.epoch(0))[:STEPS]
-        assert all(isinstance(r.batch.sparse_features, SplitFeatures) for r in fae_routed)
-        assert [r.batch.sparse_features.is_hot for r in fae_routed] == [r.hot for r in routed]
-    for step, fae_step in zip(routed, fae_routed, strict=True):
-        train_step(base_dmp, step.batch, base_optimizer)
-        train_step(fae_dmp, fae_step.batch, fae_optimizer)
 
+def _assert_trained_alike(
+    base_dmp, fae_dmp, model: str, tables, batches, initial, initial_dense, tolerance: float
+) -> None:
+    """The FAE model's parameters (in the original table layout) are the baseline's within
+    ``tolerance``, and exactly the rows that ``batches`` used have moved, every dense layer too."""
+    prefix = PREFIXES[model]
     expected, actual = gather_full_state_dict(base_dmp), gather_full_state_dict(fae_dmp)
+    split = fae_dmp.module.get_submodule(prefix.rstrip("."))
     tables_after = split.ebc_state_dict(actual, prefix=prefix)
-    used = _used_rows((step.batch for step in routed), tables)
+    used = _used_rows(batches, tables)
     for name, value in tables_after.items():
         torch.testing.assert_close(value, expected[prefix + name], rtol=0, atol=tolerance)
         # every table trains, whatever its sharding: exactly the rows the batches used have moved
@@ -165,6 +155,36 @@ def _same_training(
         if "embedding_bag" not in name:
             torch.testing.assert_close(actual[name], value, rtol=0, atol=tolerance)
             assert not torch.equal(value, initial_dense[name]), name
+
+
+def _same_training(
+    rank: int, world_size: int, optimizer_name: str, constrained: bool, split_before: bool = False,
+    model: str = "dlrm", balance: float = 0.0,
+) -> None:  # fmt: skip
+    optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
+    embedding = EmbeddingOptimizer(optimizer, kwargs)
+    setup = _setup(model, world_size)
+    data, tables, _, hot_set = setup
+    base_dmp, base_optimizer, fae_dmp, fae_optimizer, initial, initial_dense = _baseline_and_fae(
+        model, world_size, embedding, constrained, setup
+    )
+    partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names, balance=balance)
+    if balance:  # label balance: some entirely-hot inputs train in cold steps
+        assert hot_set.is_hot_input(partition.cold.feature_ids(data.feature_names)).any()
+    router = BatchRouter(partition, 32, world_size=world_size, rank=rank, seed=1)
+    routed = list(router.epoch(0))[:STEPS]
+    assert len(routed) >= 20 and any(r.hot for r in routed) and not all(r.hot for r in routed)
+    fae_routed = routed
+    if split_before:  # the router splits each batch for the parts: the model does no remapping
+        router.split = fae_dmp.module.get_submodule(PREFIXES[model].rstrip(".")).split
+        fae_routed = list(router.epoch(0))[:STEPS]
+        assert all(isinstance(r.batch.sparse_features, SplitFeatures) for r in fae_routed)
+        assert [r.batch.sparse_features.is_hot for r in fae_routed] == [r.hot for r in routed]
+    for step, fae_step in zip(routed, fae_routed, strict=True):
+        train_step(base_dmp, step.batch, base_optimizer)
+        train_step(fae_dmp, fae_step.batch, fae_optimizer)
+    batches = [step.batch for step in routed]
+    _assert_trained_alike(base_dmp, fae_dmp, model, tables, batches, initial, initial_dense, tolerance)
 
 
 @pytest.mark.slow

@@ -111,10 +111,21 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
     def load_ebc_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load weights given in the original layout (a plain EBC's ``state_dict``)."""
         with torch.no_grad():
-            for config, pieces in self._pieces():
-                weight = state_dict[f"embedding_bags.{config.name}.weight"]
-                for ids, part_weight, _ in pieces:
-                    part_weight.copy_(weight[ids.to(weight.device)])
+            parts = self.split_state(state_dict)
+            for _, pieces in self._pieces():
+                for _, part_weight, name in pieces:
+                    part_weight.copy_(parts[name].to(part_weight.device))
+
+    def split_state(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per-row tensors of the original tables (keyed as a plain EBC's weights, any shape after
+        the rows: weights, or an optimizer's per-row state) split as this module's parts hold them,
+        keyed as the parts' weights in this module's state dict; the inverse of ``ebc_state_dict``."""
+        parts = {}
+        for config, pieces in self._pieces():
+            full = state[f"embedding_bags.{config.name}.weight"]
+            for ids, _, name in pieces:
+                parts[name] = full[ids.to(full.device)]
+        return parts
 
     def ebc_state_dict(
         self, state: Mapping[str, torch.Tensor] | None = None, prefix: str = ""
@@ -122,14 +133,16 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         """The weights in the original layout: a state dict a plain EBC of the same tables loads.
 
         By default from this module's parameters; or from ``state``, full tensors keyed as this
-        module's state dict under ``prefix`` (such as ``gather_full_state_dict`` of a DMP model).
+        module's state dict under ``prefix`` (such as ``gather_full_state_dict`` of a DMP model), or
+        any per-row tensors of the parts keyed so (an optimizer's state: any shape after the rows).
         """
         result = {}
         for config, pieces in self._pieces():
             weights = [
                 (ids, weight if state is None else state[f"{prefix}{name}"]) for ids, weight, name in pieces
             ]
-            full = torch.empty(config.num_embeddings, config.embedding_dim, dtype=weights[0][1].dtype)
+            first = weights[0][1]
+            full = torch.empty((config.num_embeddings, *first.shape[1:]), dtype=first.dtype)
             for ids, weight in weights:
                 full[ids] = weight.detach().cpu()
             result[f"embedding_bags.{config.name}.weight"] = full

@@ -25,35 +25,50 @@ def load_full_state_dict(module: nn.Module, state_dict: Mapping[str, torch.Tenso
     from one checkpoint): each rank copies only the shards it holds. Raises ``KeyError`` naming the
     first entry of the module that ``state_dict`` lacks.
     """
+    for name, local in module.state_dict().items():
+        if name not in state_dict:
+            raise KeyError(f"state dict has no entry {name!r}")
+        load_full_tensor(local, state_dict[name])
+
+
+def load_full_tensor(local: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy the full tensor ``full`` into ``local``: its shards this rank holds for a ``ShardedTensor``
+    (``full`` reshaped to its size first), all of it for a plain tensor."""
     with torch.no_grad():
-        for name, local in module.state_dict().items():
-            if name not in state_dict:
-                raise KeyError(f"state dict has no entry {name!r}")
-            full = state_dict[name].detach()
-            if isinstance(local, ShardedTensor):
-                for shard in local.local_shards():
-                    shard.tensor.copy_(full[_shard_index(shard)])
-            else:
-                local.copy_(full)
+        full = full.detach()
+        if isinstance(local, ShardedTensor):
+            full = full.reshape(local.size())
+            for shard in local.local_shards():
+                shard.tensor.copy_(full[_shard_index(shard)])
+        else:
+            local.copy_(full.reshape(local.shape))
 
 
 def gather_full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
     """Every entry of ``module``'s state as a full tensor on every rank (sharded entries assembled
     from all ranks' shards with one all-reduce each; a collective: call it on every rank)."""
-    full = {}
-    for name, local in module.state_dict().items():
-        if isinstance(local, ShardedTensor):
-            # assembled on the collective's device: NCCL reduces CUDA tensors only
-            nccl = dist.get_backend() == "nccl"
-            device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-            tensor = torch.zeros(local.size(), dtype=local.dtype, device=device)
-            for shard in local.local_shards():
-                tensor[_shard_index(shard)] = shard.tensor.detach().to(device)
-            dist.all_reduce(tensor)
-            full[name] = tensor.cpu()
-        else:
-            full[name] = local.detach().cpu().clone()
-    return full
+    return {name: gather_full_tensor(local) for name, local in module.state_dict().items()}
+
+
+def gather_full_tensor(
+    local: torch.Tensor | None, size: torch.Size | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """``local`` as a full tensor on the CPU, on every rank: a ``ShardedTensor`` assembled from all
+    ranks' shards with one all-reduce (a collective: call it on every rank), a plain tensor copied.
+    None: this rank holds nothing of a sharded tensor of ``size`` and ``dtype`` that others hold
+    (a fused optimizer's state lists only the tables a rank has shards of)."""
+    if local is not None and not isinstance(local, ShardedTensor):
+        return local.detach().cpu().clone()
+    # assembled on the collective's device: NCCL reduces CUDA tensors only
+    nccl = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    if local is not None:
+        size, dtype = local.size(), local.dtype
+    tensor = torch.zeros(size, dtype=dtype, device=device)
+    for shard in [] if local is None else local.local_shards():
+        tensor[_shard_index(shard)] = shard.tensor.detach().to(device)
+    dist.all_reduce(tensor)
+    return tensor.cpu()
 
 
 def load_initial_tables(module: nn.Module, tables: Sequence[EmbeddingBagConfig], seed: int) -> None:

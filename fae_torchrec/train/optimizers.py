@@ -45,6 +45,13 @@ EMBEDDING_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "rowwise_adagrad": torchrec.optim.RowWiseAdagrad,
     "adam": torch.optim.Adam,
 }
+#: Per dense optimizer class, its per-row state by the name of the same state in FBGEMM's fused form
+#: (a table's rows move between the two forms when FAE re-plans: ``fae_torchrec.train.resplit``).
+ROW_STATE: dict[type[torch.optim.Optimizer], dict[str, str]] = {
+    torch.optim.SGD: {},
+    torch.optim.Adagrad: {"momentum1": "sum"},
+    torchrec.optim.RowWiseAdagrad: {"momentum1": "sum"},
+}
 #: Dense optimizers that move a row whose gradient is zero (SGD, Adagrad and RowWiseAdagrad do not).
 MOVES_UNUSED_ROWS = (torch.optim.Adam,)
 #: FBGEMM's ``eps`` when none is given (``torch.optim`` defaults to another one).
@@ -85,6 +92,18 @@ class EmbeddingOptimizer:
         """Attach the fused optimizer to every parameter of ``module`` (before planning and DMP)."""
         # TorchRec keeps (and mutates) the dict it is given: each call gets its own copy
         apply_optimizer_in_backward(self.optimizer_class, module.parameters(), dict(self.kwargs))
+
+    @property
+    def row_state(self) -> dict[str, str]:
+        """The dense form's per-row state by its fused form's name (``ROW_STATE``); ``ValueError``
+        for an optimizer whose state cannot move between the forms row by row."""
+        if self.dense_class not in ROW_STATE or self.kwargs.get("lr_decay"):
+            raise ValueError(
+                f"{self.optimizer_class.__name__}{' with lr_decay' if self.kwargs.get('lr_decay') else ''}: "
+                f"rows cannot move between the hot and cold part with their optimizer state; use "
+                f"{', '.join(c.__name__ for c in ROW_STATE)} (without lr_decay)"
+            )
+        return ROW_STATE[self.dense_class]
 
     def dense(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
         """The dense form over ``params``."""

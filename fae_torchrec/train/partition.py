@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +62,27 @@ class HotColdPartition:
 
     def part(self, name: str) -> SampleBlock:
         return {HOT: self.hot, COLD: self.cold}[name]
+
+    def inputs(self, chosen: np.ndarray, block_size: int = 1 << 16) -> Iterator[SampleBlock]:
+        """The inputs that the boolean mask ``chosen`` (over the data, in its order) selects, in the
+        data's order, ``block_size`` inputs of the data at a time (fewer chosen), with their original
+        ids only: what a re-plan partitions again against its new hot set."""
+        if len(chosen) != len(self.is_hot):
+            raise ValueError(f"a mask of {len(chosen)} inputs for a partition of {len(self.is_hot)}")
+        before = {HOT: 0, COLD: 0}  # inputs of each part before the window
+        for start in range(0, len(chosen), block_size):
+            hot = np.asarray(self.is_hot[start : start + block_size], dtype=bool)
+            window = np.asarray(chosen[start : start + block_size], dtype=bool)
+            pieces, order = [], []
+            for part, mask in ((HOT, hot), (COLD, ~hot)):
+                rows = before[part] + np.flatnonzero(window[mask])  # chosen rows of the part
+                taken = self.part(part).select(rows)
+                pieces.append(SampleBlock(taken.dense, taken.ids, taken.labels, taken.ids_per_feature))
+                order.append(np.flatnonzero(mask & window))
+                before[part] += int(np.count_nonzero(mask))
+            block = SampleBlock.concat(pieces)
+            if len(block):
+                yield block.select(np.argsort(np.concatenate(order), kind="stable"))
 
     @classmethod
     def of(

@@ -37,6 +37,7 @@ Orders:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -131,6 +132,21 @@ def make_schedule(
     else:
         kinds = rng.permutation(np.array([True] * len(hot) + [False] * len(cold), dtype=bool)).tolist()
     return merge(hot, cold, kinds)
+
+
+def trained_inputs(is_hot: np.ndarray, steps: Sequence[Step]) -> np.ndarray:
+    """Which inputs of the data (its order; ``is_hot`` as for ``make_schedule``) ``steps`` train, on
+    any rank: after a re-plan, the others are re-partitioned (``HotColdPartition.inputs``)."""
+    is_hot = np.asarray(is_hot, dtype=bool)
+    trained = np.zeros(len(is_hot), dtype=bool)
+    spans = [span for step in steps for spans in step.spans for span in spans]
+    for part, where in ((HOT, np.flatnonzero(is_hot)), (COLD, np.flatnonzero(~is_hot))):
+        # +1 at each span's start and -1 at its stop: the running sum covers the spans' inputs
+        edges = np.zeros(len(where) + 1, dtype=np.int64)
+        np.add.at(edges, [start for kind, start, _ in spans if kind == part], 1)
+        np.add.at(edges, [stop for kind, _, stop in spans if kind == part], -1)
+        trained[where[np.cumsum(edges[:-1]) > 0]] = True
+    return trained
 
 
 def check_warmup(warmup: float, order: str) -> None:

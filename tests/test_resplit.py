@@ -1,0 +1,191 @@
+"""A re-plan in the middle of training: rows move between the parts with their optimizer state, the rest of
+the epoch is partitioned again against the new hot set, and the model ends as the baseline trained on the
+same batches (``fae_torchrec.train.resplit``, ``trained_inputs``, ``HotColdPartition.inputs``)."""
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner.types import ParameterConstraints, Topology
+from torchrec.distributed.sharding_plan import get_default_sharders
+
+from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
+from fae_torchrec.data import SyntheticCriteo
+from fae_torchrec.modules.state import gather_full_state_dict
+from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
+from fae_torchrec.train.partition import HotColdPartition
+from fae_torchrec.train.resplit import gather_unsplit_state, load_unsplit_state
+from fae_torchrec.train.router import BatchRouter
+from fae_torchrec.train.schedule import make_schedule, trained_inputs
+from fae_torchrec.train.step import find_fae_module, train_step
+from planner import FAEShardingPlanner
+from tests.distributed import run_on_ranks
+from tests.test_equivalence import (
+    OPTIMIZERS,
+    STEPS,
+    _assert_trained_alike,
+    _baseline_and_fae,
+    _model,
+    _setup,
+)
+
+#: Steps trained before the re-plan.
+REPLAN_AT = 9
+
+
+def _new_hot_set(data, tables):
+    """A hot set profiled on another sample of the data: rows move both ways."""
+    stats = AccessProfiler(tables, 0.2, seed=7, holdout_size=500).profile(data)
+    return stats, stats.hot_set(48 << 10)
+
+
+def _replanned(model, stats, hot_set, world_size: int, embedding: EmbeddingOptimizer, constrained: bool):
+    """``model`` (unsharded, FAE's, on the meta device) planned by FAE's planner and sharded, with its
+    unfused optimizer: how a re-plan builds the model of the new hot set."""
+    embedding.apply(find_fae_module(model))
+    constraints = (
+        {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in stats.tables}
+        if constrained
+        else None
+    )
+    topology = Topology(world_size=world_size, compute_device="cpu")
+    planner = FAEShardingPlanner(
+        topology, stats, batch_size=32, constraints=constraints, hot_budget_bytes=48 << 10
+    )
+    sharders = get_default_sharders()
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    return dmp, unfused_optimizer(dmp, embedding, lambda params: torch.optim.SGD(params, lr=0.1))
+
+
+def _training_with_a_replan(rank: int, world_size: int, optimizer_name: str, constrained: bool) -> None:
+    optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
+    embedding = EmbeddingOptimizer(optimizer, kwargs)
+    setup = _setup("dlrm", world_size)
+    data, tables, _, hot_set = setup
+    keys = data.feature_names
+    base_dmp, base_optimizer, fae_dmp, fae_optimizer, initial, initial_dense = _baseline_and_fae(
+        "dlrm", world_size, embedding, constrained, setup
+    )
+    new_stats, new_hot_set = _new_hot_set(data, tables)
+    old_hot = [set(ids.tolist()) for ids in hot_set.hot_ids]
+    new_hot = [set(ids.tolist()) for ids in new_hot_set.hot_ids]
+    assert any(o - n for o, n in zip(old_hot, new_hot, strict=True)), "no row cools"
+    assert any(n - o for o, n in zip(old_hot, new_hot, strict=True)), "no row becomes hot"
+
+    partition = HotColdPartition.of(data.blocks(), hot_set, keys)
+    steps = make_schedule(partition.is_hot, 32, world_size, seed=1)
+    remainder = HotColdPartition.of(
+        partition.inputs(~trained_inputs(partition.is_hot, steps[:REPLAN_AT]), block_size=100),
+        new_hot_set,
+        keys,
+    )
+    phases = []
+    for part, steps in ((partition, REPLAN_AT), (remainder, STEPS - REPLAN_AT)):
+        routed = list(BatchRouter(part, 32, world_size=world_size, rank=rank, seed=1).epoch(0))[:steps]
+        assert any(r.hot for r in routed) and not all(r.hot for r in routed), "hot and cold steps"
+        phases.append([r.batch for r in routed])
+
+    split = BatchRouter(
+        partition, 32, world_size=world_size, rank=rank, seed=1, split=find_fae_module(fae_dmp).split
+    )
+    for batch, routed in zip(phases[0], split.epoch(0), strict=False):
+        train_step(base_dmp, batch, base_optimizer)
+        train_step(fae_dmp, routed.batch, fae_optimizer)
+
+    state = gather_unsplit_state(fae_dmp, fae_optimizer, embedding)
+    torch.manual_seed(0)
+    meta = _model("dlrm", FAEEmbeddingBagCollection(tables, new_hot_set, device=torch.device("meta")))
+    new_dmp, new_optimizer = _replanned(meta, new_stats, new_hot_set, world_size, embedding, constrained)
+    load_unsplit_state(new_dmp, new_optimizer, embedding, state)
+    del fae_dmp, fae_optimizer
+
+    split = BatchRouter(
+        remainder, 32, world_size=world_size, rank=rank, seed=1, split=find_fae_module(new_dmp).split
+    )
+    for batch, routed in zip(phases[1], split.epoch(0), strict=False):
+        train_step(base_dmp, batch, base_optimizer)
+        train_step(new_dmp, routed.batch, new_optimizer)
+    batches = phases[0] + phases[1]
+    _assert_trained_alike(base_dmp, new_dmp, "dlrm", tables, batches, initial, initial_dense, tolerance)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_training_with_a_replan_ends_with_the_baseline_parameters(tmp_path, world_size, optimizer_name):
+    """TorchRec's unconstrained plans: hot parts data-parallel, so rows move between FBGEMM's fused
+    optimizer state and the dense form's."""
+    run_on_ranks(_training_with_a_replan, world_size, tmp_path, optimizer_name, False)
+
+
+@pytest.mark.slow
+def test_a_replan_between_table_wise_plans_is_exact(tmp_path):
+    run_on_ranks(_training_with_a_replan, 2, tmp_path, "adagrad", True)
+
+
+def _round_trip(rank: int, world_size: int) -> None:
+    """Gathering the state and loading it into the same model changes nothing."""
+    embedding = EmbeddingOptimizer(*OPTIMIZERS["rowwise_adagrad"][:2])
+    setup = _setup("dlrm", world_size)
+    data, _, _, hot_set = setup
+    _, _, fae_dmp, fae_optimizer, _, _ = _baseline_and_fae("dlrm", world_size, embedding, False, setup)
+    partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
+    for routed in list(BatchRouter(partition, 32, world_size=world_size, rank=rank).epoch(0))[:4]:
+        train_step(fae_dmp, routed.batch, fae_optimizer)
+    before = gather_unsplit_state(fae_dmp, fae_optimizer, embedding)
+    weights = gather_full_state_dict(fae_dmp)
+    assert before.nbytes() > sum(w.numel() * w.element_size() for w in weights.values()) // 2
+    load_unsplit_state(fae_dmp, fae_optimizer, embedding, before)
+    after = gather_unsplit_state(fae_dmp, fae_optimizer, embedding)
+    for group in ("weights", "unfused", "fused"):
+        assert getattr(before, group).keys() == getattr(after, group).keys()
+    for name, value in before.weights.items():
+        assert torch.equal(value, after.weights[name]), name
+    for name, rows in before.row_state.items():
+        assert rows.keys() == after.row_state[name].keys()
+        for table, value in rows.items():
+            assert torch.equal(value, after.row_state[name][table]), table
+            assert value.any(), f"{table}: no optimizer state gathered"
+    assert before.step is not None and float(before.step) == 4
+
+
+def test_gathering_and_loading_the_state_is_the_identity(tmp_path):
+    run_on_ranks(_round_trip, 2, tmp_path)
+
+
+def test_an_optimizer_whose_state_cannot_move_is_refused():
+    with pytest.raises(ValueError, match="lr_decay"):
+        _ = EmbeddingOptimizer(torch.optim.Adagrad, {"lr": 0.1, "lr_decay": 0.01}).row_state
+
+
+def _sorted_rows(ids: np.ndarray) -> np.ndarray:
+    return ids[np.lexsort(ids.T[::-1])]
+
+
+def test_the_rest_of_an_epoch_holds_every_untrained_input_once():
+    """The steps done and the re-partitioned rest hold every input of the data exactly once, whatever
+    the split point and world size, and the rest keeps the data's order."""
+    data = SyntheticCriteo(3000, batch_size=500, scale=0.0005, seed=3)
+    tables = data.table_configs(8)
+    stats = AccessProfiler(tables, 0.3, seed=0, holdout_size=200).profile(data)
+    partition = HotColdPartition.of(data.blocks(), stats.hot_set(48 << 10), data.feature_names)
+    data_ids = np.concatenate([b.ids for b in data.blocks()])
+    for world_size, done in ((1, 0), (1, 7), (2, 5), (2, 1000)):
+        steps = make_schedule(partition.is_hot, 32, world_size, seed=4)
+        trained = trained_inputs(partition.is_hot, steps[:done])
+        taken = [
+            partition.part(part).slice(start, stop).ids
+            for step in steps[:done]
+            for spans in step.spans
+            for part, start, stop in spans
+        ]
+        rest = list(partition.inputs(~trained, block_size=97))
+        assert all(0 < len(block) <= 97 for block in rest)
+        rest_ids = np.concatenate([b.ids for b in rest]) if rest else data_ids[:0]
+        assert np.array_equal(rest_ids, data_ids[~trained])  # the untrained inputs, in the data's order
+        taken_ids = np.concatenate(taken) if taken else data_ids[:0]
+        assert len(taken_ids) == int(trained.sum())  # no input trained twice
+        assert np.array_equal(_sorted_rows(taken_ids), _sorted_rows(data_ids[trained]))
+        assert len(taken_ids) + len(rest_ids) == len(data_ids)
