@@ -1,3 +1,5 @@
+from itertools import pairwise
+
 import numpy as np
 import pytest
 import torch
@@ -5,6 +7,7 @@ from torchrec.datasets.utils import Batch
 
 from fae_torchrec import AccessProfiler
 from fae_torchrec.data import KAGGLE_TABLE_SIZES, SyntheticCriteo, scaled_table_sizes
+from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
 from fae_torchrec.data.synthetic import CHUNK_SIZE
 from fae_torchrec.stats import FeatureIds
@@ -130,3 +133,41 @@ def test_empty_and_invalid_arguments():
         SyntheticCriteo(10, ids_per_feature=0)
     with pytest.raises(ValueError, match="exponent must be one value or 26"):
         SyntheticCriteo(10, exponent=[1.1, 1.2])
+
+
+def _day_shares(data: SyntheticCriteo, profiled_day: int, budget: int) -> np.ndarray:
+    """Per day, the share of its inputs that a hot set profiled on day ``profiled_day`` makes hot: the
+    profile reads the first half of that day, the shares the second half of every day."""
+    ids = np.concatenate([block.ids for block in data.raw_blocks()])
+
+    def block(start: int, stop: int) -> SampleBlock:
+        n = stop - start
+        return SampleBlock(np.zeros((n, 13), np.float32), ids[start:stop], np.zeros(n, np.int32), (1,) * 26)
+
+    halves = [(a, (a + b) // 2, b) for a, b in pairwise(data.day_starts())]
+    start, middle, _ = halves[profiled_day]
+    profiled = block(start, middle).to_batch(data.feature_names)
+    hot_set = AccessProfiler(data.table_configs(8), 1.0, holdout_size=0).profile([profiled]).hot_set(budget)
+    measured = [block(middle, stop).feature_ids(data.feature_names) for _, middle, stop in halves]
+    return np.array([hot_set.is_hot_input(day).mean() for day in measured])
+
+
+def test_drift_rotates_popularity_day_by_day():
+    """Day 0 is the stationary data; a day-0 hot set covers fewer inputs every later day, a hot set
+    profiled on the current day covers as many as day 0's did; without drift the days stay alike."""
+    common = {"batch_size": 4096, "scale": 0.002, "seed": 5}
+    stationary = SyntheticCriteo(16_000, **common)
+    drifting = SyntheticCriteo(16_000, days=8, drift=0.001, **common)
+    first_day = drifting.day_starts()[1]
+    assert np.array_equal(_all_ids(drifting)[:first_day], _all_ids(stationary)[:first_day])
+    assert not np.array_equal(_all_ids(drifting)[first_day:], _all_ids(stationary)[first_day:])
+    shares = _day_shares(drifting, 0, 256 << 10)
+    assert shares[0] > 0.3 and np.all(np.diff(shares) < 0.05) and shares[-1] < shares[0] - 0.2, shares
+    current = _day_shares(drifting, 7, 256 << 10)
+    assert abs(current[7] - shares[0]) < 0.1 and current[7] > shares[7] + 0.2, (current, shares)
+    flat = _day_shares(SyntheticCriteo(16_000, days=8, **common), 0, 256 << 10)
+    assert np.ptp(flat[1:]) < 0.1 and abs(flat[-1] - flat[0]) < 0.1, flat
+    with pytest.raises(ValueError, match="days"):
+        SyntheticCriteo(10, days=0)
+    with pytest.raises(ValueError, match="drift"):
+        SyntheticCriteo(10, days=2, drift=1.5)

@@ -10,6 +10,11 @@ feature, a fixed pseudo-random effect of each row (a hash of table and id, so it
 the intercept set so that the click rate is ``ctr``. Data are generated in fixed chunks, each from its
 own seed ``(seed, chunk)``, so the samples do not depend on the batch size and memory does not grow
 with the number of samples.
+
+Drift: with ``days`` > 1 the inputs are ``days`` consecutive days of equal length, and each day rotates
+every table's popularity by ``drift`` of its rows: on day ``d`` rank ``r`` takes the id rank
+``(r + floor(d * drift * N)) mod N`` had on day 0. The rows on top of day ``d`` were far down day 0's
+tail (new ids for a hot set profiled then), and day 0's hottest rows fall to the table's coldest end.
 """
 
 from __future__ import annotations
@@ -96,6 +101,8 @@ class SyntheticCriteo(CriteoSource):
             as on real Criteo rows (where they click less often). 0 plants no gap.
         popular_rows: how many of each table's most popular rows make an input popular for
             ``label_gap`` (every row of a smaller table).
+        days: consecutive days of equal length the inputs span (see the module docstring).
+        drift: share of each table's rows its popularity rotates by per day (0: stationary data).
     """
 
     def __init__(
@@ -113,6 +120,8 @@ class SyntheticCriteo(CriteoSource):
         table_sizes: Sequence[int] = KAGGLE_TABLE_SIZES,
         label_gap: float = 0.0,
         popular_rows: int = 10_000,
+        days: int = 1,
+        drift: float = 0.0,
     ) -> None:
         if num_samples < 0:
             raise ValueError(f"num_samples must be non-negative, got {num_samples}")
@@ -127,6 +136,10 @@ class SyntheticCriteo(CriteoSource):
             raise ValueError(f"ctr must be in (0, 1), got {ctr}")
         if popular_rows <= 0:
             raise ValueError(f"popular_rows must be positive, got {popular_rows}")
+        if days <= 0:
+            raise ValueError(f"days must be positive, got {days}")
+        check_share(drift, "drift (of a table's rows per day)")
+        self.days, self.drift = days, drift
         self.correlation = correlation
         self.label_gap, self.popular_rows = label_gap, popular_rows
         rng = np.random.default_rng([seed, 1 << 32])
@@ -146,6 +159,10 @@ class SyntheticCriteo(CriteoSource):
         _, _, pilot = self._draw(np.random.default_rng([seed, 1 << 33]), 1 << 14)
         self._intercept = _intercept_for(ctr, pilot)
 
+    def day_starts(self) -> np.ndarray:
+        """Where each day's inputs start, and where the last one ends (``days + 1`` positions)."""
+        return np.arange(self.days + 1) * self.num_samples // self.days
+
     @property
     def num_chunks(self) -> int:
         return -(-self.num_samples // CHUNK_SIZE)
@@ -156,7 +173,8 @@ class SyntheticCriteo(CriteoSource):
             raise IndexError(f"chunk {index} out of range [0, {self.num_chunks})")
         n = min(CHUNK_SIZE, self.num_samples - index * CHUNK_SIZE)
         rng = np.random.default_rng([self.seed, index])
-        dense, ids, logit = self._draw(rng, n)
+        days = np.searchsorted(self.day_starts(), index * CHUNK_SIZE + np.arange(n), "right") - 1
+        dense, ids, logit = self._draw(rng, n, days)
         logit += np.float32(self._intercept)
         labels = rng.random(n, dtype=np.float32) < 1.0 / (1.0 + np.exp(-logit))
         return SampleBlock(
@@ -169,8 +187,12 @@ class SyntheticCriteo(CriteoSource):
     def raw_blocks(self) -> Iterator[SampleBlock]:
         return (self.chunk(i) for i in range(self.num_chunks))
 
-    def _draw(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Dense features, ids and the planted logit (without intercept) of ``n`` inputs."""
+    def _draw(
+        self, rng: np.random.Generator, n: int, days: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Dense features, ids and the planted logit (without intercept) of ``n`` inputs, of day
+        ``days[i]`` each (day 0 when None)."""
+        days = np.zeros(n, dtype=np.int64) if days is None else days
         raw = np.floor(np.exp(self._dense_mu + 1.5 * rng.standard_normal((n, INT_FEATURE_COUNT))))
         dense = np.log1p(raw).astype(np.float32)
         logit = (dense - np.float32(2.0)) @ self._dense_weights
@@ -184,7 +206,8 @@ class SyntheticCriteo(CriteoSource):
             cols = slice(bounds[f], bounds[f + 1])
             ranks = power_law_ranks(uniform[:, cols], plan.num_rows, plan.exponent)
             popular &= (ranks < self.popular_rows).all(axis=1)
-            ids[:, cols] = (ranks * plan.multiplier + plan.offset) % plan.num_rows
+            rotated = (ranks + (days * self.drift * plan.num_rows).astype(np.int64)[:, None]) % plan.num_rows
+            ids[:, cols] = (rotated * plan.multiplier + plan.offset) % plan.num_rows
             logit += np.float32(plan.weight) * _row_effect(ids[:, cols], plan.salt).mean(axis=1)
         if self.label_gap:
             logit += np.float32(self.label_gap) * popular
