@@ -2,7 +2,8 @@
 estimate how many inputs it makes entirely hot.
 
 ``profiler`` counts accesses (``AccessProfiler``) into ``access_stats`` (``AccessStats``, with the
-``holdout`` of unseen inputs); ``ranking`` is FAE's rule (``RowRanking``); ``hot_set`` the chosen rows
+``holdout`` of unseen inputs); ``recent`` keeps counting, decayed and bounded, while training
+(``RecentAccessCounts``); ``ranking`` is FAE's rule (``RowRanking``); ``hot_set`` the chosen rows
 (``HotSet``); ``hot_share`` the share of inputs they make entirely hot; ``feature_ids`` reads the ids
 of a batch; ``plots`` draws a profile.
 """
@@ -20,6 +21,7 @@ from fae_torchrec.stats.hot_share import (
 )
 from fae_torchrec.stats.profiler import AccessProfiler
 from fae_torchrec.stats.ranking import RowRanking
+from fae_torchrec.stats.recent import RecentAccessCounts
 
 __all__ = [
     "COLD",
@@ -30,6 +32,7 @@ __all__ = [
     "FeatureIds",
     "Holdout",
     "HotSet",
+    "RecentAccessCounts",
     "RowRanking",
     "ShareCurve",
     "ShareEstimate",

@@ -12,8 +12,6 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fae_torchrec.tables import TableLayout
 
-BatchLike = Batch | KeyedJaggedTensor | Mapping[str, np.ndarray]
-
 
 @dataclass(frozen=True)
 class FeatureIds:
@@ -28,8 +26,10 @@ class FeatureIds:
         """Views of a TorchRec ``Batch``, a ``KeyedJaggedTensor``, or input-aligned id arrays.
 
         Id arrays map a feature name to an array of shape ``(n,)`` (one id per input) or ``(n, m)``
-        (``m`` ids per input); all features must have the same ``n``.
+        (``m`` ids per input); all features must have the same ``n``. ``FeatureIds`` come back as they are.
         """
+        if isinstance(data, FeatureIds):
+            return data
         if isinstance(data, Batch):
             data = data.sparse_features
         if isinstance(data, KeyedJaggedTensor):
@@ -105,3 +105,8 @@ class FeatureIds:
             raise ValueError(f"batch features do not match the tables: missing {missing}, unknown {extra}")
         for key, ids in self.values.items():
             layout.check_ids(layout.table_of(key), ids, feature=key)
+
+
+#: What the statistics read ids from: a TorchRec ``Batch``, a ``KeyedJaggedTensor``, id arrays by
+#: feature, or ``FeatureIds``.
+BatchLike = Batch | KeyedJaggedTensor | Mapping[str, np.ndarray] | FeatureIds

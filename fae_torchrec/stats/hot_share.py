@@ -53,6 +53,18 @@ def wilson_interval(hits: np.ndarray | int, n: int) -> tuple[np.ndarray, np.ndar
     return p, np.clip(center - half, 0.0, p), np.clip(center + half, p, 1.0)
 
 
+def measured_share(hits: int, n: int) -> ShareEstimate:
+    """The share of ``hits`` hot inputs among ``n`` seen, with its 95% interval."""
+    share, low, high = wilson_interval(hits, n)
+    return ShareEstimate(float(share), float(low), float(high), n)
+
+
+def clearly_below(measured: ShareEstimate, planned: ShareEstimate, margin: float) -> bool:
+    """Whether ``measured`` lies below ``planned`` by more than ``margin``, beyond chance: the top of
+    its 95% interval under the bottom of the plan's, less ``margin``."""
+    return measured.high < planned.low - margin
+
+
 def _holdout_size(holdout: Holdout) -> int:
     if len(holdout) == 0:
         raise ValueError(
@@ -80,8 +92,7 @@ def estimate_hot_share(stats: AccessStats, hot_set: HotSet) -> ShareEstimate:
     """Share of inputs outside the sample that ``hot_set`` makes entirely hot, from the holdout."""
     n = _holdout_size(stats.holdout)
     cold_inputs = holdout_cold_inputs(stats, holdout_rows_hot(stats, hot_set))
-    share, low, high = wilson_interval(n - int(cold_inputs.sum()), n)
-    return ShareEstimate(float(share), float(low), float(high), n)
+    return measured_share(n - int(cold_inputs.sum()), n)
 
 
 def hot_share_curve(ranking: RowRanking, budgets: np.ndarray) -> ShareCurve:

@@ -1,0 +1,111 @@
+"""Recent access counts while training (``RecentAccessCounts``) and the measured share's test."""
+
+import numpy as np
+import pytest
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from fae_torchrec.data import SyntheticCriteo
+from fae_torchrec.stats import AccessProfiler, estimate_hot_share
+from fae_torchrec.stats.hot_share import ShareEstimate, clearly_below, measured_share
+from fae_torchrec.stats.recent import ENTRY_BYTES, RecentAccessCounts
+
+
+def _tables(*rows: int) -> list[EmbeddingBagConfig]:
+    return [
+        EmbeddingBagConfig(name=f"t{i}", num_embeddings=n, embedding_dim=4, feature_names=[f"f{i}"])
+        for i, n in enumerate(rows)
+    ]
+
+
+def test_every_input_counted_gives_the_exact_counts():
+    """Sample fraction 1, room for every row, no fading to speak of: the counts are the accesses."""
+    rng = np.random.default_rng(0)
+    counts = RecentAccessCounts(_tables(50, 7), capacity=50, sample_fraction=1.0, holdout_fraction=0.0,
+                                half_life=1e12)  # fmt: skip
+    expected = [np.zeros(50, np.int64), np.zeros(7, np.int64)]
+    for _ in range(30):
+        batch = {"f0": rng.integers(0, 50, (64, 2)), "f1": rng.integers(0, 7, 64)}
+        counts.update(batch)
+        np.add.at(expected[0], batch["f0"].ravel(), 1)
+        np.add.at(expected[1], batch["f1"], 1)
+    stats = counts.stats()
+    for got, want in zip(stats.counts, expected, strict=True):
+        assert np.array_equal(got, want)
+    assert stats.num_sampled == stats.num_inputs == 30 * 64
+
+
+def test_old_accesses_fade_with_the_half_life():
+    counts = RecentAccessCounts(
+        _tables(10), capacity=10, sample_fraction=1.0, holdout_fraction=0.0, half_life=4
+    )
+    counts.update({"f0": np.full(800, 3)})
+    for _ in range(8):  # two half-lives of accesses to another row
+        counts.update({"f0": np.full(100, 5)})
+    stats = counts.stats()
+    assert stats.counts[0][3] == 200  # 800 / 2 ** (8 / 4)
+    assert stats.counts[0][5] > 100  # its most recent step counts whole
+
+
+def test_memory_is_bounded_per_table_and_the_largest_counts_stay():
+    rng = np.random.default_rng(1)
+    counts = RecentAccessCounts(_tables(100_000, 30), capacity=[500, 100], sample_fraction=0.5,
+                                holdout_fraction=0.2, holdout_size=300)  # fmt: skip
+    assert list(counts.capacity) == [500, 30]  # at most a table's rows
+    assert list(counts.bytes_per_table()) == [2 * 500 * ENTRY_BYTES, 2 * 30 * ENTRY_BYTES]
+    for _ in range(200):
+        ids = np.minimum(rng.zipf(1.3, 256), 100_000) - 1
+        counts.update({"f0": ids, "f1": rng.integers(0, 30, 256)})
+        kept = counts._rows  # the kept rows, pending ones merged past twice the capacity
+        assert len(kept) + counts._pending_rows <= 2 * int(counts.capacity.sum()) + 512
+    stats = counts.stats()
+    assert np.count_nonzero(stats.counts[0]) <= 500
+    assert stats.counts[0][0] == stats.counts[0].max()  # the most popular row (zipf rank 1) is kept
+    assert 300 <= len(stats.holdout) < 300 + 256
+    assert counts.holdout_bytes() == 16 * len(stats.holdout.rows)
+
+
+def test_recent_counts_follow_drift_where_the_first_profile_does_not():
+    """Eight days of rotating popularity streamed step by step: the hot set of the recent counts
+    covers today's held-out inputs about as well as a profile of today, the day-0 profile far less."""
+    data = SyntheticCriteo(48_000, batch_size=1000, scale=0.002, seed=2, days=8, drift=0.001)
+    tables = data.table_configs(8)
+    budget = 256 << 10
+    blocks = list(data.blocks())
+    first = AccessProfiler(tables, 0.5, seed=0, holdout_size=0).profile(
+        b.to_batch(data.feature_names) for b in blocks[:6]
+    )
+    counts = RecentAccessCounts(tables, capacity=4000, sample_fraction=0.3, half_life=6, holdout_fraction=0.3)
+    for block in blocks[:-6]:
+        counts.update(block.feature_ids(data.feature_names))
+    recent = counts.stats()
+    today = AccessProfiler(tables, 0.5, seed=0, holdout_size=0).profile(
+        b.to_batch(data.feature_names) for b in blocks[-12:-6]
+    )
+    hot_sets = {
+        "recent": recent.hot_set(budget),
+        "today": today.hot_set(budget),
+        "day 0": first.hot_set(budget),
+    }
+    held_out = np.concatenate([b.ids for b in blocks[-6:]])
+    ids = {key: held_out[:, [i]] for i, key in enumerate(data.feature_names)}
+    shares = {name: hot_set.is_hot_input(ids).mean() for name, hot_set in hot_sets.items()}
+    assert shares["today"] > 0.25 and abs(shares["recent"] - shares["today"]) < 0.05, shares
+    assert shares["day 0"] < shares["today"] - 0.1, shares
+    estimate = estimate_hot_share(recent, hot_sets["recent"])  # from the recent holdout
+    assert abs(estimate.share - shares["recent"]) < 0.1, (estimate, shares)
+
+
+def test_a_share_is_clearly_below_only_beyond_its_interval():
+    planned = ShareEstimate(0.5, 0.49, 0.51, 10_000)
+    assert clearly_below(measured_share(400, 1000), planned, 0.02)
+    assert not clearly_below(measured_share(470, 1000), planned, 0.02)  # within chance and margin
+    assert not clearly_below(measured_share(40, 100), planned, 0.02)  # too few inputs to tell
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="fraction"):
+        RecentAccessCounts(_tables(5), 5, sample_fraction=0.8, holdout_fraction=0.3)
+    with pytest.raises(ValueError, match="capacity"):
+        RecentAccessCounts(_tables(5), 0)
+    with pytest.raises(ValueError, match="no input counted"):
+        RecentAccessCounts(_tables(5), 5).stats()
