@@ -265,7 +265,7 @@ def test_byte_sizes_beyond_int64_are_refused():
         (["--balance", "-0.5"], "argument --balance: must be in [0, 1], got -0.5"),
         (
             ["--order", "phases", "--warmup", "0.1"],
-            "a warm-up is part of the stream order, not of the 'phases' order",
+            "a warm-up is part of the stream and time orders, not of the 'phases' order",
         ),
         (["--checkpoint-dir", "ck"], "--checkpoint-dir needs --checkpoint-every"),
     ],

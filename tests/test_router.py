@@ -109,6 +109,17 @@ def test_stream_order_without_hot_inputs_is_the_data_in_random_blocks():
     assert steps[-1].spans[-1][-1][1:] == (160, 163), "the short last block comes last"
 
 
+def test_time_order_reads_the_blocks_in_the_data_order():
+    """Cold data, then hot data: the time order trains the cold steps first, each block where it lies,
+    whatever the seed."""
+    is_hot = np.concatenate([np.zeros(64, dtype=bool), np.ones(64, dtype=bool)])
+    for seed in (0, 1):
+        steps = make_schedule(is_hot, 8, 2, "time", seed=seed)
+        assert [s.hot for s in steps] == [False] * 4 + [True] * 4
+        starts = [step.spans[0][0][1] for step in steps]
+        assert starts == [0, 16, 32, 48, 0, 16, 32, 48], "each part in the data's order"
+
+
 @pytest.mark.parametrize("share", [0.1, 0.5, 0.8])
 def test_stream_order_trains_every_input_close_to_where_the_baseline_does(share):
     """The baseline's order is the stream order of the same data with nothing hot; FAE's stream order
@@ -164,7 +175,7 @@ def test_schedule_errors():
     ):
         make_schedule(_mask(1, 1), 1, 1, warmup=1.5)
     with pytest.raises(
-        ValueError, match="a warm-up is part of the stream order, not of the 'shuffled' order"
+        ValueError, match="a warm-up is part of the stream and time orders, not of the 'shuffled' order"
     ):
         make_schedule(_mask(1, 1), 1, 1, "shuffled", warmup=0.1)
 

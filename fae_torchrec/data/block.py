@@ -60,6 +60,10 @@ class SampleBlock:
             raise ValueError("this block carries no part ids (a partition's blocks do)")
         return SampleBlock(self.dense, self.part_ids, self.labels, self.ids_per_feature)
 
+    def without_part_ids(self) -> SampleBlock:
+        """The block with its original ids only (what a partition is made from)."""
+        return SampleBlock(self.dense, self.ids, self.labels, self.ids_per_feature)
+
     def feature_ids(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
         """Per feature, its ids as an ``(n, ids_per_feature)`` array (input for ``FeatureIds.of``)."""
         bounds = np.concatenate([[0], np.cumsum(self.ids_per_feature)])

@@ -9,7 +9,7 @@ import os
 import re
 from collections.abc import Sequence
 
-from fae_torchrec.arguments import fraction, non_negative_int, positive_float, positive_int
+from fae_torchrec.arguments import fraction, non_negative_int, positive_float, positive_int, share
 from fae_torchrec.data.criteo import (
     TABLE_SETS,
     CriteoSource,
@@ -73,6 +73,15 @@ def add_data_arguments(parser: argparse.ArgumentParser, num_samples: int, scale:
         "rows (the inputs FAE makes hot click at another rate, as on real Criteo rows; default 0)",
     )
     parser.add_argument(
+        "--days", type=positive_int, default=1, help="synthetic: days the inputs span, in order"
+    )
+    parser.add_argument(
+        "--drift",
+        type=share,
+        default=0.0,
+        help="synthetic: share of each table's rows its popularity rotates by a day (default 0: stationary)",
+    )
+    parser.add_argument(
         "--tables",
         metavar="|".join(TABLE_SETS) + "|FILE",
         help="table sizes: Criteo Kaggle's (kaggle), TorchRec's Criteo Terabyte sizes (terabyte), the "
@@ -125,6 +134,8 @@ def open_source(
             ids_per_feature=args.ids_per_feature,
             table_sizes=sizes,
             label_gap=args.label_gap,
+            days=args.days,
+            drift=args.drift,
         )
         return data, len(data)
     if kind == "criteo-tsv":

@@ -13,17 +13,21 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import CacheParams, ShardingPlan, ShardingPlanner
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.optim.keyed import CombinedOptimizer
 
 from fae_torchrec.modules import FAEEmbeddingBagCollection, load_initial_tables
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.stats.access_stats import AccessStats
+from fae_torchrec.stats.hot_set import HotSet
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS, EmbeddingOptimizer, unfused_optimizer
+from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.prepare import NAMED_PARAMETERS, PreparedData, prepare_data
 from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.step import find_fae_module
@@ -67,6 +71,18 @@ class Training:
     optimizer: torch.optim.Optimizer
     router: BatchRouter
     fae: bool
+    #: The statistics the plan was made from (the profile's, or a re-plan's recent counts).
+    stats: AccessStats
+
+
+@dataclass(frozen=True)
+class Replanned:
+    """A re-plan to resume from: its folder (``stats.npz``, the recent counts that planned it, and its
+    partitions) and the partition the saved router read (``partition``: the rest of the re-plan's
+    epoch; ``full``: every input, for the epochs after it)."""
+
+    folder: Path
+    partition: str
 
 
 def prepare(args: argparse.Namespace, family: ModelFamily) -> tuple[list[EmbeddingBagConfig], PreparedData]:
@@ -88,10 +104,16 @@ def prepare(args: argparse.Namespace, family: ModelFamily) -> tuple[list[Embeddi
 
 
 def build_training(
-    args: argparse.Namespace, rank: int, world: int, device: torch.device, family: ModelFamily
+    args: argparse.Namespace,
+    rank: int,
+    world: int,
+    device: torch.device,
+    family: ModelFamily,
+    replanned: Replanned | None = None,
 ) -> Training:
     """Prepare the data (:func:`prepare`), build and plan the model of ``args`` (FAE's, or the baseline's
-    with ``--baseline``), shard it with DMP in its initial state and make its router."""
+    with ``--baseline``), shard it with DMP in its initial state and make its router. ``replanned``: a
+    resumed run's last re-plan, whose hot set, statistics and partition replace the profile's."""
     if args.optimizer == "adam" and device.type == "cpu":
         raise ValueError(
             "--optimizer adam: FBGEMM has no fused Adam on CPU; use it on GPU, or another optimizer"
@@ -101,27 +123,55 @@ def build_training(
             "--pipeline prefetch: TorchRec's prefetch pipeline runs on CUDA only; use --pipeline sparse here"
         )
     args.pipeline = args.pipeline or ("prefetch" if device.type == "cuda" else "sparse")
-    hbm_cap = parse_bytes(args.hbm_cap) if args.hbm_cap is not None else None
-    if hbm_cap is not None and device.type == "cpu":
+    if args.hbm_cap is not None and device.type == "cpu":
         logger.warning("--hbm-cap %s ignored: there is no device memory to cap on CPU", args.hbm_cap)
-        hbm_cap = None
     tables, data = prepare(args, family)
+    stats, partition = data.stats, data.partition
+    if replanned is not None:
+        stats = AccessStats.load(replanned.folder / "stats.npz", tables)
+        partition = HotColdPartition.open(replanned.folder / replanned.partition)
+    hot_set = None if args.baseline else stats.hot_set(parse_bytes(args.budget))
+    plan, dmp, dense = shard_model(args, family, tables, stats, hot_set, world, device)
+    # the same initial tables on every rank and in both layouts, made a block at a time in the shards
+    load_initial_tables(dmp.module.get_submodule(family.sparse_path), tables, args.seed)
+    router = make_router(args, partition, world, rank, dmp, warmup=args.warmup if replanned is None else 0.0)
     mode = args.baseline or "fae"
+    num_train = len(partition.hot) + len(partition.cold)
+    logger.info(
+        "%s: %d training inputs (%d hot, %.1f%%), %d validation inputs, %d ranks",
+        mode, num_train, len(partition.hot), 100 * len(partition.hot) / num_train, len(data.validation),
+        world,
+    )  # fmt: skip
+    return Training(mode, tables, data, plan, dmp, dense, router, hot_set is not None, stats)
+
+
+def shard_model(
+    args: argparse.Namespace,
+    family: ModelFamily,
+    tables: list[EmbeddingBagConfig],
+    stats: AccessStats,
+    hot_set: HotSet | None,
+    world: int,
+    device: torch.device,
+) -> tuple[ShardingPlan, DistributedModelParallel, CombinedOptimizer]:
+    """``args``' model, split by ``hot_set`` (None: the baseline's, unsplit), planned from ``stats`` and
+    sharded by DMP with its tables not yet set, and its unfused optimizer (collective)."""
+    mode = args.baseline or "fae"
+    hbm_cap = parse_bytes(args.hbm_cap) if args.hbm_cap is not None and device.type != "cpu" else None
     budget = parse_bytes(args.budget)
     torch.manual_seed(args.seed)  # the same dense layers on every rank
     # the tables are made in their shards (load_initial_tables): here they take no memory
     meta = torch.device("meta")
     sparse = (
         EmbeddingBagCollection(tables, device=meta)
-        if args.baseline
-        else FAEEmbeddingBagCollection(tables, data.stats.hot_set(budget), device=meta)
+        if hot_set is None
+        else FAEEmbeddingBagCollection(tables, hot_set, device=meta)
     )
     planner = _planner(
-        mode, world, device, hbm_cap, data.stats, args.batch_size, budget, args.pipeline == "prefetch"
+        mode, world, device, hbm_cap, stats, args.batch_size, budget, args.pipeline == "prefetch"
     )
     model = family.build_model(sparse, args)
-    embedding_optimizer = EmbeddingOptimizer(EMBEDDING_OPTIMIZERS[args.optimizer], {"lr": args.lr})
-    embedding_optimizer.apply(sparse)
+    embedding_optimizer(args).apply(sparse)
     del sparse  # DMP replaces it (or its parts) by sharded modules
     sharders = get_default_sharders()
     try:
@@ -130,26 +180,34 @@ def build_training(
         raise PlannerError(f"--hbm-cap {args.hbm_cap or 'default'}: {error}", error.error_type) from error
     logger.info("%s: plan kernels %s", mode, dict(kernels(plan)))
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
-    # the same initial tables on every rank and in both layouts, made a block at a time in the shards
-    load_initial_tables(model.get_submodule(family.sparse_path), tables, args.seed)
     # data-parallel tables by the embedding optimizer's dense form, the dense layers by Adagrad
     dense = unfused_optimizer(
-        dmp, embedding_optimizer, lambda params: torch.optim.Adagrad(params, lr=args.dense_lr)
+        dmp, embedding_optimizer(args), lambda params: torch.optim.Adagrad(params, lr=args.dense_lr)
     )
-    fae = find_fae_module(dmp)  # FAE: the router splits the batches for the parts, by the part ids
-    partition = data.partition
-    router = BatchRouter(
+    return plan, dmp, dense
+
+
+def embedding_optimizer(args: argparse.Namespace) -> EmbeddingOptimizer:
+    """The embedding optimizer ``args`` name."""
+    return EmbeddingOptimizer(EMBEDDING_OPTIMIZERS[args.optimizer], {"lr": args.lr})
+
+
+def make_router(
+    args: argparse.Namespace,
+    partition: HotColdPartition,
+    world: int,
+    rank: int,
+    model: nn.Module,
+    warmup: float,
+) -> BatchRouter:
+    """The router of ``partition`` for ``model`` (FAE's: it splits the batches for the parts, by the
+    part ids)."""
+    fae = find_fae_module(model)
+    return BatchRouter(
         partition, args.batch_size, world, rank, order=args.order,
-        seed=args.seed if args.order_seed is None else args.order_seed, warmup=args.warmup,
+        seed=args.seed if args.order_seed is None else args.order_seed, warmup=warmup,
         split=None if fae is None else fae.split,
     )  # fmt: skip
-    num_train = len(partition.hot) + len(partition.cold)
-    logger.info(
-        "%s: %d training inputs (%d hot, %.1f%%), %d validation inputs, %d ranks",
-        mode, num_train, len(partition.hot), 100 * len(partition.hot) / num_train, len(data.validation),
-        world,
-    )  # fmt: skip
-    return Training(mode, tables, data, plan, dmp, dense, router, fae is not None)
 
 
 def _planner(

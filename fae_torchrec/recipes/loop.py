@@ -24,6 +24,7 @@ from fae_torchrec.logs import torchrec_quiet
 from fae_torchrec.recipes.build import build_training, init_distributed, kernels
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.recipes.options import check_resume_position, parse_args, resume_config
+from fae_torchrec.recipes.replan import Replanning, resumed_replan
 from fae_torchrec.tables import TableLayout
 from fae_torchrec.train.checkpoint import Checkpoints
 from fae_torchrec.train.evaluation import evaluate, validation_batches
@@ -55,11 +56,14 @@ def main(family: ModelFamily, argv: list[str] | None = None) -> dict:
 def _train(
     args: argparse.Namespace, rank: int, world: int, device: torch.device, family: ModelFamily
 ) -> dict:
-    training = build_training(args, rank, world, device, family)
-    mode, tables, partition, plan = training.mode, training.tables, training.data.partition, training.plan
-    dmp, dense, router = training.model, training.optimizer, training.router
+    config = resume_config(args, family)
+    summary = Checkpoints(args.checkpoint_dir, config).peek()[1] if args.resume else {}
+    replanned = None if args.baseline else resumed_replan(args, summary)
+    training = build_training(args, rank, world, device, family, replanned)
+    mode, tables, partition = training.mode, training.tables, training.data.partition
     num_train = len(partition.hot) + len(partition.cold)
     validation = validation_batches(training.data.validation, partition.keys, args.batch_size, world, rank)
+    replanning = None if args.baseline else Replanning(args, family, training, partition, device)
 
     progress = {
         "step": 0,
@@ -67,10 +71,8 @@ def _train(
         "history": {"step": [], "loss": [], "eval_step": [], "auc": [], "log_loss": []},
     }
     history, counts = progress["history"], progress["counts"]
-    first_epoch, first_step = 0, 0
-    checkpoints = (
-        Checkpoints(args.checkpoint_dir, resume_config(args, family), plan) if args.checkpoint_dir else None
-    )
+    first_epoch, first_step, offset = 0, 0, 0  # offset: the epoch's steps before its router's first
+    checkpoints = Checkpoints(args.checkpoint_dir, config, training.plan) if args.checkpoint_dir else None
     earlier = checkpoints.held_steps() if checkpoints and not args.resume else []
     if earlier:
         raise ValueError(
@@ -78,29 +80,45 @@ def _train(
             "pass --resume to continue it, or choose an empty directory"
         )
     if args.resume:
-        position = checkpoints.load(dmp, dense)
-        router.load_state_dict(position["router"])
-        progress = position["progress"]
+        position = checkpoints.load(training.model, training.optimizer)
+        training.router.load_state_dict(position["router"])
+        progress, offset = position["progress"], position["offset"]
         history, counts = progress["history"], progress["counts"]
-        first_epoch, first_step = position["router"]["epoch"], position["router"]["step"]
+        first_epoch, first_step = position["router"]["epoch"], offset + position["router"]["step"]
+        if replanning is not None:
+            replanning.load_state_dict(position["replanning"], summary)
         logger.info("resumed at epoch %d, step %d", first_epoch, first_step)
-        check_resume_position(args, first_epoch, first_step, len(router.schedule(first_epoch)))
-    runner = StepRunner(args.pipeline, dmp, dense, device, fae=training.fae)
+        check_resume_position(
+            args, first_epoch, first_step, offset + len(training.router.schedule(first_epoch))
+        )
+    runner = StepRunner(args.pipeline, training.model, training.optimizer, device, fae=training.fae)
     # this run's wall times (after a resume: since it), in seconds: per hot and per cold step, and of
     # getting each step's batch from the router (onto the device, in the plain loop)
     seen, step_index, step_seconds, routing_seconds = 0, progress["step"], {"hot": [], "cold": []}, 0.0
     for epoch in range(first_epoch, args.epochs):
-        steps = router.epoch(epoch, start_step=first_step if epoch == first_epoch else 0)
-        total = len(router.schedule(epoch))
+        if epoch > first_epoch:
+            offset = 0
+            if replanning is not None:  # after a re-plan, later epochs read every input partitioned anew
+                moved = replanning.next_epoch(training, epoch)
+                if moved is not training:
+                    training = moved
+                    runner = StepRunner(args.pipeline, training.model, training.optimizer, device, True)
+        router = training.router
         done = first_step if epoch == first_epoch else 0
+        steps = router.epoch(epoch, start_step=done - offset)
+        schedule = router.schedule(epoch)
+        total = offset + len(schedule)
         bar = tqdm(total=total, initial=done, desc=f"{mode} epoch {epoch}", disable=rank != 0)
         while done < total:
-            # the steps up to the next evaluation or checkpoint: a pipeline trains them all, then pauses
+            # the steps up to the next evaluation, checkpoint or re-plan check: a pipeline trains them
+            # all, then pauses
             segment = islice(steps, steps_to_pause(step_index, total - done, *_pauses(args)))
             for routed, loss, seconds, routing in runner.train(segment):
                 kind = "hot" if routed.hot else "cold"
                 step_seconds[kind].append(seconds)
                 routing_seconds += routing
+                if replanning is not None:
+                    replanning.observe(router.partition, schedule[routed.step])
                 bar.update()
                 counts[f"{kind}_steps"] += 1
                 seen += routed.batch.labels.numel() * world
@@ -114,10 +132,27 @@ def _train(
                 result = evaluate(runner.paused(), (b.to(device) for b in validation))
                 _record(history, step_index, result)
                 router.report_validation_loss(result["log_loss"])
+            moved = None
+            if replanning is not None and done < total:
+                moved = replanning.check(
+                    step_index, training, runner.paused(), epoch, done - offset, step_seconds
+                )
+            if moved is not None:  # the rest of the epoch on the new model, from its router's first step
+                training, router, offset = moved, moved.router, done
+                runner = StepRunner(args.pipeline, training.model, training.optimizer, device, True)
+                steps, schedule = router.epoch(epoch), router.schedule(epoch)
+                total = offset + len(schedule)
+                bar.total = total
+                if checkpoints is not None:  # the same run, of the new plan
+                    checkpoints = checkpoints.for_plan(training.plan)
             if args.checkpoint_dir and args.checkpoint_every and step_index % args.checkpoint_every == 0:
                 progress["step"] = step_index
-                position = {"router": router.state_dict(), "progress": progress}
-                checkpoints.save(step_index, runner.paused(), dense, position)
+                position = {"router": router.state_dict(), "progress": progress, "offset": offset}
+                summary = {}
+                if replanning is not None:
+                    position["replanning"] = replanning.state_dict()
+                    summary = replanning.summary(training)
+                checkpoints.save(step_index, runner.paused(), training.optimizer, position, summary)
         bar.close()
         if not history["eval_step"] or history["eval_step"][-1] != step_index:
             result = evaluate(runner.paused(), (b.to(device) for b in validation))
@@ -132,7 +167,7 @@ def _train(
         "train_inputs": num_train,
         "hot_input_share": len(partition.hot) / num_train,
         **counts,
-        "plan_kernels": dict(kernels(plan)),
+        "plan_kernels": dict(kernels(training.plan)),
         # training steps only (not evaluation), of this run (after a resume: since it; None when a
         # resume found nothing left to train)
         "samples_per_second": seen / sum(all_steps) if all_steps else None,
@@ -145,6 +180,7 @@ def _train(
         "tables_with_state_gib": layout.num_rows
         @ layout.row_bytes(EMBEDDING_OPTIMIZERS[args.optimizer])
         / (1 << 30),
+        **({} if replanning is None else replanning.metrics(all_steps)),
         "final_auc": history["auc"][-1],
         "final_log_loss": history["log_loss"][-1],
         "history": history,
@@ -160,9 +196,10 @@ def _train(
     return metrics
 
 
-def _pauses(args: argparse.Namespace) -> tuple[int, int]:
-    """Steps between evaluations and between checkpoints (0: none)."""
-    return args.eval_every, args.checkpoint_every if args.checkpoint_dir else 0
+def _pauses(args: argparse.Namespace) -> tuple[int, int, int]:
+    """Steps between evaluations, between checkpoints and between re-plan checks (0: none)."""
+    checks = 0 if args.baseline or args.replan.mode == "never" else args.replan.every
+    return args.eval_every, args.checkpoint_every if args.checkpoint_dir else 0, checks
 
 
 def _mean_ms(seconds: list[float]) -> float | None:

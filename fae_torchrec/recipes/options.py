@@ -18,8 +18,9 @@ from fae_torchrec.arguments import (
 from fae_torchrec.data.sources import PROFILE_SAMPLE
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
+from fae_torchrec.train.replan import ReplanPolicy
 from fae_torchrec.train.runner import PIPELINES
-from fae_torchrec.train.schedule import ORDERS, check_warmup
+from fae_torchrec.train.schedule import ORDERS, STREAM_ORDERS, check_warmup
 
 logger = logging.getLogger("fae_torchrec.recipes")
 
@@ -101,6 +102,21 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
         default=0,
         help="steps between evaluations (0: at each epoch's end)",
     )
+    parser.add_argument(
+        "--replan",
+        nargs="+",
+        default=["never"],
+        metavar="MODE",
+        help="FAE: watch the hot-input share while training and re-plan as popularity drifts: never (watch "
+        "and report only, the default), auto (when the share has clearly fallen below the plan's and moving "
+        "the rows pays), or every N (every N steps, when the recent hot set covers more inputs)",
+    )
+    parser.add_argument(
+        "--replan-window",
+        type=positive_int,
+        default=100,
+        help="steps the measured share spans, between auto's checks, and the recent counts' half-life",
+    )
     parser.add_argument("--out", default="runs/train", help="metrics.json and curves.png go here")
     parser.add_argument("--checkpoint-dir", help="write a checkpoint here every --checkpoint-every steps")
     parser.add_argument("--checkpoint-every", type=non_negative_int, default=0)
@@ -108,11 +124,24 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
     parser.set_defaults(**family.defaults)
     args = parser.parse_args(argv)
     if args.warmup is None:
-        args.warmup = family.warmup if args.order == "stream" else 0.0
+        args.warmup = family.warmup if args.order in STREAM_ORDERS else 0.0
     problem = _invalid_combination(args)
     if problem:
         parser.error(problem)
+    try:
+        args.replan = replan_policy(args.replan, args.replan_window)
+    except ValueError as error:
+        parser.error(f"--replan {' '.join(args.replan)}: {error}")
     return args
+
+
+def replan_policy(words: list[str], window: int) -> ReplanPolicy:
+    """``--replan``'s words as a policy: ``never``, ``auto`` or ``every N``."""
+    if words in (["never"], ["auto"]):
+        return ReplanPolicy(words[0], every=window, window=window)
+    if len(words) == 2 and words[0] == "every" and words[1].isdigit() and int(words[1]) > 0:
+        return ReplanPolicy("every", every=int(words[1]), window=window)
+    raise ValueError("expected never, auto or every N (N a positive number of steps)")
 
 
 def _invalid_combination(args: argparse.Namespace) -> str | None:
@@ -152,4 +181,5 @@ def resume_config(args: argparse.Namespace, family: ModelFamily) -> dict:
     line (every option but these: how long to train, how often to evaluate and save, where to write)."""
     free = {"epochs", "eval_every", "out", "checkpoint_dir", "checkpoint_every", "resume"}
     chosen = {**vars(args), **family.named_defaults(args)}  # defaults computed from other options, named
+    chosen["replan"] = repr(args.replan)
     return {f"--{key.replace('_', '-')}": value for key, value in chosen.items() if key not in free}

@@ -102,19 +102,42 @@ class RecentAccessCounts:
         counted_ids, held_ids = FeatureIds.of(counted), FeatureIds.of(held)
         for ids in (counted_ids, held_ids):
             ids.check(self.layout)
+        keys = list(held_ids.values)
+        owners = [held_ids.input_index(k) for k in keys]
+        self._add_rows(
+            self._global_rows(counted_ids), counted_ids.stride, self._global_rows(held_ids),
+            np.concatenate(owners) if owners else np.empty(0, np.int64), held_ids.stride,
+        )  # fmt: skip
+
+    def add_columns(self, counted: np.ndarray, held: np.ndarray, tables: np.ndarray) -> None:
+        """``add`` for ids in columns, one input per row (a ``SampleBlock``'s ``ids``), column ``c``
+        a row of table ``tables[c]``: one vectorised pass, no per-feature work (ids not checked: a
+        partition's are)."""
+        offsets = self._offsets[tables]
+        held_owners = np.repeat(np.arange(len(held)), held.shape[1])
+        self._add_rows(
+            (counted + offsets).ravel(), len(counted), (held + offsets).ravel(), held_owners, len(held)
+        )
+
+    def _add_rows(
+        self,
+        rows: np.ndarray,
+        num_counted: int,
+        held_rows: np.ndarray,
+        held_owners: np.ndarray,
+        num_held: int,
+    ) -> None:
+        """One step of global rows: ``rows`` of ``num_counted`` inputs counted, ``held_rows`` of
+        ``num_held`` inputs (``held_owners``: each row's input) held out."""
         weight = 2.0**self._log_weight
-        rows = self._global_rows(counted_ids)
         self._pending.append((rows, weight))
         self._pending_rows += len(rows)
-        self._sampled += counted_ids.stride * weight
+        self._sampled += num_counted * weight
         if self._pending_rows > int(self.capacity.sum()):
             self._merge()
-        if self.holdout_size and held_ids.stride:
-            owners = np.concatenate(
-                [held_ids.input_index(k) for k in held_ids.values] or [np.empty(0, np.int64)]
-            )
-            self._held.append((self._global_rows(held_ids), owners, held_ids.stride))
-            self._held_inputs += held_ids.stride
+        if self.holdout_size and num_held:
+            self._held.append((held_rows, held_owners, num_held))
+            self._held_inputs += num_held
             while self._held_inputs - self._held[0][2] >= self.holdout_size:
                 self._held_inputs -= self._held.popleft()[2]
         self.steps += 1

@@ -12,6 +12,7 @@ world size, configuration or plan: nothing is loaded silently.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import io
 import json
@@ -78,15 +79,25 @@ class Checkpoints:
         #: The run's id in the manifests: a fresh one made on rank 0 at the first save, or the resumed run's.
         self.run_id: str | None = None
 
+    def for_plan(self, plan: ShardingPlan) -> Checkpoints:
+        """These checkpoints (the same run and directory) of a model sharded by ``plan`` from now on,
+        such as after a re-plan: later saves record its layout, a resume from them must plan it."""
+        moved = copy.copy(self)
+        moved.layout = plan_layout(plan)
+        return moved
+
     def save(
         self,
         step: int,
         model: DistributedModelParallel,
         unfused_optimizer: torch.optim.Optimizer,
         position: Mapping[str, Any],
+        summary: Mapping[str, Any] | None = None,
     ) -> Path:
         """Write this rank's shards at ``step``; once every rank has, drop the older checkpoints.
-        ``position`` says where to resume (a router's ``state_dict``, counters); returns the folder."""
+        ``position`` says where to resume (a router's ``state_dict``, counters); ``summary`` (JSON
+        values) goes into the manifests, for :meth:`peek` to read before the model is built (what a
+        resume must build it from); returns the folder."""
         if self.run_id is None:
             run = [uuid.uuid4().hex]
             dist.broadcast_object_list(run, src=0)
@@ -100,7 +111,7 @@ class Checkpoints:
         )
         error = None
         try:
-            self._write(step, model, unfused_optimizer, position)
+            self._write(step, model, unfused_optimizer, position, summary)
         except OSError as failure:
             error = f"{self._folder(step)}: rank {self.rank} could not write its checkpoint ({failure})"
         _raise_on_every_rank(error)  # every rank holds the new checkpoint: the older ones may go
@@ -121,6 +132,7 @@ class Checkpoints:
         model: DistributedModelParallel,
         unfused_optimizer: torch.optim.Optimizer,
         position: Mapping[str, Any],
+        summary: Mapping[str, Any] | None,
     ) -> None:
         """This rank's files of ``step``: the state, then the manifest that vouches for it."""
         folder = self._folder(step)
@@ -148,6 +160,7 @@ class Checkpoints:
             "bytes": len(data),
             "config": self.config,
             "plan": self.layout,
+            "summary": dict(summary or {}),
         }
         _write_atomically(folder / f"rank{self.rank}.pt", data)
         _write_atomically(folder / f"rank{self.rank}.json", json.dumps(manifest, indent=1).encode())
@@ -158,11 +171,7 @@ class Checkpoints:
         Raises ``CheckpointError`` naming the file, rank or option when there is none, a file is
         damaged, or the checkpoint is of another run, world size, configuration or plan.
         """
-        mine = {step: self._manifest(step) for step in self._steps()}
-        everyone: list = [None] * self.world_size
-        dist.all_gather_object(everyone, mine)
-        step = self._common_step(everyone)
-        manifests = [held[step] for held in everyone]
+        step, manifests = self._resumed()
         self._check(manifests, step)
         error, state = None, None
         try:
@@ -182,6 +191,23 @@ class Checkpoints:
             if newer > step:
                 self._remove(newer)
         return state["position"]
+
+    def peek(self) -> tuple[int, dict]:
+        """The step :meth:`load` would resume from and the summary saved with it (``{}`` when none),
+        read from the manifests alone: what the model must be built from before it loads. Raises
+        ``CheckpointError`` as :meth:`load` does when there is nothing to resume from."""
+        step, manifests = self._resumed()
+        if "damaged" in manifests[0]:
+            raise CheckpointError(manifests[0]["damaged"])
+        return step, manifests[0].get("summary", {})
+
+    def _resumed(self) -> tuple[int, list[dict]]:
+        """The newest step every rank holds, and every rank's manifest of it (collective)."""
+        mine = {step: self._manifest(step) for step in self._steps()}
+        everyone: list = [None] * self.world_size
+        dist.all_gather_object(everyone, mine)
+        step = self._common_step(everyone)
+        return step, [held[step] for held in everyone]
 
     def _folder(self, step: int) -> Path:
         return self.directory / f"step-{step:09d}"

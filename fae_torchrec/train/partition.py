@@ -63,6 +63,20 @@ class HotColdPartition:
     def part(self, name: str) -> SampleBlock:
         return {HOT: self.hot, COLD: self.cold}[name]
 
+    def take_ids(self, spans: Sequence[tuple[str, int, int]], positions: np.ndarray) -> np.ndarray:
+        """The original ids (one input per row) of the inputs at ``positions`` (sorted) among those
+        ``spans`` (``(part, start, stop)``, such as a step's on every rank) hold one after another:
+        what watching a step reads of it (a memory-mapped partition pages in those rows only)."""
+        lengths = np.array([stop - start for _, start, stop in spans], dtype=np.int64)
+        ends = np.cumsum(lengths)
+        which = np.searchsorted(ends, positions, side="right")
+        rows = positions - (ends - lengths)[which]
+        pieces = [
+            self.part(spans[index][0]).ids[spans[index][1] + rows[which == index]]
+            for index in np.unique(which)
+        ]
+        return np.concatenate(pieces) if pieces else self.hot.ids[:0]
+
     def inputs(self, chosen: np.ndarray, block_size: int = 1 << 16) -> Iterator[SampleBlock]:
         """The inputs that the boolean mask ``chosen`` (over the data, in its order) selects, in the
         data's order, ``block_size`` inputs of the data at a time (fewer chosen), with their original
@@ -76,8 +90,7 @@ class HotColdPartition:
             pieces, order = [], []
             for part, mask in ((HOT, hot), (COLD, ~hot)):
                 rows = before[part] + np.flatnonzero(window[mask])  # chosen rows of the part
-                taken = self.part(part).select(rows)
-                pieces.append(SampleBlock(taken.dense, taken.ids, taken.labels, taken.ids_per_feature))
+                pieces.append(self.part(part).select(rows).without_part_ids())
                 order.append(np.flatnonzero(mask & window))
                 before[part] += int(np.count_nonzero(mask))
             block = SampleBlock.concat(pieces)

@@ -93,6 +93,34 @@ def prepare_data(
     return PreparedData(stats, validation, HotColdPartition.open(directory))
 
 
+def repartition(
+    partition: HotColdPartition,
+    chosen: np.ndarray,
+    hot_set: HotSet,
+    directory: str | os.PathLike,
+    balance: float = 0.0,
+    seed: int = 0,
+) -> HotColdPartition:
+    """The inputs of ``partition`` that the mask ``chosen`` selects (over its data, in order; such as
+    those a re-plan left untrained) partitioned again against ``hot_set`` into ``directory``: rank 0
+    writes it, every rank opens it (collective when a process group is initialised; an error on rank 0
+    is raised on every rank)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    problem: list = [None]
+    if rank == 0:
+        try:
+            HotColdPartition.write(
+                partition.inputs(chosen), hot_set, partition.keys, directory, balance=balance, seed=seed
+            )
+        except (ValueError, OSError) as error:
+            problem = [f"{directory}: {error}"]
+    if dist.is_initialized():
+        dist.broadcast_object_list(problem, src=0)
+    if problem[0] is not None:
+        raise ValueError(problem[0])
+    return HotColdPartition.open(directory)
+
+
 def _split(source: BlockSource, validation: bool, val_every: int | None) -> Iterator[SampleBlock]:
     if val_every == 0:
         return iter(()) if validation else rebatch(source.raw_blocks(), BLOCK)

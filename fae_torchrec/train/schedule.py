@@ -26,6 +26,8 @@ Orders:
         own rate (no runs beyond what the data has: single hot steps while under half the inputs are hot),
         and every window of steps sees the data's mix of hot and cold inputs, so the label bias of
         hot inputs (on real click logs they click less often) averages out within a few steps.
+    ``time``: the stream order with the blocks in the data's order: for data in time order (days of a
+        click log) trained as it came, where popularity drifts and re-planning follows it.
     ``shuffled``: hot and cold steps interleaved at random at the data's own ratio, and the steps of
         each kind in a random order (seeded by ``(seed, epoch)``).
     ``phases``: all cold steps, then all hot steps (FAE's released code).
@@ -47,10 +49,12 @@ from fae_torchrec.arguments import check_share
 from fae_torchrec.seeds import generator
 from fae_torchrec.stats.hot_set import COLD, HOT
 
-ORDERS = ("stream", "shuffled", "phases", "adaptive")
+ORDERS = ("stream", "time", "shuffled", "phases", "adaptive")
 #: Runs of hot steps the adaptive order starts with.
 ADAPTIVE_RUNS = 8
 
+#: The orders that read the data in blocks, each block's inputs sorted into the hot and cold streams.
+STREAM_ORDERS = ("stream", "time")
 #: Inputs of ``is_hot`` the stream order counts at a time.
 COUNT_CHUNK = 1 << 22
 #: A contiguous range of one part: (part, start, stop).
@@ -88,8 +92,10 @@ def make_schedule(
     num_inputs = len(is_hot)
     round_size = batch_size * world_size
     rng = generator(seed, "schedule", epoch)
-    if order == "stream":
-        hot_stream, cold_stream = _block_streams(is_hot, round_size, rng, warmup if epoch == 0 else 0.0)
+    if order in STREAM_ORDERS:
+        hot_stream, cold_stream = _block_streams(
+            is_hot, round_size, rng if order == "stream" else None, warmup if epoch == 0 else 0.0
+        )
     else:
         num_hot = int(np.count_nonzero(is_hot))
         hot_stream = _Stream([HOT], [0], [num_hot])
@@ -113,7 +119,7 @@ def make_schedule(
         [Step(part == HOT, tuple(stream.cut(a, b) for a, b in step)) for step in bounds[part]]
         for part, stream in ((HOT, hot_stream), (COLD, cold_stream))
     )
-    if order == "stream":
+    if order in STREAM_ORDERS:
         # a step runs once the block that fills it has been read; on a tie the cold step goes first
         filled = np.concatenate(
             [
@@ -152,8 +158,8 @@ def trained_inputs(is_hot: np.ndarray, steps: Sequence[Step]) -> np.ndarray:
 def check_warmup(warmup: float, order: str) -> None:
     """Raise ``ValueError`` unless ``warmup`` is a share in [0, 1], and 0 for orders but ``stream``."""
     check_share(warmup, "warm-up (of the first epoch)")
-    if warmup and order != "stream":
-        raise ValueError(f"a warm-up is part of the stream order, not of the {order!r} order")
+    if warmup and order not in STREAM_ORDERS:
+        raise ValueError(f"a warm-up is part of the stream and time orders, not of the {order!r} order")
 
 
 def initial_run(hot_steps: int) -> int:
@@ -194,10 +200,11 @@ def _step_bounds(length: int, round_size: int, world_size: int) -> list[list[tup
 
 
 def _block_streams(
-    is_hot: np.ndarray, round_size: int, rng: np.random.Generator, warmup: float
+    is_hot: np.ndarray, round_size: int, rng: np.random.Generator | None, warmup: float
 ) -> tuple[_Stream, _Stream]:
     """The stream order's hot and cold streams: the data in blocks of ``round_size`` inputs, the full
-    blocks in a random order and a short last block last, each block's inputs sorted into its part;
+    blocks in a random order (in the data's order without ``rng``: the time order) and a short last
+    block last, each block's inputs sorted into its part;
     the first ``warmup`` share of the blocks read put their hot inputs in the cold stream too."""
     num_inputs = len(is_hot)
     starts = np.arange(0, num_inputs, round_size)
@@ -209,7 +216,8 @@ def _block_streams(
         per_block[first // round_size : first // round_size + len(rows)] = np.count_nonzero(rows, axis=1)
     per_block[full:] = np.count_nonzero(is_hot[full * round_size :])
     hot_before = np.concatenate([[0], np.cumsum(per_block)])  # hot inputs before each block's start
-    blocks = np.concatenate([rng.permutation(full), np.arange(full, len(starts))])
+    first = rng.permutation(full) if rng is not None else np.arange(full)
+    blocks = np.concatenate([first, np.arange(full, len(starts))])
     cold_before = np.append(starts, num_inputs) - hot_before
     hot_length = hot_before[blocks + 1] - hot_before[blocks]
     warm = np.arange(len(blocks)) < round(warmup * len(blocks))

@@ -1,0 +1,280 @@
+"""The recipe's re-planning (``--replan``): watch every step, check when due, and move to a new hot set.
+
+Every rank watches the whole step (all ranks' inputs, read from the shared partition, the same draws on
+every rank), so every rank holds the same recent counts and comes to the same decision with no
+collective. A re-plan gathers the training state in the unsplit layout, plans and shards the model of
+the new hot set (the recipe's own ``shard_model``), loads the state into it, partitions again the inputs
+of the epoch not yet trained, and the data of later epochs, and goes on with a new router. Its files go
+into ``--out``/``replan-step-NNNNNNNNN`` (the recent statistics, both partitions), which a checkpoint's
+summary names, so that a resume builds the model it saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from fae_torchrec.recipes.build import Replanned, Training, embedding_optimizer, make_router, shard_model
+from fae_torchrec.recipes.family import ModelFamily
+from fae_torchrec.stats.hot_share import estimate_hot_share
+from fae_torchrec.stats.recent import RecentAccessCounts
+from fae_torchrec.train.partition import HotColdPartition
+from fae_torchrec.train.prepare import repartition
+from fae_torchrec.train.replan import ReplanDecision, Replanner
+from fae_torchrec.train.resplit import gather_unsplit_state, load_unsplit_state
+from fae_torchrec.train.schedule import Step, trained_inputs
+from fae_torchrec.train.step import find_fae_module
+from fae_torchrec.units import parse_bytes
+
+logger = logging.getLogger("fae_torchrec.recipes")
+
+#: Share of each step's inputs the recent counts count, and as many held out.
+WATCH_SAMPLE = 0.05
+#: Rows of a table the recent counts keep: this many times its hot rows, and at least ``MIN_CAPACITY``.
+CAPACITY_FACTOR, MIN_CAPACITY = 4, 1024
+#: The folder of a re-plan's files in ``--out``, by the step after which it happened.
+FOLDER = "replan-step-{:09d}"
+
+
+class Replanning:
+    """Watches ``training`` (an FAE run of ``args``) step by step and re-plans it as ``args.replan`` says.
+
+    ``full`` is every training input, in the data's order, partitioned against the current hot set (the
+    data of the epochs after a re-plan)."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        family: ModelFamily,
+        training: Training,
+        full: HotColdPartition,
+        device: torch.device,
+    ) -> None:
+        self.args, self.family, self.device, self.full = args, family, device, full
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.out = Path(args.out)
+        hot_set = find_fae_module(training.model).hot_set()
+        hot_rows = np.array([len(ids) for ids in hot_set.hot_ids])
+        capacity = np.maximum(CAPACITY_FACTOR * hot_rows, MIN_CAPACITY)
+        self.counts = RecentAccessCounts(
+            training.tables, capacity, sample_fraction=WATCH_SAMPLE, half_life=args.replan.window,
+            holdout_fraction=WATCH_SAMPLE, seed=args.seed,
+        )  # fmt: skip
+        layout = self.counts.layout
+        # the table of each id column of the partition's inputs
+        self._columns = np.repeat([layout.table_of(key) for key in full.keys], full.hot.ids_per_feature)
+        planned = estimate_hot_share(training.stats, hot_set)
+        self.replanner = Replanner(self.counts, hot_set, planned, parse_bytes(args.budget), None, args.replan)
+        #: The last re-plan's folder (None: none yet), and the epoch whose rest its partition holds.
+        self.folder: Path | None = None
+        self.epoch: int | None = None
+        # watching in a thread of its own: the time the loop spends on it, and the thread's
+        self.watch_seconds, self.work_seconds, self.watched_steps = 0.0, 0.0, 0
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fae-watch")
+        self._pending: list[Future] = []
+        self.decisions: list[dict] = []
+        #: The phases of the last move: seconds (gather, shard, load, partition) and bytes.
+        self.last_move: dict = {}
+
+    def observe(self, partition: HotColdPartition, step: Step) -> None:
+        """Count a trained step: a sample of its inputs (every rank's) into the recent counts, and its
+        share of hot inputs. The work runs in a thread of its own, off the training's critical path
+        (in order: the counts are the same as counted here); what is left here is handing it over."""
+        started = time.perf_counter()
+        self._pending.append(self._worker.submit(self._observe, partition, step))
+        self.watched_steps += 1
+        self.watch_seconds += time.perf_counter() - started
+
+    def _observe(self, partition: HotColdPartition, step: Step) -> None:
+        started = time.perf_counter()
+        spans = [span for spans in step.spans for span in spans]
+        counted, held = self.counts.draw(sum(stop - start for _, start, stop in spans))
+        counted_ids, held_ids = partition.take_ids(spans, counted), partition.take_ids(spans, held)
+        self.counts.add_columns(counted_ids, held_ids, self._columns)
+        self.replanner.observe(step)
+        self.work_seconds += time.perf_counter() - started
+
+    def _flush(self) -> None:
+        """Wait for the steps handed over (raising what their work raised)."""
+        started = time.perf_counter()
+        for future in self._pending:
+            future.result()
+        self._pending.clear()
+        self.watch_seconds += time.perf_counter() - started
+
+    def check(
+        self,
+        step_index: int,
+        training: Training,
+        model: torch.nn.Module,
+        epoch: int,
+        done: int,
+        step_seconds: dict[str, list[float]],
+    ) -> Training | None:
+        """At step ``step_index`` (counted from 1), ``done`` steps into ``epoch``'s schedule of
+        ``training.router``: decide when due, and on a re-plan return the training moved to the new
+        hot set (``model`` is the paused model)."""
+        if not self.replanner.due(step_index):
+            return None
+        self._flush()
+        schedule = training.router.schedule(epoch)
+        remaining = sum(step.size(r) for step in schedule[done:] for r in range(self.world))
+        hot, cold = (float(np.mean(step_seconds[k])) if step_seconds[k] else 0.0 for k in ("hot", "cold"))
+        cost = next((d["seconds"] for d in reversed(self.decisions) if "seconds" in d), 0.0)
+        decision = self.replanner.decide(
+            remaining, self.args.batch_size * self.world, hot, cold, cost or self._startup_cost(hot, cold)
+        )
+        record = _decision_record(step_index, decision)
+        self.decisions.append(record)
+        if not decision.replan:
+            return None
+        started = time.perf_counter()
+        moved = self._move(step_index, training, model, schedule[:done], decision)
+        record["seconds"] = time.perf_counter() - started
+        record["move"] = self.last_move
+        self.epoch = epoch
+        logger.info("re-planned after step %d in %.1f s: %d rows moved", step_index, record["seconds"],
+                    decision.rows_moved)  # fmt: skip
+        return moved
+
+    def _startup_cost(self, hot: float, cold: float) -> float:
+        """Before any re-plan, its cost is taken as a hundred steps (a conservative stand-in: the
+        first re-plan measures it)."""
+        return 100 * max(hot, cold)
+
+    def _move(
+        self, step_index: int, training: Training, model: torch.nn.Module, trained: list[Step], decision
+    ) -> Training:
+        args = self.args
+        clock = _Clock()
+        embedding = embedding_optimizer(args)
+        state = gather_unsplit_state(model, training.optimizer, embedding)
+        self.last_move = {"state_bytes": state.nbytes(), "gather_seconds": clock.lap()}
+        stats = self.counts.stats()
+        folder = self.out / FOLDER.format(step_index)
+        if self.rank == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+            stats.save(folder / "stats.npz")
+        hot_set = decision.hot_set
+        plan, dmp, dense = shard_model(
+            args, self.family, training.tables, stats, hot_set, self.world, self.device
+        )
+        self.last_move["shard_seconds"] = clock.lap()
+        load_unsplit_state(dmp, dense, embedding, state)
+        del state
+        self.last_move["load_seconds"] = clock.lap()
+        partition = training.router.partition
+        rest = ~trained_inputs(partition.is_hot, trained)
+        remainder = repartition(partition, rest, hot_set, folder / "partition", args.balance, args.seed)
+        everything = np.ones(len(self.full.is_hot), dtype=bool)
+        self.full = repartition(self.full, everything, hot_set, folder / "full", args.balance, args.seed)
+        self.last_move |= {
+            "partition_seconds": clock.lap(),
+            "partition_bytes": sum(f.stat().st_size for f in folder.rglob("*.npy")),
+            "repartitioned_inputs": int(rest.sum()) + len(everything),
+        }
+        self.folder = folder
+        self.replanner.moved_to(hot_set, estimate_hot_share(stats, hot_set))
+        router = make_router(args, remainder, self.world, self.rank, dmp, warmup=0.0)
+        return dataclasses.replace(
+            training, plan=plan, model=dmp, optimizer=dense, router=router, stats=stats
+        )
+
+    def next_epoch(self, training: Training, epoch: int) -> Training:
+        """``training`` for ``epoch``: after a re-plan in an earlier epoch, its router reads ``full``."""
+        if self.folder is None or training.router.partition is self.full:
+            return training
+        router = make_router(self.args, self.full, self.world, self.rank, training.model, warmup=0.0)
+        return dataclasses.replace(training, router=router)
+
+    def summary(self, training: Training) -> dict:
+        """What a checkpoint must name for a resume to build the model it saved: the last re-plan, its
+        epoch, and which of its partitions the router reads."""
+        router = "full" if training.router.partition is self.full else "partition"
+        return {"replan": None if self.folder is None else self.folder.name, "replan_epoch": self.epoch,
+                "router": router}  # fmt: skip
+
+    def state_dict(self) -> dict:
+        """The watching's state (recent counts, the share window), for an exact resume."""
+        self._flush()
+        return {"replanner": self.replanner, "decisions": self.decisions}
+
+    def load_state_dict(self, state: dict, summary: dict) -> None:
+        self.replanner = state["replanner"]
+        self.counts = self.replanner.counts
+        self.decisions = state["decisions"]
+        if summary.get("replan"):
+            self.folder, self.epoch = self.out / summary["replan"], summary["replan_epoch"]
+            self.full = HotColdPartition.open(self.folder / "full")
+
+    def metrics(self, step_seconds: list[float]) -> dict:
+        """The watching's figures: the measured against the planned share, its cost per step, its
+        memory, and the checks and re-plans."""
+        self._flush()
+        self._worker.shutdown()
+        measured = self.replanner.measured()
+        per_step = self.watch_seconds / self.watched_steps if self.watched_steps else None
+        work = self.work_seconds / self.watched_steps if self.watched_steps else None
+        return {
+            "replan": self.args.replan.mode,
+            "measured_hot_share": measured.share,
+            "planned_hot_share": self.replanner.planned.share,
+            "watch_ms_per_step": None if per_step is None else 1000 * per_step,
+            "watch_share_of_step": per_step / float(np.mean(step_seconds))
+            if per_step and step_seconds
+            else None,
+            "watch_thread_ms_per_step": None if work is None else 1000 * work,
+            "watch_bytes_per_table": self.counts.bytes_per_table().tolist(),
+            "watch_holdout_bytes": self.counts.holdout_bytes(),
+            "replans": [d for d in self.decisions if d["replan"]],
+            "checks": len(self.decisions),
+        }
+
+
+class _Clock:
+    """Seconds between laps."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        elapsed, self.last = now - self.last, now
+        return elapsed
+
+
+def resumed_replan(args: argparse.Namespace, summary: dict) -> Replanned | None:
+    """The re-plan a checkpoint's ``summary`` names (None: none), to build the resumed model from.
+    Raises ``ValueError`` naming ``--out`` when its files are gone."""
+    if not summary.get("replan"):
+        return None
+    folder = Path(args.out) / summary["replan"]
+    if not (folder / "stats.npz").is_file():
+        raise ValueError(
+            f"--out {args.out}: the checkpoint was saved after a re-plan whose files ({folder}) are gone; "
+            "resume with the --out of the run that saved it"
+        )
+    return Replanned(folder, summary["router"])
+
+
+def _decision_record(step: int, decision: ReplanDecision) -> dict:
+    """A check's figures, for the metrics (JSON values)."""
+    record = {
+        "step": step, "measured": decision.measured.share, "planned": decision.planned.share,
+        "drifted": decision.drifted, "replan": decision.replan,
+    }  # fmt: skip
+    if decision.proposed is not None:
+        record |= {
+            "current": decision.current.share, "proposed": decision.proposed.share,
+            "rows_moved": decision.rows_moved, "bytes_moved": decision.bytes_moved,
+            "gain_seconds": decision.gain_seconds, "cost_seconds": decision.cost_seconds,
+        }  # fmt: skip
+    return record

@@ -1,0 +1,52 @@
+"""Smoke runs of the drift and re-plan benchmarks at tiny sizes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(script: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        cwd=ROOT, check=False, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.benchmark
+def test_bench_drift_follows_the_drift_that_a_day_0_hot_set_misses(tmp_path):
+    out = _run(
+        "bench_drift.py", "--days", "4", "--inputs-per-day", "40000", "--profile-steps", "4", "--every", "4",
+        "--half-life", "8", "--out", str(tmp_path), "--figures", str(tmp_path),
+    )  # fmt: skip
+    result = json.loads((tmp_path / "bench_drift.json").read_text())
+    share = result["share_per_day"]
+    assert set(share) == {"never", "every", "auto", "today"} and all(len(s) == 4 for s in share.values())
+    assert share["never"][-1] < share["never"][0] - 0.05, share["never"]
+    assert share["every"][-1] > share["never"][-1] + 0.05, share
+    assert result["policies"]["every"]["replans"], "the recent hot set moved"
+    steps = result["predicted_step_ms_per_day"]["never"]
+    assert steps[-1] > steps[0], "fewer hot inputs, a slower predicted step"
+    assert all(b > 0 for b in result["watch_bytes_per_table"])
+    assert "largest gap to today's profile" in out
+    assert (tmp_path / "bench_drift.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.benchmark
+def test_bench_replan_times_each_phase(tmp_path):
+    out = _run(
+        "bench_replan.py", "--scale", "0.02", "--num-samples", "40000", "--batch-size", "512",
+        "--watch-steps", "10", "--out", str(tmp_path),
+    )  # fmt: skip
+    result = json.loads((tmp_path / "bench_replan.json").read_text())
+    for phase in ("decision", "gather", "shard", "load", "partition"):
+        assert result[f"{phase}_seconds"] > 0, phase
+    assert result["rows_moved"] > 0 and result["state_bytes"] > 0 and result["partition_bytes"] > 0
+    assert result["repartitioned_inputs"] > 36_000, "the untrained rest and the full data"
+    assert "re-plan in all" in out
