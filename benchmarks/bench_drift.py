@@ -51,7 +51,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fae_torchrec import AccessProfiler
-from fae_torchrec.arguments import byte_size, fraction, positive_int
+from fae_torchrec.arguments import byte_size, fraction, positive_int, share
 from fae_torchrec.data import SampleBlock, SyntheticCriteo
 from fae_torchrec.stats import COLD, HOT, HotSet, RecentAccessCounts, estimate_hot_share
 from fae_torchrec.train.replan import Replanner, ReplanPolicy
@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--days", type=positive_int, default=8, help="days of the stream")
     parser.add_argument("--inputs-per-day", type=positive_int, default=100_000, help="synthetic inputs a day")
     parser.add_argument(
-        "--drift", type=fraction, default=0.0001, help="share of a table's rows rotated a day"
+        "--drift", type=share, default=0.0001, help="share of a table's rows rotated a day"
     )
     parser.add_argument("--scale", type=float, default=0.05, help="table sizes = Criteo Kaggle's x scale")
     parser.add_argument("--dim", type=positive_int, default=16, help="embedding dimension")
@@ -90,7 +90,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--represents", type=positive_int, default=TERABYTE_DAY, help="inputs a day stands for"
     )
     parser.add_argument(
-        "--move-seconds", type=float, default=60.0, help="a row move's cost (bench_replan.py)"
+        "--move-seconds",
+        type=float,
+        default=19.0,
+        help="a row move's cost (bench_replan.py: 19 s at Kaggle sizes)",
     )
     parser.add_argument("--seed", type=int, default=0, help="data seed")
     parser.add_argument("--out", default="runs/bench_drift", help="bench_drift.json goes here")
@@ -121,6 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     counts = RecentAccessCounts(
         tables, capacity=4 * np.maximum([len(ids) for ids in hot_set.hot_ids], 256), sample_fraction=SAMPLE,
         half_life=args.half_life, holdout_fraction=SAMPLE, seed=args.seed,
+        holdout_size=round(SAMPLE * args.step_inputs * args.half_life),  # the inputs held out in a half-life
     )  # fmt: skip
     replanners = {
         mode: Replanner(

@@ -42,7 +42,7 @@ def test_bench_drift_follows_the_drift_that_a_day_0_hot_set_misses(tmp_path):
 def test_bench_replan_times_each_phase(tmp_path):
     out = _run(
         "bench_replan.py", "--scale", "0.02", "--num-samples", "40000", "--batch-size", "512",
-        "--watch-steps", "10", "--out", str(tmp_path),
+        "--budget", "256KiB", "--watch-steps", "10", "--out", str(tmp_path),
     )  # fmt: skip
     result = json.loads((tmp_path / "bench_replan.json").read_text())
     for phase in ("decision", "gather", "shard", "load", "partition"):

@@ -38,6 +38,8 @@ logger = logging.getLogger("fae_torchrec.recipes")
 
 #: Share of each step's inputs the recent counts count, and as many held out.
 WATCH_SAMPLE = 0.05
+#: The recent held-out inputs kept: those of a half-life (``--replan-window`` steps), at least this many.
+MIN_HOLDOUT = 1000
 #: Rows of a table the recent counts keep: this many times its hot rows, and at least ``MIN_CAPACITY``.
 CAPACITY_FACTOR, MIN_CAPACITY = 4, 1024
 #: The folder of a re-plan's files in ``--out``, by the step after which it happened.
@@ -64,9 +66,11 @@ class Replanning:
         hot_set = find_fae_module(training.model).hot_set()
         hot_rows = np.array([len(ids) for ids in hot_set.hot_ids])
         capacity = np.maximum(CAPACITY_FACTOR * hot_rows, MIN_CAPACITY)
+        held = max(MIN_HOLDOUT, round(WATCH_SAMPLE * args.batch_size * self.world * args.replan.window))
         self.counts = RecentAccessCounts(
             training.tables, capacity, sample_fraction=WATCH_SAMPLE, half_life=args.replan.window,
             holdout_fraction=WATCH_SAMPLE, seed=args.seed,
+            holdout_size=held,
         )  # fmt: skip
         layout = self.counts.layout
         # the table of each id column of the partition's inputs
