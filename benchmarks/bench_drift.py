@@ -73,9 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--days", type=positive_int, default=8, help="days of the stream")
     parser.add_argument("--inputs-per-day", type=positive_int, default=100_000, help="synthetic inputs a day")
-    parser.add_argument(
-        "--drift", type=share, default=0.0001, help="share of a table's rows rotated a day"
-    )
+    parser.add_argument("--drift", type=share, default=0.0001, help="share of a table's rows rotated a day")
     parser.add_argument("--scale", type=float, default=0.05, help="table sizes = Criteo Kaggle's x scale")
     parser.add_argument("--dim", type=positive_int, default=16, help="embedding dimension")
     parser.add_argument("--step-inputs", type=positive_int, default=4096, help="inputs a step (global batch)")
