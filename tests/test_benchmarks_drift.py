@@ -50,3 +50,25 @@ def test_bench_replan_times_each_phase(tmp_path):
     assert result["rows_moved"] > 0 and result["state_bytes"] > 0 and result["partition_bytes"] > 0
     assert result["repartitioned_inputs"] > 36_000, "the untrained rest and the full data"
     assert "re-plan in all" in out
+
+
+@pytest.mark.benchmark
+def test_bench_decay_measures_a_first_day_hot_set_on_later_days(tmp_path):
+    """Three days of events: days 0 and 1 look up the same items, day 2 new ones (a budget of the 13 rows
+    day 0 uses: 10 items, 3 categories)."""
+    lines = []
+    for day, items in ((0, range(10)), (1, range(10)), (2, range(100, 110))):
+        start = 1_511_800_000 + day * 86_400  # midday in Beijing: one day per block
+        lines += [f"{u},{items[u % 10]},{u % 3},pv,{start + u}" for u in range(200)]
+    path = tmp_path / "UserBehavior.csv"
+    path.write_text("\n".join(lines) + "\n")
+    out = _run("bench_decay.py", str(path), "--min-events", "150", "--budget", "13", "--out", str(tmp_path))
+    days = json.loads((tmp_path / "bench_decay.json").read_text())["days"]
+    assert [d["day"] for d in days] == [0, 1, 2]
+    assert days[0]["hot"] == days[1]["hot"] == 1.0 and days[2]["hot"] == 0.0 and days[2]["category"] == 1.0
+    assert "item and category hot" in out
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_decay.py"), str(path), "--min-events", "1000"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "no day has 1000 events (--min-events)" in bad.stderr
