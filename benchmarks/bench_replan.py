@@ -66,13 +66,13 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     for step in watched:
         replanning.observe(training.router.partition, step)
-    replanning._flush()
+    replanning.flush()
     watch_seconds = (time.perf_counter() - started) / len(watched)
     started = time.perf_counter()
     remaining = sum(step.size(r) for step in schedule[len(watched) :] for r in range(world))
     decision = replanning.replanner.decide(remaining, args.batch_size * world, 0.0, 0.0, 0.0)
     decide_seconds = time.perf_counter() - started
-    replanning._move(len(watched), training, training.model, watched, decision)
+    replanning.move(len(watched), training, training.model, watched, decision.hot_set)
     move = replanning.last_move
     result = {
         "options": vars(own) | {"example": {k: v for k, v in vars(args).items() if k != "replan"}},

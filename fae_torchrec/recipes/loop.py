@@ -86,7 +86,7 @@ def _train(
         history, counts = progress["history"], progress["counts"]
         first_epoch, first_step = position["router"]["epoch"], offset + position["router"]["step"]
         if replanning is not None:
-            replanning.load_state_dict(position["replanning"], summary)
+            replanning.load_state_dict(position["replanning"], summary, training)
         logger.info("resumed at epoch %d, step %d", first_epoch, first_step)
         check_resume_position(
             args, first_epoch, first_step, offset + len(training.router.schedule(first_epoch))
@@ -147,7 +147,9 @@ def _train(
                     checkpoints = checkpoints.for_plan(training.plan)
             if args.checkpoint_dir and args.checkpoint_every and step_index % args.checkpoint_every == 0:
                 progress["step"] = step_index
-                position = {"router": router.state_dict(), "progress": progress, "offset": offset}
+                # a router made by a re-plan at this very step has not started its epoch yet
+                where = router.state_dict() or {"epoch": epoch, "step": 0}
+                position = {"router": where, "progress": progress, "offset": offset}
                 summary = {}
                 if replanning is not None:
                     position["replanning"] = replanning.state_dict()

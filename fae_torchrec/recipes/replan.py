@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from fae_torchrec.recipes.build import Replanned, Training, embedding_optimizer, make_router, shard_model
 from fae_torchrec.recipes.family import ModelFamily
+from fae_torchrec.stats.hot_set import HotSet
 from fae_torchrec.stats.hot_share import estimate_hot_share
 from fae_torchrec.stats.recent import RecentAccessCounts
 from fae_torchrec.train.partition import HotColdPartition
@@ -106,7 +107,7 @@ class Replanning:
         self.replanner.observe(step)
         self.work_seconds += time.perf_counter() - started
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         """Wait for the steps handed over (raising what their work raised)."""
         started = time.perf_counter()
         for future in self._pending:
@@ -128,7 +129,7 @@ class Replanning:
         hot set (``model`` is the paused model)."""
         if not self.replanner.due(step_index):
             return None
-        self._flush()
+        self.flush()
         schedule = training.router.schedule(epoch)
         remaining = sum(step.size(r) for step in schedule[done:] for r in range(self.world))
         hot, cold = (float(np.mean(step_seconds[k])) if step_seconds[k] else 0.0 for k in ("hot", "cold"))
@@ -136,12 +137,13 @@ class Replanning:
         decision = self.replanner.decide(
             remaining, self.args.batch_size * self.world, hot, cold, cost or self._startup_cost(hot, cold)
         )
+        logger.info("check after step %d: %s", step_index, decision)
         record = _decision_record(step_index, decision)
         self.decisions.append(record)
         if not decision.replan:
             return None
         started = time.perf_counter()
-        moved = self._move(step_index, training, model, schedule[:done], decision)
+        moved = self.move(step_index, training, model, schedule[:done], decision.hot_set)
         record["seconds"] = time.perf_counter() - started
         record["move"] = self.last_move
         self.epoch = epoch
@@ -154,9 +156,18 @@ class Replanning:
         first re-plan measures it)."""
         return 100 * max(hot, cold)
 
-    def _move(
-        self, step_index: int, training: Training, model: torch.nn.Module, trained: list[Step], decision
+    def move(
+        self,
+        step_index: int,
+        training: Training,
+        model: torch.nn.Module,
+        trained: list[Step],
+        hot_set: HotSet,
     ) -> Training:
+        """``training`` moved to ``hot_set`` after step ``step_index``, ``trained`` the steps of its
+        router's epoch done (``model``: the paused model), planned from the recent counts: the state
+        gathered and loaded into the new model, the rest of the epoch and the full data partitioned
+        again (collective). ``last_move`` holds each phase's seconds and bytes."""
         args = self.args
         clock = _Clock()
         embedding = embedding_optimizer(args)
@@ -167,7 +178,6 @@ class Replanning:
         if self.rank == 0:
             folder.mkdir(parents=True, exist_ok=True)
             stats.save(folder / "stats.npz")
-        hot_set = decision.hot_set
         plan, dmp, dense = shard_model(
             args, self.family, training.tables, stats, hot_set, self.world, self.device
         )
@@ -208,23 +218,30 @@ class Replanning:
 
     def state_dict(self) -> dict:
         """The watching's state (recent counts, the share window), for an exact resume."""
-        self._flush()
+        self.flush()
         return {"replanner": self.replanner, "decisions": self.decisions}
 
-    def load_state_dict(self, state: dict, summary: dict) -> None:
+    def load_state_dict(self, state: dict, summary: dict, training: Training) -> None:
+        """Resume the watching of ``training`` (built from the checkpoint's ``summary``)."""
         self.replanner = state["replanner"]
         self.counts = self.replanner.counts
         self.decisions = state["decisions"]
         if summary.get("replan"):
             self.folder, self.epoch = self.out / summary["replan"], summary["replan_epoch"]
-            self.full = HotColdPartition.open(self.folder / "full")
+            full = summary["router"] == "full"
+            self.full = training.router.partition if full else HotColdPartition.open(self.folder / "full")
 
     def metrics(self, step_seconds: list[float]) -> dict:
         """The watching's figures: the measured against the planned share, its cost per step, its
         memory, and the checks and re-plans."""
-        self._flush()
+        self.flush()
         self._worker.shutdown()
         measured = self.replanner.measured()
+        logger.info(
+            "watching: hot-input share %s over the last steps, the plan's %s",
+            measured,
+            self.replanner.planned,
+        )
         per_step = self.watch_seconds / self.watched_steps if self.watched_steps else None
         work = self.work_seconds / self.watched_steps if self.watched_steps else None
         return {

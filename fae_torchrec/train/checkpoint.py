@@ -192,10 +192,13 @@ class Checkpoints:
                 self._remove(newer)
         return state["position"]
 
-    def peek(self) -> tuple[int, dict]:
+    def peek(self) -> tuple[int | None, dict]:
         """The step :meth:`load` would resume from and the summary saved with it (``{}`` when none),
-        read from the manifests alone: what the model must be built from before it loads. Raises
-        ``CheckpointError`` as :meth:`load` does when there is nothing to resume from."""
+        read from the manifests alone: what the model must be built from before it loads; ``(None,
+        {})`` when no rank holds a checkpoint (:meth:`load` then says so). Raises ``CheckpointError``
+        as :meth:`load` does for checkpoints it refuses (collective)."""
+        if not self.held_steps():
+            return None, {}
         step, manifests = self._resumed()
         if "damaged" in manifests[0]:
             raise CheckpointError(manifests[0]["damaged"])

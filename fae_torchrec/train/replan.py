@@ -15,7 +15,6 @@ nothing is skipped.
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from dataclasses import dataclass
 
@@ -26,8 +25,6 @@ from fae_torchrec.stats.hot_set import HOT, HotSet
 from fae_torchrec.stats.hot_share import ShareEstimate, clearly_below, estimate_hot_share, measured_share
 from fae_torchrec.stats.recent import RecentAccessCounts
 from fae_torchrec.train.schedule import Step
-
-logger = logging.getLogger(__name__)
 
 #: The re-plan policies (see the module docstring).
 REPLAN_MODES = ("never", "auto", "every")
@@ -162,7 +159,6 @@ class Replanner:
             measured, self.planned, drifted, proposed_set, current, proposed, int(rows.sum()),
             int(rows @ row_bytes), gain, cost_seconds, replan,
         )  # fmt: skip
-        logger.info("%s", decision)
         return decision
 
     def moved_to(self, hot_set: HotSet, planned: ShareEstimate) -> None:
