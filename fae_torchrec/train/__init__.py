@@ -3,17 +3,20 @@ of hot and cold steps (``schedule``), each rank's batches (``router``), one step
 TorchRec's train pipeline that skips the cold part on hot batches (``pipeline``), the
 optimizers that train every parameter (``optimizers``), checkpoints (``checkpoint``) and validation
 (``evaluation``); the data prepared on every rank at once (``prepare``) and the steps trained in a loop
-or a pipeline up to each pause (``runner``)."""
+or a pipeline up to each pause (``runner``); re-planning as popularity drifts: deciding (``replan``)
+and moving rows between the parts with their optimizer state (``resplit``)."""
 
 from fae_torchrec.train.checkpoint import CheckpointError, Checkpoints
 from fae_torchrec.train.evaluation import evaluate, validation_batches
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS, EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.pipeline import FAEPrefetchTrainPipeline, FAETrainPipeline
-from fae_torchrec.train.prepare import PreparedData, prepare_data
+from fae_torchrec.train.prepare import PreparedData, prepare_data, repartition
+from fae_torchrec.train.replan import ReplanDecision, Replanner, ReplanPolicy
+from fae_torchrec.train.resplit import UnsplitState, gather_unsplit_state, load_unsplit_state
 from fae_torchrec.train.router import BatchRouter, RoutedBatch
 from fae_torchrec.train.runner import StepRunner
-from fae_torchrec.train.schedule import ORDERS, Step, make_schedule
+from fae_torchrec.train.schedule import ORDERS, Step, make_schedule, trained_inputs
 from fae_torchrec.train.step import train_step
 
 __all__ = [
@@ -27,13 +30,21 @@ __all__ = [
     "FAETrainPipeline",
     "HotColdPartition",
     "PreparedData",
+    "ReplanDecision",
+    "ReplanPolicy",
+    "Replanner",
     "RoutedBatch",
     "Step",
     "StepRunner",
+    "UnsplitState",
     "evaluate",
+    "gather_unsplit_state",
+    "load_unsplit_state",
     "make_schedule",
     "prepare_data",
+    "repartition",
     "train_step",
+    "trained_inputs",
     "unfused_optimizer",
     "validation_batches",
 ]
