@@ -274,3 +274,16 @@ def test_replanning_on_drifting_data_and_a_resume_after_a_replan(tmp_path):
     assert resumed["history"] == straight["history"]
     assert resumed["final_auc"] == straight["final_auc"]
     assert [d["step"] for d in resumed["replans"]] == replans
+
+
+@pytest.mark.slow
+def test_two_ranks_replan_alike(tmp_path):
+    """Under torchrun with 2 ranks every rank watches every rank's inputs and decides alike: the run
+    re-plans (rows move on both ranks, collectives in step) and finishes."""
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
+    metrics = _run(
+        tmp_path, "--num-samples", "40000", "--batch-size", "128", "--days", "4", "--drift", "0.01",
+        "--order", "time", "--replan", "every", "20", "--replan-window", "20", launcher=launcher,
+    )  # fmt: skip
+    assert metrics["world_size"] == 2 and metrics["checks"] >= 5
+    assert metrics["replans"] and all(r["move"]["state_bytes"] > 0 for r in metrics["replans"])

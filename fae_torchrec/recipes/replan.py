@@ -127,13 +127,18 @@ class Replanning:
         """At step ``step_index`` (counted from 1), ``done`` steps into ``epoch``'s schedule of
         ``training.router``: decide when due, and on a re-plan return the training moved to the new
         hot set (``model`` is the paused model)."""
+        policy = self.args.replan
+        if policy.mode == "never" or step_index % policy.every:
+            return None
+        self.flush()  # the window holds every step trained so far, alike on every rank
         if not self.replanner.due(step_index):
             return None
-        self.flush()
         schedule = training.router.schedule(epoch)
         remaining = sum(step.size(r) for step in schedule[done:] for r in range(self.world))
-        hot, cold = (float(np.mean(step_seconds[k])) if step_seconds[k] else 0.0 for k in ("hot", "cold"))
-        cost = next((d["seconds"] for d in reversed(self.decisions) if "seconds" in d), 0.0)
+        times = [float(np.mean(step_seconds[k])) if step_seconds[k] else 0.0 for k in ("hot", "cold")]
+        times.append(next((d["seconds"] for d in reversed(self.decisions) if "seconds" in d), 0.0))
+        # measured times differ between ranks; their mean makes every rank decide alike
+        hot, cold, cost = (float(t) for t in _mean_over_ranks(times))
         decision = self.replanner.decide(
             remaining, self.args.batch_size * self.world, hot, cold, cost or self._startup_cost(hot, cold)
         )
@@ -258,6 +263,15 @@ class Replanning:
             "replans": [d for d in self.decisions if d["replan"]],
             "checks": len(self.decisions),
         }
+
+
+def _mean_over_ranks(values: list[float]) -> torch.Tensor:
+    """Each of ``values`` averaged over the ranks (a collective)."""
+    tensor = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        tensor = tensor.cuda()
+    dist.all_reduce(tensor)
+    return tensor.cpu() / dist.get_world_size()
 
 
 class _Clock:
