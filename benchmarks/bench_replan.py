@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
     remaining = sum(step.size(r) for step in schedule[len(watched) :] for r in range(world))
     decision = replanning.replanner.decide(remaining, args.batch_size * world, 0.0, 0.0, 0.0)
     decide_seconds = time.perf_counter() - started
-    replanning.move(len(watched), training, training.model, watched, decision.hot_set)
+    replanning.move(len(watched), training, training.model, watched, decision)
     move = replanning.last_move
     result = {
         "options": vars(own) | {"example": {k: v for k, v in vars(args).items() if k != "replan"}},

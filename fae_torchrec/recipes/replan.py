@@ -24,7 +24,6 @@ import torch.distributed as dist
 
 from fae_torchrec.recipes.build import Replanned, Training, embedding_optimizer, make_router, shard_model
 from fae_torchrec.recipes.family import ModelFamily
-from fae_torchrec.stats.hot_set import HotSet
 from fae_torchrec.stats.hot_share import estimate_hot_share
 from fae_torchrec.stats.recent import RecentAccessCounts
 from fae_torchrec.train.partition import HotColdPartition
@@ -148,7 +147,7 @@ class Replanning:
         if not decision.replan:
             return None
         started = time.perf_counter()
-        moved = self.move(step_index, training, model, schedule[:done], decision.hot_set)
+        moved = self.move(step_index, training, model, schedule[:done], decision)
         record["seconds"] = time.perf_counter() - started
         record["move"] = self.last_move
         self.epoch = epoch
@@ -167,18 +166,19 @@ class Replanning:
         training: Training,
         model: torch.nn.Module,
         trained: list[Step],
-        hot_set: HotSet,
+        decision: ReplanDecision,
     ) -> Training:
-        """``training`` moved to ``hot_set`` after step ``step_index``, ``trained`` the steps of its
-        router's epoch done (``model``: the paused model), planned from the recent counts: the state
-        gathered and loaded into the new model, the rest of the epoch and the full data partitioned
-        again (collective). ``last_move`` holds each phase's seconds and bytes."""
+        """``training`` moved to ``decision``'s hot set after step ``step_index``, ``trained`` the steps
+        of its router's epoch done (``model``: the paused model), planned from the recent statistics
+        the decision took it from: the state gathered and loaded into the new model, the rest of the
+        epoch and the full data partitioned again (collective). ``last_move`` holds each phase's
+        seconds and bytes."""
         args = self.args
         clock = _Clock()
         embedding = embedding_optimizer(args)
         state = gather_unsplit_state(model, training.optimizer, embedding)
         self.last_move = {"state_bytes": state.nbytes(), "gather_seconds": clock.lap()}
-        stats = self.counts.stats()
+        stats, hot_set = decision.stats, decision.hot_set
         folder = self.out / FOLDER.format(step_index)
         if self.rank == 0:
             folder.mkdir(parents=True, exist_ok=True)
@@ -201,7 +201,7 @@ class Replanning:
             "repartitioned_inputs": int(rest.sum()) + len(everything),
         }
         self.folder = folder
-        self.replanner.moved_to(hot_set, estimate_hot_share(stats, hot_set))
+        self.replanner.moved_to(hot_set, decision.proposed)
         router = make_router(args, remainder, self.world, self.rank, dmp, warmup=0.0)
         return dataclasses.replace(
             training, plan=plan, model=dmp, optimizer=dense, router=router, stats=stats

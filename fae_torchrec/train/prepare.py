@@ -11,9 +11,10 @@ others left.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch.distributed as dist
@@ -29,6 +30,7 @@ from fae_torchrec.train.partition import HotColdPartition
 
 #: Inputs per block while the data streams past.
 BLOCK = 4096
+T = TypeVar("T")
 #: The parameters of :func:`prepare_data` its messages name (``names`` may rename them).
 NAMED_PARAMETERS = ("sample", "batch_size", "val_every", "exclude_profiled")
 
@@ -73,23 +75,13 @@ def prepare_data(
     then. The messages name the data and these parameters as ``names`` says (such as
     ``{"data": "--data train.txt", "batch_size": "--batch-size"}``), else as "the data" and by their own
     names. ``progress`` draws bars while profiling and partitioning."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
     names = {"data": "the data", **{key: key for key in NAMED_PARAMETERS}, **(names or {})}
-    shared: list = [None, None, None]
-    if rank == 0:
-        try:
-            stats, validation = _profile_and_partition(
-                source, tables, Path(directory), sample, batch_size, hot_budget, val_every, balance, seed,
-                exclude_profiled, names, progress,
-            )  # fmt: skip
-            shared = [stats, validation, None]
-        except (ValueError, OSError) as error:
-            shared = [None, None, str(error)]
-    if dist.is_initialized():
-        dist.broadcast_object_list(shared, src=0)
-    stats, validation, problem = shared
-    if problem is not None:
-        raise ValueError(problem)
+    stats, validation = _on_rank_zero(
+        lambda: _profile_and_partition(
+            source, tables, Path(directory), sample, batch_size, hot_budget, val_every, balance, seed,
+            exclude_profiled, names, progress,
+        )
+    )  # fmt: skip
     return PreparedData(stats, validation, HotColdPartition.open(directory))
 
 
@@ -105,20 +97,35 @@ def repartition(
     those a re-plan left untrained) partitioned again against ``hot_set`` into ``directory``: rank 0
     writes it, every rank opens it (collective when a process group is initialised; an error on rank 0
     is raised on every rank)."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    problem: list = [None]
-    if rank == 0:
+
+    def write() -> None:
         try:
             HotColdPartition.write(
                 partition.inputs(chosen), hot_set, partition.keys, directory, balance=balance, seed=seed
             )
         except (ValueError, OSError) as error:
-            problem = [f"{directory}: {error}"]
-    if dist.is_initialized():
-        dist.broadcast_object_list(problem, src=0)
-    if problem[0] is not None:
-        raise ValueError(problem[0])
+            raise ValueError(f"{directory}: {error}") from error
+
+    _on_rank_zero(write)
     return HotColdPartition.open(directory)
+
+
+def _on_rank_zero(work: Callable[[], T]) -> T:
+    """``work()`` on rank 0 alone, its result broadcast to every rank (collective when a process group
+    is initialised); a ``ValueError`` or ``OSError`` it raises is raised on every rank as ``ValueError``,
+    so that no rank waits for a collective the others left."""
+    shared: list = [None, None]
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        try:
+            shared = [work(), None]
+        except (ValueError, OSError) as error:
+            shared = [None, str(error)]
+    if dist.is_initialized():
+        dist.broadcast_object_list(shared, src=0)
+    result, problem = shared
+    if problem is not None:
+        raise ValueError(problem)
+    return result
 
 
 def _split(source: BlockSource, validation: bool, val_every: int | None) -> Iterator[SampleBlock]:

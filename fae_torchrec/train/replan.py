@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import HOT, HotSet
 from fae_torchrec.stats.hot_share import ShareEstimate, clearly_below, estimate_hot_share, measured_share
 from fae_torchrec.stats.recent import RecentAccessCounts
@@ -56,7 +57,8 @@ class ReplanDecision:
     """What a check found: the measured and the planned share, whether the share has clearly fallen,
     the proposed hot set (None when none was computed) with both hot sets' shares on the same recent
     held-out inputs, the rows that would move (either way) and their bytes with optimizer state, the
-    seconds the move would save over the rest of the epoch and what it costs, and the verdict."""
+    seconds the move would save over the rest of the epoch and what it costs, the verdict, and the
+    recent statistics the proposed hot set came from (what plans it)."""
 
     measured: ShareEstimate
     planned: ShareEstimate
@@ -69,6 +71,7 @@ class ReplanDecision:
     gain_seconds: float = 0.0
     cost_seconds: float = 0.0
     replan: bool = False
+    stats: AccessStats | None = None
 
     def __str__(self) -> str:
         text = f"hot-input share {self.measured} against the plan's {self.planned}"
@@ -157,7 +160,7 @@ class Replanner:
             replan = changed and gained > self.policy.margin and gain > cost_seconds
         decision = ReplanDecision(
             measured, self.planned, drifted, proposed_set, current, proposed, int(rows.sum()),
-            int(rows @ row_bytes), gain, cost_seconds, replan,
+            int(rows @ row_bytes), gain, cost_seconds, replan, stats,
         )  # fmt: skip
         return decision
 
