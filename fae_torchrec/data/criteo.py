@@ -136,8 +136,10 @@ def single_hot_block(
 
 
 class CriteoSource(BlockSource):
-    """Base of the Criteo sources: ``Batch``es with one key per categorical feature (``cat_0`` ..
-    ``cat_25``) and one table per feature."""
+    """Base of the Criteo sources: ``Batch``es with 13 dense features, one key per categorical feature
+    (``cat_0`` .. ``cat_25``) and one table per feature."""
+
+    num_dense = INT_FEATURE_COUNT
 
     def __init__(self, batch_size: int, table_sizes: Sequence[int]) -> None:
         super().__init__(batch_size, DEFAULT_CAT_NAMES)

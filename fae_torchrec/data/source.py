@@ -14,7 +14,10 @@ from fae_torchrec.data.block import SampleBlock, check_batch_size, rebatch
 class BlockSource:
     """``raw_blocks`` as a source produces them, re-cut into ``Batch``es of ``batch_size`` inputs whose
     ``KeyedJaggedTensor`` has one key per feature, ``feature_names`` in order (the columns of a block's
-    ``ids``). A subclass gives ``raw_blocks`` and ``table_configs``."""
+    ``ids``). A subclass gives ``raw_blocks``, ``table_configs`` and ``num_dense`` (dense features an
+    input)."""
+
+    num_dense: int
 
     def __init__(self, batch_size: int, feature_names: Sequence[str]) -> None:
         check_batch_size(batch_size)

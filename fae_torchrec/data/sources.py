@@ -1,6 +1,7 @@
 """One way to name a data source on a command line: ``synthetic``, ``criteo-tsv PATH...`` or
-``criteo-npy PREFIX...`` for Criteo's layout, ``synthetic`` or ``taobao-csv FILE...`` for TBSM's Taobao
-layout, with the options the command gives."""
+``criteo-npy PREFIX...`` for Criteo's layout, ``parquet FILE...`` or ``csv FILE...`` with ``--schema`` for
+any click log's, ``synthetic`` or ``taobao-csv FILE...`` for TBSM's Taobao layout, with the options the
+command gives."""
 
 from __future__ import annotations
 
@@ -10,15 +11,18 @@ import re
 from collections.abc import Sequence
 
 from fae_torchrec.arguments import fraction, non_negative_int, positive_float, positive_int, share
+from fae_torchrec.data.columnar import ColumnarSource
+from fae_torchrec.data.columnar_files import FORMATS
 from fae_torchrec.data.criteo import (
     TABLE_SETS,
-    CriteoSource,
     read_table_sizes,
     scaled_table_sizes,
     table_sizes,
 )
 from fae_torchrec.data.criteo_npy import CriteoNpyReader
 from fae_torchrec.data.criteo_tsv import CriteoTsvReader
+from fae_torchrec.data.schema import load_schema
+from fae_torchrec.data.source import BlockSource
 from fae_torchrec.data.synthetic import SyntheticCriteo
 from fae_torchrec.data.synthetic_taobao import SyntheticTaobao
 from fae_torchrec.data.taobao import (
@@ -34,7 +38,7 @@ from fae_torchrec.data.taobao_csv import TaobaoCsvReader
 #: FAE's profiled fraction of the training inputs, per model whose data a command line reads (DLRM's
 #: Criteo layout, TBSM's Taobao layout): the ``--sample`` defaults of the examples and of ``profile``.
 PROFILE_SAMPLE = {"dlrm": 0.05, "tbsm": 0.2}
-DATA_KINDS = ("synthetic", "criteo-tsv", "criteo-npy")
+DATA_KINDS = ("synthetic", "criteo-tsv", "criteo-npy", *FORMATS)
 TAOBAO_DATA_KINDS = ("synthetic", "taobao-csv")
 #: A Criteo Terabyte day as Criteo names it: ``day_0`` .. ``day_23`` (an npy prefix or a TSV file).
 _TERABYTE_DAY = re.compile(r"^day_\d+$")
@@ -59,8 +63,14 @@ def add_data_arguments(parser: argparse.ArgumentParser, num_samples: int, scale:
     """The options of :func:`open_source`."""
     _add_data_option(
         parser,
-        "synthetic (built-in, default), criteo-tsv FILE..., or criteo-npy PREFIX... "
-        "(PREFIX_dense.npy, PREFIX_sparse.npy, PREFIX_labels.npy)",
+        "synthetic (built-in, default), criteo-tsv FILE..., criteo-npy PREFIX... "
+        "(PREFIX_dense.npy, PREFIX_sparse.npy, PREFIX_labels.npy), or parquet FILE... or csv FILE... "
+        "with --schema",
+    )
+    parser.add_argument(
+        "--schema",
+        metavar="TOML",
+        help="parquet and csv data: the label, dense and sparse columns and their tables (docs/data.md)",
     )
     parser.add_argument("--num-samples", type=positive_int, default=num_samples, help="synthetic inputs")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="synthetic data seed")
@@ -86,11 +96,13 @@ def add_data_arguments(parser: argparse.ArgumentParser, num_samples: int, scale:
         metavar="|".join(TABLE_SETS) + "|FILE",
         help="table sizes: Criteo Kaggle's (kaggle), TorchRec's Criteo Terabyte sizes (terabyte), the "
         "same capped at MLPerf's 40M rows (terabyte-40m), or a FILE of 26 sizes; default: terabyte "
-        "when every criteo-tsv/criteo-npy path is named day_N (a Terabyte day), else kaggle",
+        "when every criteo-tsv/criteo-npy path is named day_N (a Terabyte day), else kaggle (not with "
+        "parquet or csv, whose tables are --schema's)",
     )
     parser.add_argument(
-        "--scale", type=positive_float, default=scale, help="table sizes = the --tables sizes x scale"
+        "--scale", type=positive_float, help=f"table sizes = the --tables sizes x scale (default {scale})"
     )
+    parser.set_defaults(criteo_scale=scale)
 
 
 def default_tables(data: Sequence[str]) -> str:
@@ -107,7 +119,7 @@ def chosen_table_sizes(args: argparse.Namespace) -> tuple[int, ...]:
     """Rows per table: ``--tables`` (or its default for ``--data``) times ``--scale``."""
     tables = args.tables or default_tables(args.data)
     try:
-        return table_sizes(tables, args.scale)
+        return table_sizes(tables, args.criteo_scale if args.scale is None else args.scale)
     except ValueError as error:
         option = "--tables" if tables not in TABLE_SETS else "--scale"
         raise ValueError(f"{option}: {error}") from error
@@ -115,15 +127,22 @@ def chosen_table_sizes(args: argparse.Namespace) -> tuple[int, ...]:
 
 def open_source(
     args: argparse.Namespace, batch_size: int, require_labels: bool = False
-) -> tuple[CriteoSource, int | None]:
+) -> tuple[BlockSource, int | None]:
     """The source ``args.data`` names and how many batches it has (None when unknown).
 
-    Tables are ``--tables`` times ``--scale`` (:func:`chosen_table_sizes`); the source's
-    ``table_configs`` match them. With ``require_labels`` (training, evaluation) unlabelled Criteo
-    files are refused. Raises ``ValueError`` naming the problem for an unknown kind, a missing path or
-    file, or bad table sizes.
+    Criteo-layout tables are ``--tables`` times ``--scale`` (:func:`chosen_table_sizes`), parquet and
+    csv tables ``--schema``'s (or counted from the data); the source's ``table_configs`` match them.
+    With ``require_labels`` (training, evaluation) unlabelled Criteo files are refused. Raises
+    ``ValueError`` naming the problem for an unknown kind, a missing path or file, a bad schema or
+    file, an option that does not apply, or bad table sizes.
     """
     kind, paths = _kind_and_paths(args.data, DATA_KINDS)
+    if kind in FORMATS:
+        return _columnar_source(args, kind, paths, batch_size), None
+    if args.schema is not None:
+        raise ValueError(
+            f"--schema: only with --data {' or '.join(FORMATS)} (--data {kind} has its own layout)"
+        )
     sizes = chosen_table_sizes(args)
     if kind == "synthetic":
         data = SyntheticCriteo(
@@ -146,6 +165,19 @@ def open_source(
     except OSError as error:
         raise ValueError(f"--data criteo-npy: {error}") from error
     return reader, -(-reader.num_samples // batch_size)
+
+
+def _columnar_source(
+    args: argparse.Namespace, kind: str, paths: Sequence[str], batch_size: int
+) -> ColumnarSource:
+    """``--data parquet|csv FILE...`` read as ``--schema`` says."""
+    for option, value in (("--tables", args.tables), ("--scale", args.scale)):
+        if value is not None:
+            raise ValueError(f"{option}: not with --data {kind}, whose tables --schema gives (or counts)")
+    if args.schema is None:
+        raise ValueError(f"--data {kind}: needs --schema TOML naming its columns (docs/data.md)")
+    _check_files(kind, paths)
+    return ColumnarSource(kind, paths, load_schema(args.schema), batch_size)
 
 
 def add_taobao_arguments(parser: argparse.ArgumentParser, num_users: int, scale: float) -> None:

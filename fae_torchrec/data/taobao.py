@@ -181,6 +181,11 @@ class TaobaoSource(BlockSource):
         self.train, self.validation = tbsm_samples(events, ts_length, points_per_user, test_share, seed)
 
     @property
+    def num_dense(self) -> int:
+        """One dense feature a step: its position in the history."""
+        return self.ts_length + 1
+
+    @property
     def num_train(self) -> int:
         return len(self.train)
 

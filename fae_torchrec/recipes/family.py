@@ -1,4 +1,5 @@
-"""The model families the training recipe trains: DLRM on Criteo-layout data, TBSM on Taobao-layout data."""
+"""The model families the training recipe trains: DLRM on Criteo-layout data or any click log described by
+a schema, TBSM on Taobao-layout data."""
 
 from __future__ import annotations
 
@@ -66,11 +67,19 @@ def _dlrm_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _dlrm_source(args: argparse.Namespace) -> BlockSource:
+    """The labelled data ``args`` name; its dense width goes to ``args.dense_in_features`` for the
+    model (13 for Criteo's layout, the schema's dense columns for parquet and csv)."""
+    source = open_source(args, batch_size=BLOCK, require_labels=True)[0]
+    args.dense_in_features = source.num_dense
+    return source
+
+
 def _dlrm(sparse: nn.Module, args: argparse.Namespace) -> nn.Module:
     return DLRMTrain(
         TorchRecDLRM(
             sparse,
-            dense_in_features=13,
+            dense_in_features=args.dense_in_features,
             dense_arch_layer_sizes=[64, args.dim],
             over_arch_layer_sizes=[64, 32, 1],
         )
@@ -88,7 +97,7 @@ DLRM = ModelFamily(
     name="DLRM",
     description="Train TorchRec's DLRM with FAE on DistributedModelParallel, or a baseline with --baseline.",
     add_arguments=_dlrm_arguments,
-    open_source=lambda args: open_source(args, batch_size=BLOCK, require_labels=True)[0],
+    open_source=_dlrm_source,
     build_model=_dlrm,
     sparse_path="model.sparse_arch.embedding_bag_collection",
     val_every=lambda args: args.val_every,

@@ -37,8 +37,12 @@ logger = logging.getLogger("fae_torchrec.recipes")
 def main(family: ModelFamily, argv: list[str] | None = None) -> dict:
     """Train ``family`` as the command line ``argv`` says (``sys.argv`` when None); the run's metrics."""
     args = parse_args(family, argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", force=True)
-    logger.setLevel(logging.INFO)
+    # each line names the model, so that DLRM's and TBSM's logs tell apart
+    logging.basicConfig(
+        level=logging.WARNING, format=f"%(asctime)s {family.name} %(name)s: %(message)s", force=True
+    )
+    for name in (logger.name, "fae_torchrec.data"):  # the run's steps, and what the data's first pass found
+        logging.getLogger(name).setLevel(logging.INFO)
     rank, world, device = init_distributed()
     try:
         with torchrec_quiet():

@@ -1,0 +1,124 @@
+"""Parquet files (pyarrow) and CSV files with a header, read as Arrow record batches of chosen columns in
+bounded memory, with the place of a row in the file as errors name it."""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+
+#: Rows of a Parquet file read at a time (at most; a row group is read whole).
+CHUNK_ROWS = 1 << 16
+#: Bytes of a CSV file parsed at a time.
+CHUNK_BYTES = 1 << 24
+
+
+class ColumnarFile:
+    """One data file: its columns' Arrow types (``types``; CSV: all text) and its rows in record
+    batches. ``typed``: whether the columns carry types (Parquet) or are text to parse (CSV)."""
+
+    typed: bool
+
+    def __init__(self, path: str, types: dict[str, pa.DataType]) -> None:
+        self.path = path
+        self.types = types
+
+    def batches(self, columns: Sequence[str]) -> Iterator[tuple[pa.RecordBatch, int]]:
+        """``columns`` of the file in record batches, each with the index of its first row."""
+        raise NotImplementedError
+
+    def where(self, row: int) -> str:
+        """Where row ``row`` (counted from 0) is, in the file's own terms."""
+        raise NotImplementedError
+
+
+class ParquetColumns(ColumnarFile):
+    """A Parquet file, read ``chunk_rows`` rows at a time within its row groups."""
+
+    typed = True
+
+    def __init__(self, path: str, chunk_rows: int = CHUNK_ROWS) -> None:
+        try:
+            self.file = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as error:
+            raise ValueError(f"{path}: not a readable Parquet file: {error}") from error
+        super().__init__(path, {field.name: field.type for field in self.file.schema_arrow})
+        metadata = self.file.metadata
+        self.group_ends = np.cumsum([metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)])
+        self.chunk_rows = chunk_rows
+
+    def batches(self, columns: Sequence[str]) -> Iterator[tuple[pa.RecordBatch, int]]:
+        first = 0
+        try:
+            for batch in self.file.iter_batches(batch_size=self.chunk_rows, columns=list(columns)):
+                yield batch, first
+                first += batch.num_rows
+        except (pa.ArrowException, OSError) as error:
+            raise ValueError(f"{self.path}: damaged after row {first}: {error}") from error
+
+    def where(self, row: int) -> str:
+        group = int(np.searchsorted(self.group_ends, row, side="right"))
+        return f"row {row} (counted from 0, in row group {group})"
+
+
+class CsvColumns(ColumnarFile):
+    """A CSV file whose first line names its columns, parsed ``chunk_bytes`` at a time; every field is
+    text (an empty field is the empty text), which the reader checks and converts."""
+
+    typed = False
+
+    def __init__(self, path: str, chunk_bytes: int = CHUNK_BYTES) -> None:
+        try:
+            with open(path, newline="", encoding="utf-8") as file:
+                header = next(csv.reader(file), None)
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(f"{path}: cannot read a CSV header: {error}") from error
+        if not header:
+            raise ValueError(f"{path}:1: no header line naming the columns")
+        repeated = next((name for name in header if header.count(name) > 1), None)
+        if repeated is not None:
+            raise ValueError(f"{path}:1: column {repeated!r} is named twice in the header")
+        super().__init__(path, dict.fromkeys(header, pa.string()))
+        self.chunk_bytes = chunk_bytes
+
+    def batches(self, columns: Sequence[str]) -> Iterator[tuple[pa.RecordBatch, int]]:
+        convert = pa_csv.ConvertOptions(
+            include_columns=list(columns),
+            column_types=dict.fromkeys(columns, pa.string()),
+            strings_can_be_null=False,
+            quoted_strings_can_be_null=False,
+        )
+        first = 0
+        try:
+            reader = pa_csv.open_csv(
+                self.path,
+                read_options=pa_csv.ReadOptions(block_size=self.chunk_bytes),
+                convert_options=convert,
+            )
+            for batch in reader:
+                yield batch, first
+                first += batch.num_rows
+        except (pa.ArrowException, OSError) as error:
+            raise ValueError(f"{self.path}: after line {first + 1}: {error}") from error
+
+    def where(self, row: int) -> str:
+        return f"line {row + 2}"
+
+
+#: The ``--data`` kinds of columnar files.
+FORMATS = ("parquet", "csv")
+
+
+def open_columns(
+    kind: str, path: str | os.PathLike, chunk_rows: int = CHUNK_ROWS, chunk_bytes: int = CHUNK_BYTES
+) -> ColumnarFile:
+    """The file ``path`` read as ``kind`` (``parquet``, ``chunk_rows`` rows at a time, or ``csv``,
+    ``chunk_bytes`` at a time)."""
+    if kind == "parquet":
+        return ParquetColumns(os.fspath(path), chunk_rows)
+    return CsvColumns(os.fspath(path), chunk_bytes)
