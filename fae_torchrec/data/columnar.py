@@ -93,14 +93,14 @@ class ColumnarSource(BlockSource):
     def _block(self, chunk: _Chunk) -> SampleBlock:
         schema = self.schema
         labels = chunk.labels(schema.label)
-        dense = np.zeros((len(labels), len(schema.dense)), dtype=np.float32)
+        dense = np.zeros((len(labels), len(schema.dense)), dtype=np.float64)
         for j, column in enumerate(schema.dense):
             dense[:, j] = chunk.numbers(column, "dense")
         if schema.dense_transform == "log":
             dense = np.sign(dense) * np.log1p(np.abs(dense))
         ids = [chunk.rows(f, self.table_rows[f.table]) for f in schema.features]
         return SampleBlock(
-            dense=dense,
+            dense=dense.astype(np.float32),
             ids=np.concatenate(ids, axis=1),
             labels=labels,
             ids_per_feature=tuple(f.ids_per_input for f in schema.features),
@@ -155,7 +155,7 @@ class _Chunk:
         """The column, refused with its first null."""
         values = self.batch.column(column)
         if values.null_count:
-            self.fail(column, role, _first(~values.is_valid()), "no value (null)")
+            self.fail(column, role, _first(pc.is_null(values)), "no value (null)")
         return values
 
     def labels(self, column: str) -> np.ndarray:
@@ -202,7 +202,7 @@ class _Chunk:
             self.fail(
                 feature.column,
                 f"feature {feature.name}",
-                _first(~flat.is_valid()) // feature.length,
+                _first(pc.is_null(flat)) // feature.length,
                 "a null in the list",
             )
         return flat

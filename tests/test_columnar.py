@@ -1,0 +1,309 @@
+"""Parquet and CSV click logs described by a schema (``--data parquet|csv FILE... --schema S``): ids
+against an independent reference, the same training from Parquet, CSV and ``SampleBlock``s, profile ->
+plan -> the DLRM example at 1 and 2 ranks, and every bad input refused with exit status 2 naming it."""
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from fae_torchrec import AccessStats
+from fae_torchrec.cli import main
+from fae_torchrec.data import SampleBlock, rebatch
+from fae_torchrec.data.columnar import ColumnarSource
+from fae_torchrec.data.hashing import fnv1a, hashed_rows
+from fae_torchrec.data.schema import load_schema
+from tests.columnar_data import (
+    FEATURES,
+    SCHEMA,
+    avazu_like,
+    reference,
+    write_csv,
+    write_parquet,
+    write_schema,
+)
+from tests.columnar_data import (
+    fnv1a as reference_fnv1a,
+)
+from tests.distributed import run_launched
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """600 Avazu-like inputs as one Parquet file (row groups of 128), the same split in two Parquet
+    files, as CSV, and their schema."""
+    folder = tmp_path_factory.mktemp("avazu")
+    table = avazu_like(600)
+    return {
+        "table": table,
+        "parquet": write_parquet(table, folder / "train.parquet"),
+        "parts": [write_parquet(table.slice(0, 250), folder / "a.parquet"),
+                  write_parquet(table.slice(250), folder / "b.parquet")],
+        "csv": write_csv(table, folder / "train.csv"),
+        "schema": write_schema(folder / "avazu.toml"),
+    }  # fmt: skip
+
+
+def _read(kind, paths, schema, **chunks) -> SampleBlock:
+    return SampleBlock.concat(list(ColumnarSource(kind, paths, load_schema(schema), 64, **chunks).blocks()))
+
+
+def test_fnv1a_is_the_published_hash_in_every_process():
+    """FNV-1a's published 64-bit values; and the same rows in a process with another hash seed (Python's
+    own ``hash`` of text changes with it)."""
+    assert fnv1a(pa.array(["", "a", "foobar"])).tolist() == [
+        0xCBF29CE484222325, 0xAF63DC4C8601EC8C, 0x85944171F73967E8
+    ]  # fmt: skip
+    assert fnv1a(pa.array([12, -3])).tolist() == fnv1a(pa.array(["12", "-3"])).tolist()
+    words = [f"w{i:x}" * (i % 5) for i in range(200)]
+    assert fnv1a(pa.array(words)).tolist() == [reference_fnv1a(w) for w in words]
+    code = "import pyarrow as pa; from fae_torchrec.data.hashing import hashed_rows; "
+    code += "print(hashed_rows(pa.array(['site', 'é', '00a1']), 1000).tolist())"
+    runs = {
+        seed: subprocess.run(
+            [sys.executable, "-c", code],
+            env={"PYTHONHASHSEED": seed, "PATH": ""},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert runs["1"] == runs["2"] == f"{hashed_rows(pa.array(['site', 'é', '00a1']), 1000).tolist()}\n"
+
+
+@pytest.mark.parametrize("kind", ["parquet", "csv"])
+def test_ids_labels_and_dense_equal_an_independent_reference(files, kind, caplog):
+    caplog.set_level("INFO", "fae_torchrec.data")
+    source = ColumnarSource(kind, files[kind], load_schema(files["schema"]), 64, chunk_rows=100)
+    expected = reference(files["table"])
+    assert {c.name: c.num_embeddings for c in source.table_configs()} == expected["tables"]
+    assert [c.feature_names for c in source.table_configs() if c.name == "domain"] == [
+        list(("site_domain", "app_domain"))
+    ]
+    assert "table site_category: " in caplog.text and " distinct values in 1 file(s) -> " in caplog.text
+    block = SampleBlock.concat(list(source.blocks()))
+    assert block.ids_per_feature == tuple(3 if f == "tags" else 1 for f in FEATURES)
+    np.testing.assert_array_equal(block.labels, expected["labels"])
+    np.testing.assert_array_equal(block.dense, expected["dense"].astype(np.float32))
+    for feature, ids in block.feature_ids(FEATURES).items():
+        np.testing.assert_array_equal(ids, expected["ids"][feature], err_msg=feature)
+
+
+def test_files_in_order_and_any_chunk_size_read_alike(files):
+    whole = _read("parquet", files["parquet"], files["schema"])
+    for other in (
+        _read("parquet", files["parts"], files["schema"]),
+        _read("parquet", files["parquet"], files["schema"], chunk_rows=7),
+        _read("csv", files["csv"], files["schema"], chunk_bytes=4096),
+    ):
+        for name in ("dense", "ids", "labels"):
+            np.testing.assert_array_equal(getattr(other, name), getattr(whole, name))
+
+
+def _trained(batches, tables) -> dict[str, torch.Tensor]:
+    """TorchRec's DLRM (unsharded) after SGD on ``batches``, from the same initial state."""
+    torch.manual_seed(0)
+    model = DLRMTrain(DLRM(EmbeddingBagCollection(tables), dense_in_features=2,
+                           dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[8, 1]))  # fmt: skip
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for batch in batches:
+        model(batch)[0].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+
+def test_parquet_csv_and_sample_blocks_train_to_the_same_parameters(files):
+    schema = load_schema(files["schema"])
+    parquet = ColumnarSource("parquet", files["parquet"], schema, 64, chunk_rows=50)
+    tables = parquet.table_configs(4)
+    expected = reference(files["table"])
+    blocks = SampleBlock(
+        dense=expected["dense"].astype(np.float32),
+        ids=np.concatenate([expected["ids"][f] for f in FEATURES], axis=1),
+        labels=expected["labels"].astype(np.int32),
+        ids_per_feature=parquet.blocks().__next__().ids_per_feature,
+    )
+    trained = [
+        _trained(iter(parquet), tables),
+        _trained(iter(ColumnarSource("csv", files["csv"], schema, 64)), tables),
+        _trained((b.to_batch(FEATURES) for b in rebatch([blocks], 64)), tables),
+    ]
+    untrained = _trained([], tables)
+    for name, value in trained[0].items():
+        assert not torch.equal(value, untrained[name]), f"{name} trained"
+        for other in trained[1:]:
+            assert torch.equal(other[name], value), name
+
+
+@pytest.mark.slow
+def test_profile_plan_and_the_example_at_one_and_two_ranks(files, tmp_path, capsys):
+    """``profile`` and ``plan`` on the Parquet file, then the DLRM example on CSV (1 rank) and Parquet
+    (2 ranks under torchrun): the model has the schema's tables and dense width, and trains."""
+    stats_file = tmp_path / "stats.npz"
+    main(["profile", "--data", "parquet", str(files["parquet"]), "--schema", str(files["schema"]),
+          "--budget", "4KiB", "--holdout", "100", "--out", str(stats_file)])  # fmt: skip
+    profiled = capsys.readouterr().out
+    assert "profiled " in profiled and "\ndomain " in profiled and "\ntag " in profiled, profiled
+    stats = AccessStats.load(stats_file)
+    assert {t.name: t.num_embeddings for t in stats.tables} == reference(files["table"])["tables"]
+    main(["plan", "--stats", str(stats_file), "--world-size", "2", "--hbm-cap", "1MiB", "--batch-size",
+          "64", "--candidates", "2", "--processes", "1"])  # fmt: skip
+    assert "predicted step ratio" in capsys.readouterr().out
+    runs = {
+        1: ([sys.executable], "csv", files["csv"]),
+        2: ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+            "parquet", files["parquet"]),
+    }  # fmt: skip
+    for world, (launcher, kind, path) in runs.items():
+        out = tmp_path / f"run{world}"
+        options = [
+            "--schema",
+            str(files["schema"]),
+            "--batch-size",
+            "32",
+            "--budget",
+            "4KiB",
+            "--val-every",
+            "5",
+        ]
+        run = run_launched(
+            [*launcher, str(EXAMPLE), "--data", kind, str(path), *options, "--out", str(out)], outputs=[out]
+        )
+        assert run.returncode == 0, run.stderr[-4000:]
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["world_size"] == world and metrics["train_inputs"] == 480
+        assert metrics["hot_steps"] > 0 and metrics["cold_steps"] > 0, metrics
+        assert "DLRM fae_torchrec.data.columnar: table site_category: " in run.stderr
+
+
+def _exits_2(argv, capsys, caplog) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["profile", *argv, "--out", str(Path(tempfile.gettempdir()) / "never-written.npz")])
+    assert exit_info.value.code == 2
+    return caplog.text + capsys.readouterr().err
+
+
+def _bad_schema(tmp_path, old, new) -> Path:
+    assert old in SCHEMA
+    return write_schema(tmp_path / "bad.toml", SCHEMA.replace(old, new, 1))
+
+
+def _damaged(files, tmp_path, column, row, value, kind="parquet"):
+    """The data with ``column`` at ``row`` replaced by ``value`` (of the column's type, or null)."""
+    table = files["table"]
+    values = table.column(column).to_pylist()
+    if isinstance(value, str):  # CSV text in a column of numbers
+        values = [str(v) for v in values]
+    values[row] = value
+    changed = table.set_column(table.schema.get_field_index(column), column, pa.array(values))
+    write = write_parquet if kind == "parquet" else write_csv
+    return write(changed, tmp_path / f"damaged.{kind}")
+
+
+def test_a_misspelt_column_is_named_with_its_likely_meaning(files, tmp_path, capsys, caplog):
+    schema = _bad_schema(tmp_path, "[features.site_id]", "[features.site_idd]")
+    for kind in ("parquet", "csv"):
+        reported = _exits_2(["--data", kind, str(files[kind]), "--schema", str(schema)], capsys, caplog)
+        assert (
+            f"{files[kind]}: no column 'site_idd' (feature site_idd, {schema}); did you mean 'site_id'?"
+            in reported
+        )
+
+
+def test_a_column_of_the_wrong_type_is_named(files, tmp_path, capsys, caplog):
+    schema = _bad_schema(tmp_path, 'label = "click"', 'label = "site_id"')
+    reported = _exits_2(["--data", "parquet", str(files["parquet"]), "--schema", str(schema)], capsys, caplog)
+    assert (
+        f"{files['parquet']}: column 'site_id' (label) holds string, which is not a number or a boolean"
+        in reported
+    )
+    schema = _bad_schema(tmp_path, "[features.site_id]", '[features.site_id]\nids = "offset"')
+    reported = _exits_2(["--data", "parquet", str(files["parquet"]), "--schema", str(schema)], capsys, caplog)
+    assert (
+        "column 'site_id' (feature site_id) holds string, which is not an integer (ids = \"offset\")"
+        in reported
+    )
+
+
+def _row(row: int, group: int) -> str:
+    return f"row {row} (counted from 0, in row group {group})"
+
+
+@pytest.mark.parametrize(
+    ("column", "row", "value", "kind", "where", "problem"),
+    [
+        ("click", 300, None, "parquet", _row(300, 2), "no value (null)"),
+        ("click", 7, 2, "parquet", _row(7, 0), "2 is not a label (0 or 1)"),
+        ("click", 7, 2, "csv", "line 9", "'2' is not a label (0 or 1)"),
+        ("hour", 11, "x", "csv", "line 13", "'x' is not a number"),
+        ("device_type", 5, 0, "parquet", _row(5, 0), "id 0 is below the offset 1"),
+        ("device_type", 5, -4, "csv", "line 7", "id -4 is below the offset 1"),
+        ("device_type", 1, "one", "csv", "line 3", "'one' is not an integer id"),
+        ("tags", 9, ["a", "b"], "parquet", _row(9, 0), "a list of 2 values; the schema's length is 3"),
+        ("site_id", 400, None, "parquet", _row(400, 3), "no value (null)"),
+    ],
+)
+def test_a_bad_value_is_named_with_its_file_column_and_row(
+    files, tmp_path, capsys, caplog, column, row, value, kind, where, problem
+):
+    path = _damaged(files, tmp_path, column, row, value, kind)
+    reported = _exits_2(["--data", kind, str(path), "--schema", str(files["schema"])], capsys, caplog)
+    role = {"click": "label", "hour": "dense"}.get(column, f"feature {column}")
+    assert f"{path}: column {column!r} ({role}), {where}: {problem}" in reported
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("rows = 499\n[features.app_category]", "rows = 500\n[features.app_category]",
+         "table 'domain' is given 499 rows by features.site_domain and 500 by features.app_domain"),
+        ("offset = 1", "ofset = 1", "unknown key features.device_type.ofset; the keys there are"),
+        ('ids = "offset"', 'ids = "vocab"', "features.device_type.ids: 'vocab' is not one of hash, offset"),
+        ("length = 3", "length = 0", "features.tags.length: expected an integer in [1, 65,536], got 0"),
+        ('label = "click"', 'label = "click', "not TOML: "),
+        ('label = "click"', "", "missing key label"),
+    ],
+)  # fmt: skip
+def test_a_bad_schema_is_named_with_its_key(files, tmp_path, capsys, caplog, old, new, message):
+    schema = _bad_schema(tmp_path, old, new)
+    reported = _exits_2(["--data", "parquet", str(files["parquet"]), "--schema", str(schema)], capsys, caplog)
+    assert f"--schema {schema}: {message}" in reported
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "--data parquet: needs --schema TOML naming its columns"),
+        (
+            ["--schema", "S", "--tables", "kaggle"],
+            "--tables: not with --data parquet, whose tables --schema gives",
+        ),
+        (["--schema", "S", "--scale", "2"], "--scale: not with --data parquet, whose tables --schema gives"),
+    ],
+)
+def test_options_that_do_not_apply_to_columnar_data_are_refused(files, capsys, caplog, extra, message):
+    extra = [str(files["schema"]) if word == "S" else word for word in extra]
+    assert message in _exits_2(["--data", "parquet", str(files["parquet"]), *extra], capsys, caplog)
+
+
+def test_a_schema_with_other_data_and_a_damaged_parquet_file_are_refused(files, tmp_path, capsys, caplog):
+    reported = _exits_2(["--data", "synthetic", "--schema", str(files["schema"])], capsys, caplog)
+    assert "--schema: only with --data parquet or csv (--data synthetic has its own layout)" in reported
+    damaged = tmp_path / "cut.parquet"
+    damaged.write_bytes(files["parquet"].read_bytes()[:-100])
+    reported = _exits_2(["--data", "parquet", str(damaged), "--schema", str(files["schema"])], capsys, caplog)
+    assert f"{damaged}: not a readable Parquet file" in reported
+    assert pq.ParquetFile(files["parquet"]).metadata.num_row_groups == 5
