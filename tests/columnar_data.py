@@ -73,9 +73,12 @@ def write_parquet(table: pa.Table, path: Path, row_group: int = 128) -> Path:
 
 
 def write_csv(table: pa.Table, path: Path) -> Path:
-    """The table as CSV with a header; the list column as its words joined by ``|``."""
-    tags = pa.array(["|".join(words) for words in table.column("tags").to_pylist()])
-    pa_csv.write_csv(table.set_column(table.schema.get_field_index("tags"), "tags", tags), path)
+    """The table as CSV with a header; a list column as its words joined by ``|``."""
+    for index, field in enumerate(table.schema):
+        if pa.types.is_list(field.type):
+            joined = pa.array(["|".join(words) for words in table.column(index).to_pylist()])
+            table = table.set_column(index, field.name, joined)
+    pa_csv.write_csv(table, path)
     return path
 
 
@@ -111,3 +114,28 @@ def reference(table: pa.Table) -> dict:
         "ids": ids,
         "tables": tables,
     }
+
+
+#: Avazu's 24 columns, in its order.
+AVAZU_COLUMNS = (
+    "id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id",
+    "app_domain", "app_category", "device_id", "device_ip", "device_model", "device_type",
+    "device_conn_type", "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21",
+)  # fmt: skip
+_AVAZU_HEX = {"site_id", "site_domain", "site_category", "app_id", "app_domain", "app_category",
+              "device_id", "device_ip", "device_model"}  # fmt: skip
+
+
+def avazu_layout(n: int, seed: int = 0) -> pa.Table:
+    """``n`` rows in Avazu's layout: a 19-digit ``id``, ``click``, ``hour`` as YYMMDDHH, hex-string
+    categories and integer ones."""
+    rng = np.random.default_rng(seed)
+    columns = {
+        "id": [str(v) for v in rng.integers(10**18, 10**19 - 1, n, dtype=np.uint64)],
+        "click": rng.integers(0, 2, n),
+        "hour": 14102100 + 100 * rng.integers(0, 10, n) + rng.integers(0, 24, n),
+    }
+    for column in AVAZU_COLUMNS[3:]:
+        ids = rng.zipf(1.5, n) % 1000
+        columns[column] = [f"{v * 2654435761 % 2**32:08x}" for v in ids] if column in _AVAZU_HEX else ids
+    return pa.table(columns)

@@ -23,8 +23,10 @@ from fae_torchrec.data.columnar import ColumnarSource
 from fae_torchrec.data.hashing import fnv1a, hashed_rows
 from fae_torchrec.data.schema import load_schema
 from tests.columnar_data import (
+    AVAZU_COLUMNS,
     FEATURES,
     SCHEMA,
+    avazu_layout,
     avazu_like,
     reference,
     write_csv,
@@ -307,3 +309,26 @@ def test_a_schema_with_other_data_and_a_damaged_parquet_file_are_refused(files, 
     reported = _exits_2(["--data", "parquet", str(damaged), "--schema", str(files["schema"])], capsys, caplog)
     assert f"{damaged}: not a readable Parquet file" in reported
     assert pq.ParquetFile(files["parquet"]).metadata.num_row_groups == 5
+
+
+def test_the_avazu_schema_reads_avazu_s_layout_and_is_the_one_documented(tmp_path, capsys):
+    """examples/schemas/avazu.toml, shown whole in docs/data.md, reads Avazu's 24 columns from CSV and
+    Parquet alike: 22 tables, the two big ones hashed into 2^20 rows, the others sized by the data."""
+    schema = Path(__file__).resolve().parents[1] / "examples" / "schemas" / "avazu.toml"
+    docs = (schema.parents[2] / "docs" / "data.md").read_text()
+    assert f"```toml\n{schema.read_text()}```" in docs
+    table = avazu_layout(2000)
+    assert table.column_names == list(AVAZU_COLUMNS)
+    blocks = [
+        _read("csv", write_csv(table, tmp_path / "train.csv"), schema),
+        _read("parquet", write_parquet(table, tmp_path / "train.parquet"), schema),
+    ]
+    for name in ("dense", "ids", "labels"):
+        np.testing.assert_array_equal(getattr(blocks[0], name), getattr(blocks[1], name))
+    configs = ColumnarSource("csv", tmp_path / "train.csv", load_schema(schema), 64).table_configs()
+    rows = {config.name: config.num_embeddings for config in configs}
+    assert len(rows) == 22 and rows["device_id"] == rows["device_ip"] == 2**20
+    assert rows["hour"] == len(set(table.column("hour").to_pylist())) and blocks[0].dense.shape == (2000, 0)
+    main(["profile", "--data", "csv", str(tmp_path / "train.csv"), "--schema", str(schema), "--sample", "0.5",
+          "--out", str(tmp_path / "stats.npz")])  # fmt: skip
+    assert "\ndevice_ip " in capsys.readouterr().out

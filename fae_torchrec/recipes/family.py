@@ -4,6 +4,7 @@ a schema, TBSM on Taobao-layout data."""
 from __future__ import annotations
 
 import argparse
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -76,14 +77,18 @@ def _dlrm_source(args: argparse.Namespace) -> BlockSource:
 
 
 def _dlrm(sparse: nn.Module, args: argparse.Namespace) -> nn.Module:
-    return DLRMTrain(
-        TorchRecDLRM(
-            sparse,
-            dense_in_features=args.dense_in_features,
-            dense_arch_layer_sizes=[64, args.dim],
-            over_arch_layer_sizes=[64, 32, 1],
+    """TorchRec's DLRM; with no dense feature (a schema's ``dense = []``, as for Avazu) its dense arch
+    is its first layer's bias, and PyTorch's notice that a zero-element weight takes no init is moot."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Initializing zero-element tensors is a no-op", UserWarning)
+        return DLRMTrain(
+            TorchRecDLRM(
+                sparse,
+                dense_in_features=args.dense_in_features,
+                dense_arch_layer_sizes=[64, args.dim],
+                over_arch_layer_sizes=[64, 32, 1],
+            )
         )
-    )
 
 
 def _tbsm(sparse: nn.Module, args: argparse.Namespace) -> nn.Module:
