@@ -1,6 +1,6 @@
 """Avazu-like click logs for the columnar tests: a label, integer columns, 20 categorical text columns and
 a multi-hot list column, written as Parquet and CSV, with their schema and the ids a reference computes
-independently of the library (FNV-1a in plain Python)."""
+independently of the library (FNV-1a in plain Python, vocabularies as sorted Python sets)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ TEXT_COLUMNS = (
     "device_ip", "device_model", "C1", "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21",
     "device_conn_type", "hour_of_week",
 )  # fmt: skip
-#: Rows given per text column in the schema (the other text columns are sized from the data).
+#: Rows given per text column in the schema, which hashes them (the others take a vocabulary).
 GIVEN_ROWS = {
     c: 97 + 10 * i for i, c in enumerate(TEXT_COLUMNS) if c not in ("site_category", "app_category")
 }
@@ -101,9 +101,12 @@ def reference(table: pa.Table) -> dict:
     data = table.to_pydict()
     rows = {c: GIVEN_ROWS.get(c, len(set(data[c]))) for c in TEXT_COLUMNS}
     rows.update(dict.fromkeys(SHARED, DOMAIN_ROWS))
-    ids = {c: np.array([[fnv1a(str(v)) % rows[c]] for v in data[c]]) for c in TEXT_COLUMNS}
-    vocabulary = {w for words in data["tags"] for w in words}
-    ids["tags"] = np.array([[fnv1a(w) % len(vocabulary) for w in words] for words in data["tags"]])
+    ids = {c: np.array([[fnv1a(str(v)) % rows[c]] for v in data[c]]) for c in rows}
+    for column in set(TEXT_COLUMNS) - set(GIVEN_ROWS) - set(SHARED):  # no rows given: a vocabulary
+        places = {value: place for place, value in enumerate(sorted(set(data[column])))}
+        ids[column] = np.array([[places[v]] for v in data[column]])
+    vocabulary = sorted({w for words in data["tags"] for w in words})
+    ids["tags"] = np.array([[vocabulary.index(w) for w in words] for words in data["tags"]])
     ids["device_type"] = np.array(data["device_type"])[:, None] - 1
     dense = np.array([data["hour"], data["banner_pos"]], dtype=np.float64).T
     tables = {"device_type": max(data["device_type"]), "tag": len(vocabulary), "domain": DOMAIN_ROWS}

@@ -38,9 +38,9 @@ class ColumnarSource(BlockSource):
     """The inputs of Parquet (``kind`` ``parquet``) or CSV (``csv``) files, read in order as ``schema``
     describes them.
 
-    Tables the schema gives no size get one from a first pass over the files: a row per distinct value
-    of a hashed table's features (so, as for Criteo's tables, distinct values rarely share a row), the
-    largest row + 1 of an offset table's; the pass logs what it found.
+    Tables the schema gives no size get one from a first pass over the files, which logs what it found:
+    a vocabulary table has a row per distinct value of its features (``vocabularies``: the values,
+    sorted, a value's row its place among them), an offset table the largest row + 1.
 
     Args:
         kind: ``parquet`` or ``csv``.
@@ -67,7 +67,8 @@ class ColumnarSource(BlockSource):
             _check_columns(file, schema)
         rows = schema.table_rows()
         missing = [table for table, size in rows.items() if size is None]
-        self.table_rows = {**rows, **(self._count_rows(missing) if missing else {})}
+        self.vocabularies: dict[str, pa.Array] = {}
+        self.table_rows = {**rows, **(self._first_pass(missing) if missing else {})}
 
     @property
     def num_dense(self) -> int:
@@ -98,7 +99,9 @@ class ColumnarSource(BlockSource):
             dense[:, j] = chunk.numbers(column, "dense")
         if schema.dense_transform == "log":
             dense = np.sign(dense) * np.log1p(np.abs(dense))
-        ids = [chunk.rows(f, self.table_rows[f.table]) for f in schema.features]
+        ids = [
+            chunk.rows(f, self.table_rows[f.table], self.vocabularies.get(f.table)) for f in schema.features
+        ]
         return SampleBlock(
             dense=dense.astype(np.float32),
             ids=np.concatenate(ids, axis=1),
@@ -106,9 +109,9 @@ class ColumnarSource(BlockSource):
             ids_per_feature=tuple(f.ids_per_input for f in schema.features),
         )
 
-    def _count_rows(self, tables: Sequence[str]) -> dict[str, int]:
-        """Rows of ``tables`` from a pass over the files (a row per distinct hashed value, or the
-        largest offset row + 1), logged."""
+    def _first_pass(self, tables: Sequence[str]) -> dict[str, int]:
+        """Rows of ``tables`` from a pass over the files (a row per distinct value, kept in
+        ``vocabularies``, or the largest offset row + 1), logged."""
         features = [f for t in tables for f in self.schema.tables[t]]
         columns = list(dict.fromkeys(f.column for f in features))
         seen: dict[str, list] = {t: [] for t in tables}
@@ -125,8 +128,10 @@ class ColumnarSource(BlockSource):
                             found[:] = [pc.unique(pa.concat_arrays(found))]
         counted = {}
         for table, found in seen.items():
-            hashed = self.schema.tables[table][0].ids == "hash"
-            count = len(pc.unique(pa.concat_arrays(found))) if hashed and found else max(found, default=0)
+            listed = self.schema.tables[table][0].ids == "vocabulary"
+            if listed and found:
+                self.vocabularies[table] = pc.unique(pa.concat_arrays(found)).sort()
+            count = len(self.vocabularies[table]) if listed and found else max(found, default=0)
             if count == 0:
                 raise ValueError(
                     f"{self.schema.path}: table {table!r}: the data holds no value to size it by"
@@ -134,7 +139,7 @@ class ColumnarSource(BlockSource):
             counted[table] = count
             logger.info(
                 "table %s: %s in %d file(s) -> %d rows",
-                table, f"{count:,} distinct values" if hashed else f"largest row {count - 1:,}",
+                table, f"{count:,} distinct values" if listed else f"largest row {count - 1:,}",
                 len(self.files), count,
             )  # fmt: skip
         return counted
@@ -207,13 +212,24 @@ class _Chunk:
             )
         return flat
 
-    def rows(self, feature: SparseFeature, rows: int | None) -> np.ndarray:
-        """The feature's rows ``(inputs, ids_per_input)``: hashed into ``rows``, or integer ids less the
-        offset, each in ``[0, rows)`` (``rows`` None, offset ids only: not bounded above, for a first
-        pass)."""
+    def rows(
+        self, feature: SparseFeature, rows: int | None, vocabulary: pa.Array | None = None
+    ) -> np.ndarray:
+        """The feature's rows ``(inputs, ids_per_input)``: places in the sorted ``vocabulary``, hashed into
+        ``rows``, or integer ids less the offset, each in ``[0, rows)`` (``rows`` None, offset ids only:
+        not bounded above, for a first pass)."""
         values = self.values(feature)
         role = f"feature {feature.name}"
-        if feature.ids == "hash":
+        if feature.ids == "vocabulary":
+            found = pc.index_in(as_text(values), value_set=vocabulary)
+            if found.null_count:
+                index = _first(pc.is_null(found))
+                self.fail(
+                    feature.column, role, index // feature.ids_per_input,
+                    f"{values[index].as_py()!r} is not among the values of the first pass (files changed?)",
+                )  # fmt: skip
+            ids = found.to_numpy(zero_copy_only=False).astype(np.int64)
+        elif feature.ids == "hash":
             ids = hashed_rows(values, rows)
         else:
             if _is_text(values.type):

@@ -9,7 +9,9 @@ feature (a ``KeyedJaggedTensor`` key) its column, how its values become rows of 
     dense_transform = "log"       # sign(x) * log(1 + |x|), as for Criteo; "none" (default) keeps x
 
     [features.site_id]            # a feature, named as its KeyedJaggedTensor key
-    rows = 100_000                # hash the values into this many rows (omitted: a row per distinct value)
+    rows = 100_000                # hash the values into this many rows
+
+    [features.site_category]      # no rows: a row per distinct value (a vocabulary from a first pass)
 
     [features.tags]
     length = 3                    # a list column of 3 ids an input (CSV: "a|b|c")
@@ -29,8 +31,9 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-#: How values become rows: hashed (:mod:`fae_torchrec.data.hashing`), or integer ids minus an offset.
-ID_KINDS = ("hash", "offset")
+#: How values become rows: a row per distinct value (sorted), hashed (:mod:`fae_torchrec.data.hashing`)
+#: into ``rows``, or integer ids minus an offset.
+ID_KINDS = ("vocabulary", "hash", "offset")
 DENSE_TRANSFORMS = ("none", "log")
 #: Largest table (the ids are int64).
 MAX_ROWS = 2**62
@@ -40,15 +43,16 @@ _FEATURE_KEYS = {"column", "table", "ids", "rows", "offset", "length", "separato
 
 @dataclass(frozen=True)
 class SparseFeature:
-    """A sparse feature: ``column``'s values become rows of ``table`` (``ids``: ``hash`` into ``rows``, or
-    ``offset``: value - ``offset``); ``length`` ids an input from a list column (CSV: the field split at
+    """A sparse feature: ``column``'s values become rows of ``table`` (``ids``: ``vocabulary``, the
+    value's place among the table's distinct values, sorted; ``hash`` into ``rows``; or ``offset``:
+    value - ``offset``); ``length`` ids an input from a list column (CSV: the field split at
     ``separator``), or one from a scalar column when ``length`` is None. ``rows`` None: counted from
     the data (:class:`~fae_torchrec.data.columnar.ColumnarSource`)."""
 
     name: str
     column: str
     table: str
-    ids: str = "hash"
+    ids: str = "vocabulary"
     rows: int | None = None
     offset: int = 0
     length: int | None = None
@@ -137,13 +141,19 @@ def _feature(name: str, spec: object, where: str) -> SparseFeature:
     _no_unknown_keys(spec, _FEATURE_KEYS, where, key + ".")
     column = _string(spec, "column", where, key, default=name)
     table = _string(spec, "table", where, key, default=name)
-    ids = spec.get("ids", "hash")
+    rows = _integer(spec, "rows", where, key, 1, MAX_ROWS)
+    ids = spec.get("ids", "vocabulary" if rows is None else "hash")
     if ids not in ID_KINDS:
         raise ValueError(f"{where}: {key}.ids: {ids!r} is not one of {', '.join(ID_KINDS)}")
-    rows = _integer(spec, "rows", where, key, 1, MAX_ROWS)
+    if ids == "hash" and rows is None:
+        raise ValueError(f'{where}: {key}.rows: ids = "hash" needs the rows to hash into')
+    if ids == "vocabulary" and rows is not None:
+        raise ValueError(
+            f'{where}: {key}.rows: not with ids = "vocabulary", whose rows are the distinct values'
+        )
     offset = _integer(spec, "offset", where, key, -MAX_ROWS, MAX_ROWS)
     if offset is not None and ids != "offset":
-        raise ValueError(f'{where}: {key}.offset: only with ids = "offset" (hashed values have none)')
+        raise ValueError(f'{where}: {key}.offset: only with ids = "offset"')
     length = _integer(spec, "length", where, key, 1, 1 << 16)
     separator = _string(spec, "separator", where, key, default="|")
     return SparseFeature(name, column, table, ids, rows, offset or 0, length, separator)
