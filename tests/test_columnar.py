@@ -334,3 +334,16 @@ def test_the_avazu_schema_reads_avazu_s_layout_and_is_the_one_documented(tmp_pat
     main(["profile", "--data", "csv", str(tmp_path / "train.csv"), "--schema", str(schema), "--sample", "0.5",
           "--out", str(tmp_path / "stats.npz")])  # fmt: skip
     assert "\ndevice_ip " in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_example_refuses_a_bad_file_with_exit_status_2(files, tmp_path):
+    path = _damaged(files, tmp_path, "click", 30, 3, "csv")
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--data", "csv", str(path), "--schema", str(files["schema"]),
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert f"{path}: column 'click' (label), line 32: '3' is not a label (0 or 1)" in run.stderr
+    assert "Traceback" not in run.stderr

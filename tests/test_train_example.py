@@ -17,10 +17,13 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
 TBSM_EXAMPLE = EXAMPLE.with_name("train_tbsm_fae.py")
 
 
-def _run(tmp_path, *args, launcher=(), outputs=(), example=EXAMPLE):
+def _run(tmp_path, *args, launcher=(), outputs=(), example=EXAMPLE, log=None):
+    """The example's metrics; ``log``, a list, gets its stderr."""
     out = tmp_path / "out"
     run = run_launched([*launcher, str(example), "--out", str(out), *args], outputs=[out, *outputs])
     assert run.returncode == 0, run.stderr[-4000:]
+    if log is not None:
+        log.append(run.stderr)
     return json.loads((out / "metrics.json").read_text())
 
 
@@ -228,8 +231,9 @@ def test_unlabelled_data_is_refused_naming_the_file(tmp_path):
 def test_tbsm_trains_with_fae_and_as_the_baseline(tmp_path):
     """TBSM on synthetic Taobao-like histories: FAE's hot and cold steps and the baseline on the same
     inputs; both learn (the paired accuracy over many seeds is bench_accuracy.py's, BENCHMARKS.md)."""
-    data = ["--num-users", "8000"]
-    fae = _run(tmp_path / "fae", *data, launcher=(sys.executable,), example=TBSM_EXAMPLE)
+    data, log = ["--num-users", "8000"], []
+    fae = _run(tmp_path / "fae", *data, launcher=(sys.executable,), example=TBSM_EXAMPLE, log=log)
+    assert " TBSM fae_torchrec.recipes: fae: " in log[0] and "DLRM" not in log[0], "logged as TBSM"
     baseline = _run(tmp_path / "base", *data, "--baseline", launcher=(sys.executable,), example=TBSM_EXAMPLE)
     assert (fae["model"], fae["mode"], baseline["mode"]) == ("TBSM", "fae", "torchrec")
     assert fae["train_inputs"] == baseline["train_inputs"] > 40_000
