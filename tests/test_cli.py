@@ -107,7 +107,7 @@ def test_bad_model_options_are_reported(tmp_path, capsys, caplog, args, message)
         (["--data", "criteo-tsv", "/nonexistent.txt"], "no such file: /nonexistent.txt"),
         (["--data", "criteo-tsv"], "criteo-tsv: needs a path"),
         (["--data", "synthetic", "x"], "synthetic: takes no path"),
-        (["--data", "parquet", "x"], "unknown kind 'parquet'"),
+        (["--data", "orc", "x"], "unknown kind 'orc'"),
     ],
 )
 def test_bad_arguments_are_reported(tmp_path, caplog, capsys, args, message):
