@@ -110,7 +110,8 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
 
 def _table_report(stats: AccessStats, hot_set: HotSet, optimizer: type | None) -> str:
     row_bytes = stats.layout.row_bytes(optimizer)
-    lines = [f"{'table':<12}{'rows':>12}{'hot rows':>12}{'hot bytes':>12}{'accesses covered':>18}"]
+    width = max(12, *(len(config.name) + 2 for config in stats.tables))  # a schema's names may be long
+    lines = [f"{'table':<{width}}{'rows':>12}{'hot rows':>12}{'hot bytes':>12}{'accesses covered':>18}"]
     total_hot = total_covered = 0
     for config, counts, ids, size in zip(stats.tables, stats.counts, hot_set.hot_ids, row_bytes, strict=True):
         covered = int(counts.sum() if len(ids) == len(counts) else counts[ids].sum())  # all hot: no gather
@@ -118,13 +119,13 @@ def _table_report(stats: AccessStats, hot_set: HotSet, optimizer: type | None) -
         total_hot += len(ids)
         total_covered += covered
         lines.append(
-            f"{config.name:<12}{config.num_embeddings:>12,}{len(ids):>12,}"
+            f"{config.name:<{width}}{config.num_embeddings:>12,}{len(ids):>12,}"
             f"{format_bytes(len(ids) * size):>12}{100 * share:>17.2f}%"
         )
     all_rows = int(stats.layout.num_rows.sum())
     all_accesses = int(stats.table_accesses().sum())
     lines.append(
-        f"{'total':<12}{all_rows:>12,}{total_hot:>12,}"
+        f"{'total':<{width}}{all_rows:>12,}{total_hot:>12,}"
         f"{format_bytes(hot_set.hot_bytes(optimizer)):>12}"
         f"{100 * total_covered / all_accesses:>17.2f}%"
     )
