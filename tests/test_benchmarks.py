@@ -181,6 +181,27 @@ def test_bench_profile_and_bench_hot_set_run_small():
 
 
 @pytest.mark.benchmark
+def test_bench_columnar_measures_the_peak_memory_of_profiling_each_file(tmp_path):
+    out = _run("bench_columnar.py", "--quick", "--work", str(tmp_path))
+    assert "measured here: the peak resident memory (ru_maxrss) of each child process" in out, out
+    imported = float(re.search(r"only imports fae_torchrec\.cli: ([\d.]+) MiB", out)[1])
+    rows = re.findall(r"^ +([\d,]+) +([\d.]+) +([\d.]+) +(-?[\d.]+) +[\d.]+$", out, re.M)
+    assert [int(r[0].replace(",", "")) for r in rows] == [10_000, 20_000], out
+    for _, file_mib, peak, above_import in rows:
+        assert float(file_mib) > 0 and float(peak) > imported > 0
+        assert float(above_import) == pytest.approx(float(peak) - imported, abs=0.11)
+    assert re.search(
+        r"^ratio of peaks, 20,000 rows / 10,000 \(2x the rows, [\d.]+x the bytes\): [\d.]+x", out, re.M
+    )
+    sweep = re.findall(r"^ +([\d,]+) +([\d,]+) +([\d.]+) +(-?[\d.]+) +[\d.]+$", out, re.M)
+    assert [(c, n) for c, n, *_ in sweep] == [
+        (c, n) for c in ("1,024", "4,096") for n in ("10,000", "20,000")
+    ]
+    assert all(float(peak) > imported for _, _, peak, _ in sweep)
+    assert (tmp_path / "rows_20000.parquet").stat().st_size > (tmp_path / "rows_10000.parquet").stat().st_size
+
+
+@pytest.mark.benchmark
 def test_bench_planning_times_both_planners_side_by_side():
     out = _run("bench_planning.py", "--world-sizes", "2", "4", "--scale", "0.01", "--num-samples", "100k",
                "--candidates", "2")  # fmt: skip

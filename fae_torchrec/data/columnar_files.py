@@ -44,7 +44,9 @@ class ParquetColumns(ColumnarFile):
 
     def __init__(self, path: str, chunk_rows: int = CHUNK_ROWS) -> None:
         try:
-            self.file = pq.ParquetFile(path)
+            # pre_buffer off: its read cache would keep every column chunk read until the file is closed,
+            # so that memory would grow with the file instead of the chunk (benchmarks/bench_columnar.py)
+            self.file = pq.ParquetFile(path, pre_buffer=False)
         except (pa.ArrowException, OSError) as error:
             raise ValueError(f"{path}: not a readable Parquet file: {error}") from error
         super().__init__(path, {field.name: field.type for field in self.file.schema_arrow})
