@@ -192,11 +192,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--quick", action="store_true",
-        help="a smoke run: files of 10k and 20k rows in row groups of 2,048, chunk sweep 1,024 and 4,096",
+        help="a smoke run: files of 10k and 20k rows in row groups of 2,048, a chunk sweep at 1,024",
     )  # fmt: skip
     args = parser.parse_args()
     if args.quick:
-        args.rows, args.multiples, args.row_group, args.chunk_rows = 10_000, [1, 2], 2048, [1024, 4096]
+        args.rows, args.multiples, args.row_group, args.chunk_rows = 10_000, [1, 2], 2048, [1024]
         args.vocabulary, args.table_rows = 5000, 4096
     if args.holdout < 0:
         parser.error(f"--holdout: must be at least 0, got {args.holdout}")

@@ -194,9 +194,7 @@ def test_bench_columnar_measures_the_peak_memory_of_profiling_each_file(tmp_path
         r"^ratio of peaks, 20,000 rows / 10,000 \(2x the rows, [\d.]+x the bytes\): [\d.]+x", out, re.M
     )
     sweep = re.findall(r"^ +([\d,]+) +([\d,]+) +([\d.]+) +(-?[\d.]+) +[\d.]+$", out, re.M)
-    assert [(c, n) for c, n, *_ in sweep] == [
-        (c, n) for c in ("1,024", "4,096") for n in ("10,000", "20,000")
-    ]
+    assert [(c, n) for c, n, *_ in sweep] == [("1,024", "10,000"), ("1,024", "20,000")]
     assert all(float(peak) > imported for _, _, peak, _ in sweep)
     assert (tmp_path / "rows_20000.parquet").stat().st_size > (tmp_path / "rows_10000.parquet").stat().st_size
 
