@@ -1,18 +1,57 @@
-"""Quiet commands: TorchRec's notices off the terminal while a command (the CLI, the training recipe) runs,
-its errors on."""
+"""Quiet commands: the TorchRec, FBGEMM and PyTorch notices checked harmless for what FAE runs are kept off
+the terminal while a command (the CLI, the training recipe) runs; every other record and warning shows."""
 
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+
+#: (logger, message start) of the log records checked harmless; FAE's planner repeats them on every run
+#: of TorchRec's planner, once or more per budget it tries.
+CHECKED_RECORDS: tuple[tuple[str, str], ...] = (
+    # data-parallel tables are plain replicated tensors: there is no cache for the caching params to set
+    ("torchrec.distributed.utils", "Sharding Type is data_parallel, caching params will be ignored"),
+    # TorchRec's plan check (on the root logger): its plans give data-parallel tables no sharding spec
+    ("root", "Sharding spec not found for "),
+    # the dry-run dense-size caveat of the HeuristicalStorageReservation FAE's planner keeps on purpose
+    (
+        "torchrec.distributed.planner.storage_reservations",
+        "There is a known issue with TorchRec's dense tensor size calculation in dry run scenarios",
+    ),
+    # the scale-up proposer keeps one option a table; FAE plans it as one candidate among plans (TorchRec's
+    # default proposers, FAE's own cache sizes) that price the others, and the scale-up baseline is it alone
+    ("torchrec.distributed.planner.proposers", "EmbeddingOffloadScaleupProposer - ignored "),
+    # KeyedJaggedTensor's constructor asks torch.fx whether it is tracing; nothing FAE runs traces
+    (
+        "torch.fx._symbolic_trace",
+        "is_fx_tracing will return true for both fx.symbolic_trace and torch.export",
+    ),
+)
+
+#: (category, message start, module regex) of the warnings checked harmless.
+CHECKED_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
+    # TorchRec's notice about the storage reservation FAE's planner keeps on purpose
+    (FutureWarning, "HeuristicalStorageReservation is known to cause issues", ""),
+    # TorchRec's own DDP wrappers pass DDP's renamed argument, which still means what it did
+    (FutureWarning, "`broadcast_buffers` is deprecated", r"torchrec\."),
+    # FBGEMM's CPU lookup for data-parallel tables: its gradients are nn.EmbeddingBag's (checked by hand)
+    (
+        UserWarning,
+        "fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel was not registered",
+        "",
+    ),
+)
 
 
-def _no_torchrec_warning(record: logging.LogRecord) -> bool:
-    """Drops TorchRec's records below ERROR that it logs on the root logger."""
-    return record.levelno >= logging.ERROR or "torchrec" not in Path(record.pathname).parts
+class _CheckedRecords(logging.Filter):
+    """Drops the records in ``CHECKED_RECORDS``: set on the loggers they are logged on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(record.name == name and message.startswith(start) for name, start in CHECKED_RECORDS)
 
 
 @contextmanager
@@ -29,25 +68,17 @@ def logger_level(name: str, level: int) -> Iterator[None]:
 
 @contextmanager
 def torchrec_quiet() -> Iterator[None]:
-    """TorchRec's warnings off the terminal, its errors on, while a command runs: FAE runs TorchRec's
-    planner once or more per budget it tries, and every run repeats dry-run notices a user cannot act
-    on (the storage reservation FAE keeps on purpose, a dense size unknown in a dry run, no sharding
-    spec for data-parallel tables, which TorchRec logs on the root logger), and DMP, its pipelines and
-    FBGEMM's CPU kernels warn of PyTorch matters inside them (DDP's ``broadcast_buffers``, FX tracing
-    queries, an autograd kernel not registered)."""
-    root = logging.getLogger()
-    root.addFilter(_no_torchrec_warning)
+    """Inside the block, the log records in ``CHECKED_RECORDS`` and the warnings in ``CHECKED_WARNINGS``
+    are dropped; FAE's own records and every other record or warning show as before."""
+    checked = _CheckedRecords()
+    loggers = [logging.getLogger(name) for name in dict.fromkeys(name for name, _ in CHECKED_RECORDS)]
+    for named in loggers:
+        named.addFilter(checked)
     try:
-        with logger_level("torchrec", logging.ERROR), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
-            warnings.filterwarnings(
-                "ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning
-            )
-            # FBGEMM's CPU lookup has no autograd kernel registered, and PyTorch says so on a backward
-            warnings.filterwarnings(
-                "ignore", message=".*an autograd kernel was not registered", category=UserWarning
-            )
-            with logger_level("torch.fx._symbolic_trace", logging.ERROR):
-                yield
+        with warnings.catch_warnings():
+            for category, start, module in CHECKED_WARNINGS:
+                warnings.filterwarnings("ignore", re.escape(start), category, module)
+            yield
     finally:
-        root.removeFilter(_no_torchrec_warning)
+        for named in loggers:
+            named.removeFilter(checked)
