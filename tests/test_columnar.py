@@ -153,8 +153,9 @@ def test_parquet_csv_and_sample_blocks_train_to_the_same_parameters(files):
 
 @pytest.mark.slow
 def test_profile_plan_and_the_example_at_one_and_two_ranks(files, tmp_path, capsys):
-    """``profile`` and ``plan`` on the Parquet file, then the DLRM example on CSV (1 rank) and Parquet
-    (2 ranks under torchrun): the model has the schema's tables and dense width, and trains."""
+    """``profile`` and ``plan`` on the Parquet file, then the DLRM example on CSV and Parquet (1 rank,
+    the same losses and AUCs) and on Parquet at 2 ranks under torchrun: the model has the schema's
+    tables and dense width, and trains."""
     stats_file = tmp_path / "stats.npz"
     main(["profile", "--data", "parquet", str(files["parquet"]), "--schema", str(files["schema"]),
           "--budget", "4KiB", "--holdout", "100", "--out", str(stats_file)])  # fmt: skip
@@ -165,31 +166,25 @@ def test_profile_plan_and_the_example_at_one_and_two_ranks(files, tmp_path, caps
     main(["plan", "--stats", str(stats_file), "--world-size", "2", "--hbm-cap", "1MiB", "--batch-size",
           "64", "--candidates", "2", "--processes", "1"])  # fmt: skip
     assert "predicted step ratio" in capsys.readouterr().out
-    runs = {
-        1: ([sys.executable], "csv", files["csv"]),
-        2: ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
-            "parquet", files["parquet"]),
-    }  # fmt: skip
-    for world, (launcher, kind, path) in runs.items():
-        out = tmp_path / f"run{world}"
-        options = [
-            "--schema",
-            str(files["schema"]),
-            "--batch-size",
-            "32",
-            "--budget",
-            "4KiB",
-            "--val-every",
-            "5",
-        ]
+    launchers = {
+        1: [sys.executable],
+        2: [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+    }
+    options = ["--schema", str(files["schema"]), "--batch-size", "32", "--budget", "4KiB", "--sample", "0.5"]
+    trained = {}
+    for kind, world in (("csv", 1), ("parquet", 1), ("parquet", 2)):
+        out = tmp_path / f"{kind}{world}"
+        data = ["--data", kind, str(files[kind]), "--val-every", "5"]
         run = run_launched(
-            [*launcher, str(EXAMPLE), "--data", kind, str(path), *options, "--out", str(out)], outputs=[out]
+            [*launchers[world], str(EXAMPLE), *data, *options, "--out", str(out)], outputs=[out]
         )
         assert run.returncode == 0, run.stderr[-4000:]
-        metrics = json.loads((out / "metrics.json").read_text())
+        metrics = trained[kind, world] = json.loads((out / "metrics.json").read_text())
         assert metrics["world_size"] == world and metrics["train_inputs"] == 480
         assert metrics["hot_steps"] > 0 and metrics["cold_steps"] > 0, metrics
         assert "DLRM fae_torchrec.data.columnar: table site_category: " in run.stderr
+    # the same inputs from CSV and Parquet: the same run, step for step
+    assert trained["csv", 1]["history"] == trained["parquet", 1]["history"]
 
 
 def _exits_2(argv, capsys, caplog) -> str:
