@@ -206,7 +206,8 @@ def _damaged(files, tmp_path, column, row, value, kind="parquet"):
     if isinstance(value, str):  # CSV text in a column of numbers
         values = [str(v) for v in values]
     values[row] = value
-    changed = table.set_column(table.schema.get_field_index(column), column, pa.array(values))
+    arrow_type = pa.uint64() if isinstance(value, int) and value >= 2**63 else None  # past int64
+    changed = table.set_column(table.schema.get_field_index(column), column, pa.array(values, arrow_type))
     write = write_parquet if kind == "parquet" else write_csv
     return write(changed, tmp_path / f"damaged.{kind}")
 
@@ -250,6 +251,7 @@ def _row(row: int, group: int) -> str:
         ("device_type", 5, 0, "parquet", _row(5, 0), "id 0 is below the offset 1"),
         ("device_type", 5, -4, "csv", "line 7", "id -4 is below the offset 1"),
         ("device_type", 1, "one", "csv", "line 3", "'one' is not an integer id"),
+        ("device_type", 5, 2**64 - 1, "parquet", _row(5, 0), f"id {2**64 - 1} is beyond the largest table"),
         ("tags", 9, ["a", "b"], "parquet", _row(9, 0), "a list of 2 values; the schema's length is 3"),
         ("site_id", 400, None, "parquet", _row(400, 3), "no value (null)"),
     ],

@@ -23,7 +23,7 @@ from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.columnar_files import CHUNK_BYTES, CHUNK_ROWS, ColumnarFile, open_columns
 from fae_torchrec.data.criteo import as_paths
 from fae_torchrec.data.hashing import as_text, hashed_rows
-from fae_torchrec.data.schema import Schema, SparseFeature
+from fae_torchrec.data.schema import MAX_ROWS, Schema, SparseFeature
 from fae_torchrec.data.source import BlockSource
 
 logger = logging.getLogger(__name__)
@@ -234,6 +234,11 @@ class _Chunk:
         else:
             if _is_text(values.type):
                 values = self._parsed(values, feature.column, role, _INTEGER, "an integer id", feature.length)
+            elif values.type == pa.uint64():  # ids past int64's range would not cast
+                huge = np.flatnonzero(values.to_numpy(zero_copy_only=False) > MAX_ROWS)
+                if len(huge):
+                    problem = f"id {values[huge[0]].as_py()} is beyond the largest table ({MAX_ROWS:,} rows)"
+                    self.fail(feature.column, role, int(huge[0]) // feature.ids_per_input, problem)
             ids = pc.cast(values, pa.int64()).to_numpy(zero_copy_only=False) - feature.offset
             bad = np.flatnonzero((ids < 0) | (ids >= (rows if rows is not None else np.iinfo(np.int64).max)))
             if len(bad):
