@@ -3,6 +3,7 @@ against an independent reference, the same training from Parquet, CSV and ``Samp
 plan -> the DLRM example at 1 and 2 ranks, and every bad input refused with exit status 2 naming it."""
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -223,12 +224,12 @@ def test_a_misspelt_column_is_named_with_its_likely_meaning(files, tmp_path, cap
 
 
 def test_a_column_of_the_wrong_type_is_named(files, tmp_path, capsys, caplog):
-    schema = _bad_schema(tmp_path, 'label = "click"', 'label = "site_id"')
+    schema = _bad_schema(tmp_path, 'dense = ["hour", "banner_pos"]', 'dense = ["site_id"]')
     reported = _exits_2(["--data", "parquet", str(files["parquet"]), "--schema", str(schema)], capsys, caplog)
-    assert (
-        f"{files['parquet']}: column 'site_id' (label) holds string, which is not a number or a boolean"
-        in reported
+    expected = (
+        f"{files['parquet']}: column 'site_id' (dense) holds string, which is not a number or a boolean"
     )
+    assert expected in reported
     schema = _bad_schema(tmp_path, "[features.site_id]", '[features.site_id]\nids = "offset"')
     reported = _exits_2(["--data", "parquet", str(files["parquet"]), "--schema", str(schema)], capsys, caplog)
     assert (
@@ -275,6 +276,8 @@ def test_a_bad_value_is_named_with_its_file_column_and_row(
         ("[features.tags]", '[features.tags]\nids = "hash"', 'features.tags.rows: ids = "hash" needs'),
         ("length = 3", 'length = 3\nrows = 9\nids = "vocabulary"', "features.tags.rows: not with ids"),
         ("length = 3", "length = 0", "features.tags.length: expected an integer in [1, 65,536], got 0"),
+        ('dense = ["hour", "banner_pos"]', 'dense = ["click"]', "dense: the label column 'click' would be"),
+        ("[features.tags]", '[features.tags]\ncolumn = "click"', "features.tags.column: the label column"),
         ('label = "click"', 'label = "click', "not TOML: "),
         ('label = "click"', "", "missing key label"),
     ],
@@ -369,3 +372,31 @@ def test_real_avazu_rows_profile_and_train_with_the_avazu_schema(tmp_path, capsy
     assert run.returncode == 0, run.stderr[-4000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["train_inputs"] == 9000 and metrics["hot_steps"] > 0 and 0.5 < metrics["final_auc"] <= 1
+
+
+def test_damaged_csv_and_parquet_layouts_are_named(files, tmp_path, capsys, caplog):
+    """A CSV line with a field too many (found past the parser's block), a blank line (refused: its
+    fields are empty), a byte-order mark (read as Excel writes it), a Parquet column named twice."""
+    lines = files["csv"].read_text().splitlines()
+    lines[250] += ",extra"
+    damaged = tmp_path / "extra.csv"
+    damaged.write_text("\n".join(lines) + "\n")
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(str(damaged))}:251: CSV parse error: Expected 25 columns"
+    ):
+        ColumnarSource("csv", damaged, load_schema(files["schema"]), 64, chunk_bytes=4096)  # its first pass
+    blank = tmp_path / "blank.csv"
+    blank.write_text("\n".join([*lines[:10], "", *lines[11:20]]) + "\n")
+    reported = _exits_2(["--data", "csv", str(blank), "--schema", str(files["schema"])], capsys, caplog)
+    assert (
+        f"{blank}: column 'device_type' (feature device_type), line 11: '' is not an integer id" in reported
+    )
+    marked = tmp_path / "marked.csv"
+    marked.write_bytes(b"\xef\xbb\xbf" + files["csv"].read_bytes())
+    np.testing.assert_array_equal(
+        _read("csv", marked, files["schema"]).ids, _read("csv", files["csv"], files["schema"]).ids
+    )
+    twice = tmp_path / "twice.parquet"
+    pq.write_table(pa.table([pa.array([0, 1]), pa.array([1, 2])], names=["click", "click"]), twice)
+    reported = _exits_2(["--data", "parquet", str(twice), "--schema", str(files["schema"])], capsys, caplog)
+    assert f"{twice}: column 'click' is named twice in the file's schema" in reported

@@ -169,19 +169,20 @@ class _Chunk:
         if _is_text(values.type):
             bad = pc.invert(pc.is_in(values, value_set=pa.array(["0", "1"]))).to_numpy(zero_copy_only=False)
         else:
-            numbers = pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False)
+            numbers = pc.cast(values, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
             bad = (numbers != 0) & (numbers != 1)
         if bad.any():
             row = _first(bad)
             self.fail(column, "label", row, f"{values[row].as_py()!r} is not a label (0 or 1)")
-        return pc.cast(pc.cast(values, pa.float64()), pa.int32()).to_numpy(zero_copy_only=False)
+        return pc.cast(pc.cast(values, pa.float64(), safe=False), pa.int32()).to_numpy(zero_copy_only=False)
 
     def numbers(self, column: str, role: str) -> np.ndarray:
         """A numeric column (CSV: text that is a number) as ``float64``, each finite."""
         values = self.column(column, role)
         if _is_text(values.type):
             values = self._parsed(values, column, role, _NUMBER, "a number")
-        numbers = pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False)
+        # integers past 2^53 round to the nearest float, as any dense input does
+        numbers = pc.cast(values, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
         if not np.isfinite(numbers).all():
             row = _first(~np.isfinite(numbers))
             self.fail(column, role, row, f"{numbers[row]} is not a finite number")
@@ -217,7 +218,7 @@ class _Chunk:
     ) -> np.ndarray:
         """The feature's rows ``(inputs, ids_per_input)``: places in the sorted ``vocabulary``, hashed into
         ``rows``, or integer ids less the offset, each in ``[0, rows)`` (``rows`` None, offset ids only:
-        not bounded above, for a first pass)."""
+        the largest table's rows, for a first pass)."""
         values = self.values(feature)
         role = f"feature {feature.name}"
         if feature.ids == "vocabulary":
@@ -239,17 +240,19 @@ class _Chunk:
                 if len(huge):
                     problem = f"id {values[huge[0]].as_py()} is beyond the largest table ({MAX_ROWS:,} rows)"
                     self.fail(feature.column, role, int(huge[0]) // feature.ids_per_input, problem)
-            ids = pc.cast(values, pa.int64()).to_numpy(zero_copy_only=False) - feature.offset
-            bad = np.flatnonzero((ids < 0) | (ids >= (rows if rows is not None else np.iinfo(np.int64).max)))
+            raw = pc.cast(values, pa.int64()).to_numpy(zero_copy_only=False)
+            limit = MAX_ROWS if rows is None else rows  # compared before the offset is taken: no overflow
+            bad = np.flatnonzero((raw < feature.offset) | (raw >= feature.offset + limit))
             if len(bad):
-                value = int(ids[bad[0]]) + feature.offset
+                value = int(raw[bad[0]])
                 problem = (
                     f'id {value} is below the offset {feature.offset}; hash such values with ids = "hash"'
-                    if ids[bad[0]] < 0
-                    else f"id {value} is beyond table {feature.table!r}'s {rows:,} rows"
+                    if value < feature.offset
+                    else f"id {value} is beyond table {feature.table!r}'s {limit:,} rows"
                     f" (offset {feature.offset})"
                 )
                 self.fail(feature.column, role, int(bad[0]) // feature.ids_per_input, problem)
+            ids = raw - feature.offset
         return ids.reshape(-1, feature.ids_per_input)
 
     def _parsed(

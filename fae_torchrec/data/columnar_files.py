@@ -16,6 +16,8 @@ import pyarrow.parquet as pq
 CHUNK_ROWS = 1 << 16
 #: Bytes of a CSV file parsed at a time.
 CHUNK_BYTES = 1 << 24
+#: Bytes a Parquet column chunk is streamed in.
+READ_BUFFER = 1 << 20
 
 
 class ColumnarFile:
@@ -38,30 +40,43 @@ class ColumnarFile:
 
 
 class ParquetColumns(ColumnarFile):
-    """A Parquet file, read ``chunk_rows`` rows at a time within its row groups."""
+    """A Parquet file, read ``chunk_rows`` rows at a time within its row groups; open only while read
+    (a data set of more files than the open-file limit reads one at a time)."""
 
     typed = True
 
     def __init__(self, path: str, chunk_rows: int = CHUNK_ROWS) -> None:
+        with self._opened(path) as file:
+            fields = [field.name for field in file.schema_arrow]
+            repeated = next((name for name in fields if fields.count(name) > 1), None)
+            if repeated is not None:
+                raise ValueError(f"{path}: column {repeated!r} is named twice in the file's schema")
+            super().__init__(path, {field.name: field.type for field in file.schema_arrow})
+            metadata = file.metadata
+            self.group_ends = np.cumsum(
+                [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+            )
+        self.chunk_rows = chunk_rows
+
+    @staticmethod
+    def _opened(path: str) -> pq.ParquetFile:
         try:
             # pre_buffer off: its read cache would keep every column chunk read until the file is closed,
-            # so that memory would grow with the file instead of the chunk (benchmarks/bench_columnar.py)
-            self.file = pq.ParquetFile(path, pre_buffer=False)
+            # so that memory would grow with the file instead of the chunk (benchmarks/bench_columnar.py);
+            # a read buffer: a column chunk is streamed, not read whole, so a large row group costs less
+            return pq.ParquetFile(path, pre_buffer=False, buffer_size=READ_BUFFER)
         except (pa.ArrowException, OSError) as error:
             raise ValueError(f"{path}: not a readable Parquet file: {error}") from error
-        super().__init__(path, {field.name: field.type for field in self.file.schema_arrow})
-        metadata = self.file.metadata
-        self.group_ends = np.cumsum([metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)])
-        self.chunk_rows = chunk_rows
 
     def batches(self, columns: Sequence[str]) -> Iterator[tuple[pa.RecordBatch, int]]:
         first = 0
-        try:
-            for batch in self.file.iter_batches(batch_size=self.chunk_rows, columns=list(columns)):
-                yield batch, first
-                first += batch.num_rows
-        except (pa.ArrowException, OSError) as error:
-            raise ValueError(f"{self.path}: damaged after row {first}: {error}") from error
+        with self._opened(self.path) as file:
+            try:
+                for batch in file.iter_batches(batch_size=self.chunk_rows, columns=list(columns)):
+                    yield batch, first
+                    first += batch.num_rows
+            except (pa.ArrowException, OSError) as error:
+                raise ValueError(f"{self.path}: damaged after row {first}: {error}") from error
 
     def where(self, row: int) -> str:
         group = int(np.searchsorted(self.group_ends, row, side="right"))
@@ -70,16 +85,18 @@ class ParquetColumns(ColumnarFile):
 
 class CsvColumns(ColumnarFile):
     """A CSV file whose first line names its columns, parsed ``chunk_bytes`` at a time; every field is
-    text (an empty field is the empty text), which the reader checks and converts."""
+    text (an empty field, or a blank line's, is the empty text), which the reader checks and converts.
+    Lines are counted one a row: a quoted value spanning lines shifts the numbers errors give."""
 
     typed = False
 
     def __init__(self, path: str, chunk_bytes: int = CHUNK_BYTES) -> None:
         try:
-            with open(path, newline="", encoding="utf-8") as file:
-                header = next(csv.reader(file), None)
+            with open(path, "rb") as file:
+                first_line = file.readline().decode("utf-8-sig")  # pyarrow skips a byte-order mark too
         except (OSError, UnicodeDecodeError) as error:
-            raise ValueError(f"{path}: cannot read a CSV header: {error}") from error
+            raise ValueError(f"{path}:1: cannot read a CSV header: {error}") from error
+        header = next(csv.reader([first_line]), None)
         if not header:
             raise ValueError(f"{path}:1: no header line naming the columns")
         repeated = next((name for name in header if header.count(name) > 1), None)
@@ -100,13 +117,25 @@ class CsvColumns(ColumnarFile):
             reader = pa_csv.open_csv(
                 self.path,
                 read_options=pa_csv.ReadOptions(block_size=self.chunk_bytes),
+                parse_options=pa_csv.ParseOptions(ignore_empty_lines=False),  # counted, and refused
                 convert_options=convert,
             )
             for batch in reader:
                 yield batch, first
                 first += batch.num_rows
         except (pa.ArrowException, OSError) as error:
-            raise ValueError(f"{self.path}: after line {first + 1}: {error}") from error
+            raise ValueError(f"{self.path}:{self._bad_line(first)}: {error}") from error
+
+    def _bad_line(self, first: int) -> int:
+        """The first line after data row ``first`` whose fields are not the header's, where pyarrow's
+        parser stopped (its streaming reader names no row), or the line of row ``first``."""
+        with open(self.path, newline="", encoding="utf-8", errors="replace") as file:
+            lines = csv.reader(file)
+            fields = len(next(lines, []))
+            for row in lines:
+                if lines.line_num > first + 1 and row and len(row) != fields:
+                    return lines.line_num
+        return first + 2
 
     def where(self, row: int) -> str:
         return f"line {row + 2}"

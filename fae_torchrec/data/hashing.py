@@ -19,10 +19,11 @@ def as_text(values: pa.Array) -> pa.Array:
     return pc.cast(values, pa.large_string())
 
 
-def fnv1a(values: pa.Array) -> np.ndarray:
-    """The 64-bit FNV-1a hash of each value's text (:func:`as_text`), as ``uint64``; nulls hash as the
-    empty text. Vectorised over the values, one pass per byte position of the longest value."""
-    text = as_text(values)
+def fnv1a(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The 64-bit FNV-1a hash of each value's text (:func:`as_text`) of an Arrow array without nulls
+    (a ``ChunkedArray``: its chunks combined), as ``uint64``. Vectorised over the values, one pass per
+    byte position of the longest value."""
+    text = as_text(values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values)
     offsets = np.frombuffer(text.buffers()[1], dtype=np.int64)[text.offset : text.offset + len(text) + 1]
     data = text.buffers()[2]
     data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)

@@ -131,6 +131,10 @@ def parse_schema(text: Mapping, path: str) -> Schema:
         transform,
     )  # fmt: skip
     _check_shared_tables(schema, where)
+    reading_label = [f"features.{f.name}" for f in schema.features if f.column == label]
+    if label in dense or reading_label:
+        key = "dense" if label in dense else f"{reading_label[0]}.column"
+        raise ValueError(f"{where}: {key}: the label column {label!r} would be an input of the model")
     return schema
 
 
