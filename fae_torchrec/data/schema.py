@@ -98,7 +98,8 @@ class Schema:
 
 def load_schema(path: str | os.PathLike) -> Schema:
     """The schema in the TOML file ``path``. Raises ``ValueError`` naming the file and the key for an
-    unreadable file, a missing, unknown or mistyped key, or a table given two sizes."""
+    unreadable file, a missing, unknown or mistyped key, a table given two sizes, or the label column
+    as an input of the model."""
     path = os.fspath(path)
     try:
         with open(path, "rb") as file:
