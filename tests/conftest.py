@@ -10,6 +10,8 @@ import pytest
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+from fae_torchrec.cli import main
+
 REALDATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
 
 
@@ -53,3 +55,11 @@ def small_tables() -> list[EmbeddingBagConfig]:
         EmbeddingBagConfig(name="t_b", embedding_dim=8, num_embeddings=20, feature_names=["b"]),
         EmbeddingBagConfig(name="t_c", embedding_dim=4, num_embeddings=30, feature_names=["c1", "c2"]),
     ]
+
+
+def exits_2(argv: list[str], capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture) -> str:
+    """Run ``fae-torchrec`` on ``argv``; assert exit status 2 and return what it reported."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    return caplog.text + capsys.readouterr().err

@@ -20,6 +20,7 @@ from fae_torchrec.recipes.build import prepare
 from fae_torchrec.recipes.options import check_resume_position
 from fae_torchrec.units import parse_bytes
 from planner import FAEShardingPlanner
+from tests.conftest import exits_2
 from tests.distributed import run_on_ranks
 
 
@@ -29,14 +30,6 @@ def stats_file(tmp_path_factory):
     out = tmp_path_factory.mktemp("stats") / "stats.npz"
     main(["profile", "--num-samples", "20000", "--scale", "0.001", "--holdout", "2000", "--out", str(out)])
     return out
-
-
-def _exits_2(argv, capsys, caplog) -> str:
-    """Run the CLI on ``argv``; assert exit status 2 and return what it reported."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    return caplog.text + capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -68,7 +61,7 @@ def _exits_2(argv, capsys, caplog) -> str:
 )
 def test_bad_profile_options_name_the_option(tmp_path, capsys, caplog, args, message):
     out = tmp_path / "s.npz"
-    assert message in _exits_2(["profile", "--num-samples", "10", "--out", str(out), *args], capsys, caplog)
+    assert message in exits_2(["profile", "--num-samples", "10", "--out", str(out), *args], capsys, caplog)
     assert not out.exists()
 
 
@@ -81,11 +74,11 @@ def test_counts_take_k_and_m_suffixes(tmp_path, capsys):
 
 
 def test_profile_out_that_is_a_directory_or_under_a_file(tmp_path, capsys, caplog):
-    reported = _exits_2(["profile", "--num-samples", "10", "--out", str(tmp_path)], capsys, caplog)
+    reported = exits_2(["profile", "--num-samples", "10", "--out", str(tmp_path)], capsys, caplog)
     assert f"--out {tmp_path}: is a directory" in reported
     afile = tmp_path / "file"
     afile.write_text("x")
-    reported = _exits_2(["profile", "--num-samples", "10", "--out", str(afile / "s.npz")], capsys, caplog)
+    reported = exits_2(["profile", "--num-samples", "10", "--out", str(afile / "s.npz")], capsys, caplog)
     assert f"{afile} is a file, not a directory" in reported
 
 
@@ -112,7 +105,7 @@ def test_profile_out_that_cannot_be_written_is_refused_before_the_data_is_read(
         pytest.skip(f"{directory} is not mounted here")
     out = f"{below}/s.npz"
     data = ["--data", "criteo-tsv", str(_damaged_tsv(tmp_path))]
-    reported = _exits_2(["profile", *data, "--out", out], capsys, caplog)
+    reported = exits_2(["profile", *data, "--out", out], capsys, caplog)
     assert f"--out {out}: cannot create anything in {directory} (" in reported
     assert "damaged.txt" not in reported
 
@@ -137,7 +130,7 @@ def test_profile_out_that_cannot_be_written_is_refused_before_the_data_is_read(
     ],
 )
 def test_bad_plan_options_name_the_option(stats_file, capsys, caplog, args, message):
-    assert message in _exits_2(
+    assert message in exits_2(
         ["plan", "--stats", str(stats_file), "--world-size", "2", *args], capsys, caplog
     )
 
@@ -163,7 +156,7 @@ def test_plan_refuses_statistics_without_holdout(tmp_path, capsys, caplog):
     out = tmp_path / "all.npz"
     main(["profile", "--num-samples", "5000", "--scale", "0.001", "--sample", "1", "--out", str(out)])
     assert len(AccessStats.load(out).holdout) == 0
-    reported = _exits_2(["plan", "--stats", str(out), "--world-size", "2"], capsys, caplog)
+    reported = exits_2(["plan", "--stats", str(out), "--world-size", "2"], capsys, caplog)
     assert f"--stats {out}: the statistics have no holdout inputs" in reported
     assert "profile with a sample fraction below 1 and a holdout" in reported
     with pytest.raises(ValueError, match="no holdout inputs"):  # any user of the planner
@@ -224,14 +217,14 @@ def test_damaged_statistics_are_refused_naming_the_file(stats_file, tmp_path, ca
     with pytest.raises(ValueError, match="^" + str(path)) as error:
         AccessStats.load(path)
     assert message in str(error.value)
-    assert message in _exits_2(["plan", "--stats", str(path)], capsys, caplog)
+    assert message in exits_2(["plan", "--stats", str(path)], capsys, caplog)
 
 
 def test_stats_that_are_a_directory_or_another_kind_of_file(tmp_path, capsys, caplog):
-    assert f"{tmp_path}: is a directory" in _exits_2(["plan", "--stats", str(tmp_path)], capsys, caplog)
+    assert f"{tmp_path}: is a directory" in exits_2(["plan", "--stats", str(tmp_path)], capsys, caplog)
     npy = tmp_path / "x.npy"
     np.save(npy, np.zeros(3))
-    assert f"{npy}: not a statistics file" in _exits_2(["plan", "--stats", str(npy)], capsys, caplog)
+    assert f"{npy}: not a statistics file" in exits_2(["plan", "--stats", str(npy)], capsys, caplog)
 
 
 def test_byte_sizes_beyond_int64_are_refused():

@@ -37,7 +37,7 @@ from tests.columnar_data import (
 from tests.columnar_data import (
     fnv1a as reference_fnv1a,
 )
-from tests.conftest import realdata
+from tests.conftest import exits_2, realdata
 from tests.distributed import run_launched
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
@@ -189,10 +189,10 @@ def test_profile_plan_and_the_example_at_one_and_two_ranks(files, tmp_path, caps
 
 
 def _exits_2(argv, capsys, caplog) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["profile", *argv, "--out", str(Path(tempfile.gettempdir()) / "never-written.npz")])
-    assert exit_info.value.code == 2
-    return caplog.text + capsys.readouterr().err
+    """``fae-torchrec profile`` on ``argv`` (its ``--out`` never written): exit status 2, and what it said."""
+    return exits_2(
+        ["profile", *argv, "--out", str(Path(tempfile.gettempdir()) / "never-written.npz")], capsys, caplog
+    )
 
 
 def _bad_schema(tmp_path, old, new) -> Path:

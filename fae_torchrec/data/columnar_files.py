@@ -26,9 +26,16 @@ class ColumnarFile:
 
     typed: bool
 
-    def __init__(self, path: str, types: dict[str, pa.DataType]) -> None:
+    def __init__(
+        self, path: str, names: Sequence[str], types: Sequence[pa.DataType], named_in: tuple[str, str]
+    ) -> None:
+        """``names`` and ``types`` of the columns, in order; a name given twice is refused, the message
+        naming where the names are (``named_in``: the place in the file, and what holds them)."""
+        repeated = next((name for name in names if names.count(name) > 1), None)
+        if repeated is not None:
+            raise ValueError(f"{path}{named_in[0]}: column {repeated!r} is named twice in {named_in[1]}")
         self.path = path
-        self.types = types
+        self.types = dict(zip(names, types, strict=True))
 
     def batches(self, columns: Sequence[str]) -> Iterator[tuple[pa.RecordBatch, int]]:
         """``columns`` of the file in record batches, each with the index of its first row."""
@@ -47,11 +54,8 @@ class ParquetColumns(ColumnarFile):
 
     def __init__(self, path: str, chunk_rows: int = CHUNK_ROWS) -> None:
         with self._opened(path) as file:
-            fields = [field.name for field in file.schema_arrow]
-            repeated = next((name for name in fields if fields.count(name) > 1), None)
-            if repeated is not None:
-                raise ValueError(f"{path}: column {repeated!r} is named twice in the file's schema")
-            super().__init__(path, {field.name: field.type for field in file.schema_arrow})
+            schema = file.schema_arrow
+            super().__init__(path, schema.names, schema.types, ("", "the file's schema"))
             metadata = file.metadata
             self.group_ends = np.cumsum(
                 [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
@@ -99,10 +103,7 @@ class CsvColumns(ColumnarFile):
         header = next(csv.reader([first_line]), None)
         if not header:
             raise ValueError(f"{path}:1: no header line naming the columns")
-        repeated = next((name for name in header if header.count(name) > 1), None)
-        if repeated is not None:
-            raise ValueError(f"{path}:1: column {repeated!r} is named twice in the header")
-        super().__init__(path, dict.fromkeys(header, pa.string()))
+        super().__init__(path, header, [pa.string()] * len(header), (":1", "the header"))
         self.chunk_bytes = chunk_bytes
 
     def batches(self, columns: Sequence[str]) -> Iterator[tuple[pa.RecordBatch, int]]:

@@ -171,9 +171,7 @@ def _columnar_source(
     args: argparse.Namespace, kind: str, paths: Sequence[str], batch_size: int
 ) -> ColumnarSource:
     """``--data parquet|csv FILE...`` read as ``--schema`` says."""
-    for option, value in (("--tables", args.tables), ("--scale", args.scale)):
-        if value is not None:
-            raise ValueError(f"{option}: not with --data {kind}, whose tables --schema gives (or counts)")
+    _refuse_table_options(args, f"not with --data {kind}, whose tables --schema gives (or counts)")
     if args.schema is None:
         raise ValueError(f"--data {kind}: needs --schema TOML naming its columns (docs/data.md)")
     _check_files(kind, paths)
@@ -231,9 +229,7 @@ def open_taobao_source(args: argparse.Namespace, batch_size: int) -> TaobaoSourc
         "seed": args.seed,
     }
     if kind == "taobao-csv":
-        for option, value in (("--tables", args.tables), ("--scale", args.scale)):
-            if value is not None:
-                raise ValueError(f"{option}: synthetic data only (taobao-csv's tables are its distinct ids)")
+        _refuse_table_options(args, "synthetic data only (taobao-csv's tables are its distinct ids)")
         _check_files(kind, paths)
         return TaobaoCsvReader(paths, batch_size, **samples)
     try:
@@ -264,6 +260,13 @@ def _kind_and_paths(data: Sequence[str], kinds: Sequence[str]) -> tuple[str, lis
     if (kind == "synthetic") != (not paths):
         raise ValueError(f"--data {kind}: " + ("takes no path" if paths else "needs a path"))
     return kind, paths
+
+
+def _refuse_table_options(args: argparse.Namespace, why: str) -> None:
+    """Refuse ``--tables`` or ``--scale``, given for data whose tables they do not set, saying ``why``."""
+    for option, value in (("--tables", args.tables), ("--scale", args.scale)):
+        if value is not None:
+            raise ValueError(f"{option}: {why}")
 
 
 def _check_files(kind: str, paths: Sequence[str]) -> None:
