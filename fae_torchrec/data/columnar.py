@@ -167,14 +167,15 @@ class _Chunk:
         """0/1 labels as ``int32`` (CSV: the text 0 or 1)."""
         values = self.column(column, "label")
         if _is_text(values.type):
-            bad = pc.invert(pc.is_in(values, value_set=pa.array(["0", "1"]))).to_numpy(zero_copy_only=False)
+            numbers = np.where(pc.equal(values, "1").to_numpy(zero_copy_only=False), 1.0, 0.0)
+            bad = ~pc.is_in(values, value_set=pa.array(["0", "1"])).to_numpy(zero_copy_only=False)
         else:
             numbers = pc.cast(values, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
             bad = (numbers != 0) & (numbers != 1)
         if bad.any():
             row = _first(bad)
             self.fail(column, "label", row, f"{values[row].as_py()!r} is not a label (0 or 1)")
-        return pc.cast(pc.cast(values, pa.float64(), safe=False), pa.int32()).to_numpy(zero_copy_only=False)
+        return numbers.astype(np.int32)
 
     def numbers(self, column: str, role: str) -> np.ndarray:
         """A numeric column (CSV: text that is a number) as ``float64``, each finite."""
