@@ -15,6 +15,7 @@ from torch.distributed._shard import sharded_tensor as _sharded_tensor
 from torch.fx import _symbolic_trace
 from torchrec.distributed.planner import shard_estimators as _shard_estimators
 from torchrec.distributed.train_pipeline import PrefetchTrainPipelineSparseDist
+from torchrec.distributed.train_pipeline import runtime_forwards as _runtime_forwards
 
 if TYPE_CHECKING:
     from torch import nn
@@ -39,6 +40,13 @@ def is_fx_symbolic_tracing() -> bool:
     """Whether ``torch.fx`` is tracing symbolically now (TorchRec's train pipelines trace the model to find
     its sharded modules); ``torch.fx`` offers the query only from the private ``_symbolic_trace``."""
     return _symbolic_trace.is_fx_symbolic_tracing()
+
+
+def is_pipelined(module: nn.Module) -> bool:
+    """Whether a TorchRec train pipeline has taken over ``module``'s forward (its ``PipelinedForward``
+    and kin derive from ``BaseForward`` of ``train_pipeline.runtime_forwards``, which the package does
+    not export)."""
+    return isinstance(module.forward, _runtime_forwards.BaseForward)
 
 
 def best_plan(planner: EmbeddingShardingPlanner) -> list[ShardingOption]:

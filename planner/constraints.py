@@ -22,13 +22,13 @@ from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import CacheAlgorithm, CacheParams, ShardingType
 
 from fae_torchrec.modules import part_table_name
+from fae_torchrec.modules.fae_embedding_bag import HOT_KERNELS
 from fae_torchrec.stats import AccessStats, HotSet
 from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.stats.hot_share import holdout_cold_inputs, holdout_rows_hot
 from planner.cache_sizing import cold_rows, seen_cold_counts
 from planner.cache_statistics import AccessCacheStatistics
 
-HOT_KERNELS = [EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.value]
 #: Sharding types of cold tables on CUDA: data-parallel would copy a UVM table to every rank.
 CUDA_COLD_SHARDING_TYPES = [
     ShardingType.TABLE_WISE.value,
@@ -45,10 +45,10 @@ CPU_SHARDING_TYPES = [
 ]
 #: (sharding types, kernels) a part may use, by compute device; None leaves TorchRec every choice.
 ALLOWED = {
-    ("cuda", HOT): (None, HOT_KERNELS),
+    ("cuda", HOT): (None, list(HOT_KERNELS)),
     ("cuda", COLD): (CUDA_COLD_SHARDING_TYPES, [EmbeddingComputeKernel.FUSED_UVM_CACHING.value]),
-    ("cpu", HOT): (CPU_SHARDING_TYPES, HOT_KERNELS),
-    ("cpu", COLD): (CPU_SHARDING_TYPES, HOT_KERNELS),
+    ("cpu", HOT): (CPU_SHARDING_TYPES, list(HOT_KERNELS)),
+    ("cpu", COLD): (CPU_SHARDING_TYPES, list(HOT_KERNELS)),
 }
 
 

@@ -247,7 +247,7 @@ def test_a_split_by_the_sign_of_part_ids_equals_the_split_by_lookup(weighted, ki
         for is_hot in {None, kind == "hot"}:
             by_lookup, by_sign = (
                 split.split(batch, is_hot),
-                split.split(_part_ids(batch, hot_set), is_hot, True),
+                split.split(_part_ids(batch, hot_set), is_hot, hot_set.digest),
             )
             assert by_sign.is_hot == by_lookup.is_hot
             for expected, actual in ((by_lookup.hot, by_sign.hot), (by_lookup.cold, by_sign.cold)):
@@ -258,7 +258,20 @@ def test_a_split_by_the_sign_of_part_ids_equals_the_split_by_lookup(weighted, ki
                     sums = kjt.lengths().view(len(kjt.keys()), -1).sum(1).tolist()
                     assert kjt.length_per_key() == sums
     with pytest.raises(ValueError, match="marked hot_only carries cold ids"):
-        split.split(_part_ids(_batch("mixed", weighted=weighted), hot_set), True, True)
+        split.split(_part_ids(_batch("mixed", weighted=weighted), hot_set), True, hot_set.digest)
+
+
+def test_part_ids_of_another_hot_set_are_refused():
+    tables = _tables()
+    hot_set = _hot_set(tables)
+    smaller = HotSet(hot_set.tables, tuple(ids[: len(ids) // 2] for ids in hot_set.hot_ids))
+    assert smaller.digest != hot_set.digest
+    assert HotSet(hot_set.tables, tuple(ids.copy() for ids in hot_set.hot_ids)).digest == hot_set.digest
+    split = FAEEmbeddingBagCollection(tables, hot_set)
+    with pytest.raises(
+        ValueError, match=f"another hot set \\(digest {smaller.digest}\\) than .*'s \\({hot_set.digest}"
+    ):
+        split.split(_part_ids(_batch("mixed"), smaller), None, smaller.digest)
 
 
 def test_a_split_by_the_sign_of_part_ids_is_refused_off_the_host():
@@ -269,7 +282,7 @@ def test_a_split_by_the_sign_of_part_ids_is_refused_off_the_host():
     with pytest.raises(
         ValueError, match="runs on the host, before the batch moves to its device; these ids are on meta"
     ):
-        split.split(on_device, None, True)
+        split.split(on_device, None, hot_set.digest)
 
 
 @pytest.mark.parametrize("pooling", [PoolingType.SUM, PoolingType.MEAN])

@@ -12,15 +12,20 @@ hot parts data-parallel).
 """
 
 import itertools
+import warnings
 
 import pytest
 import torch
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
-from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.sharding_plan import (
+    construct_module_sharding_plan,
+    get_default_sharders,
+    table_wise,
+)
 from torchrec.distributed.train_pipeline import PrefetchTrainPipelineSparseDist, TrainPipelineSparseDist
-from torchrec.distributed.types import CacheAlgorithm, CacheParams
+from torchrec.distributed.types import CacheAlgorithm, CacheParams, ShardingPlan
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from fae_torchrec import FAEEmbeddingBagCollection
@@ -221,6 +226,78 @@ def _runner_pauses(rank: int, world_size: int) -> None:
 def test_the_step_runner_pauses_the_pipeline_where_the_plain_loop_evaluates(tmp_path):
     """``StepRunner``: the pipeline reads ahead, yet each pause sees the model the plain loop has there."""
     run_on_ranks(_runner_pauses, 1, tmp_path)
+
+
+def _fae_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    """The messages of the caught warnings the split module gives about a plan or a pipeline."""
+    kinds = ("hot tables planned out of device memory", "the cold part is pipelined")
+    return [str(w.message) for w in caught if str(w.message).startswith(kinds)]
+
+
+def _misuses_warn_once(rank: int, world_size: int) -> None:
+    """FAE's plan on FAE's pipeline warns of nothing; TorchRec's own pipeline, and a plan that puts a hot
+    table on a UVM kernel (as TorchRec's planner may on a GPU), each warn once, at the first step."""
+    data, tables, stats, hot_set = _setup("dlrm", world_size)
+    partition = HotColdPartition.of(data.blocks(), hot_set, DEFAULT_CAT_NAMES)
+    topology = Topology(world_size=world_size, compute_device="cpu")
+    uvm = EmbeddingComputeKernel.FUSED_UVM_CACHING.value
+
+    def sharded(plan_of) -> tuple:
+        torch.manual_seed(0)
+        model = _model("dlrm", FAEEmbeddingBagCollection(tables, hot_set))
+        dmp, optimizer, _ = _shard(
+            model, PREFIX, plan_of(model), EmbeddingOptimizer(torch.optim.SGD, {"lr": 0.1})
+        )
+        split = dmp.module.model.sparse_arch.embedding_bag_collection
+        router = BatchRouter(partition, 32, world_size, rank, order="shuffled", seed=1, split=split.split)
+        return dmp, optimizer, [routed.batch for routed in itertools.islice(router.epoch(0), 6)]
+
+    def hand_built(model) -> ShardingPlan:
+        """Every part table-wise on rank 0, the hot part's on a UVM cache."""
+        fae = model.model.sparse_arch.embedding_bag_collection
+        return ShardingPlan({
+            PREFIX + part: construct_module_sharding_plan(
+                getattr(fae, part),
+                {c.name: table_wise(0, compute_kernel=uvm if part == "hot" else None)
+                 for c in getattr(fae, part).embedding_bag_configs()},
+                world_size=world_size, device_type="cpu",
+            )
+            for part in ("hot", "cold")
+        })  # fmt: skip
+
+    fae_planner = FAEShardingPlanner(topology, stats, batch_size=32)
+    runs = {
+        "FAE": (lambda model: fae_planner, FAETrainPipeline),
+        "TorchRec's pipeline": (lambda model: fae_planner, TrainPipelineSparseDist),
+        "a hot part on UVM": (lambda model: _FixedPlan(hand_built(model)), FAETrainPipeline),
+    }
+    found = {}
+    for name, (plan_of, pipeline_class) in runs.items():
+        dmp, optimizer, batches = sharded(plan_of)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert _run(pipeline_class(dmp, optimizer, CPU), batches) == len(batches)
+        found[name] = _fae_warnings(caught)
+    assert found["FAE"] == []
+    assert len(found["TorchRec's pipeline"]) == 1, found
+    assert "TrainPipelineSparseDist" in found["TorchRec's pipeline"][0]
+    assert len(found["a hot part on UVM"]) == 1, found
+    hot_tables = [name for name, rows in hot_set.num_hot.items() if rows]
+    assert hot_tables and all(f"{name}_hot: {uvm}" in found["a hot part on UVM"][0] for name in hot_tables)
+
+
+class _FixedPlan:
+    """A planner whose plan is given (``_shard`` plans through ``collective_plan``)."""
+
+    def __init__(self, plan: ShardingPlan) -> None:
+        self.plan = plan
+
+    def collective_plan(self, *args) -> ShardingPlan:
+        return self.plan
+
+
+def test_misused_plans_and_pipelines_warn_once(tmp_path):
+    run_on_ranks(_misuses_warn_once, 1, tmp_path)
 
 
 def _prefetch_pipeline_fills(rank: int, world_size: int) -> None:

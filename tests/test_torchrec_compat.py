@@ -231,9 +231,13 @@ def _check_pipelined_modules(rank: int, world_size: int) -> None:
     dmp, optimizer = _tiny_dmp()
     pipeline = TrainPipelineSparseDist(dmp, optimizer, CPU)
     batches = _batches(3)
+    assert not compat.is_pipelined(dmp.module.ebc)
     pipeline.progress(iter(batches[:2]))
     modules = compat.pipelined_modules(pipeline)
     sharded = dmp.module.ebc
+    assert compat.is_pipelined(sharded), _private(
+        TrainPipelineSparseDist, "runtime_forwards.BaseForward", "a pipelined module's forward is not one"
+    )
     assert isinstance(sharded, ShardedModule)
     assert [id(module) for module in modules] == [id(sharded)], _private(
         TrainPipelineSparseDist, "_pipelined_modules", f"not the sharded modules: {modules!r}"
@@ -256,7 +260,7 @@ def _check_pipelined_modules(rank: int, world_size: int) -> None:
 
 def test_pipelined_modules(tmp_path):
     """``TrainPipelineSparseDist._pipelined_modules``: the sharded modules the pipeline's stages start
-    (set after the first batch), and only those."""
+    (set after the first batch), and only those; ``runtime_forwards.BaseForward``: their forwards then."""
     run_on_ranks(_check_pipelined_modules, 1, tmp_path)
 
 

@@ -53,7 +53,7 @@ def main() -> float:
     tables = data.table_configs(embedding_dim=16)
     prepared = prepare_data(data, tables, "partition", sample=0.05, batch_size=BATCH_SIZE, hot_budget=HOT)
 
-    ebc = FAEEmbeddingBagCollection(tables, prepared.stats.hot_set(HOT))
+    ebc = FAEEmbeddingBagCollection(tables, prepared.hot_set)
     model = DLRMTrain(
         DLRM(ebc, dense_in_features=13, dense_arch_layer_sizes=[64, 16], over_arch_layer_sizes=[64, 32, 1])
     )
@@ -61,7 +61,7 @@ def main() -> float:
     topology = TopologyFactory.create_topology(
         TrainerConfig(world_size=world_size), kernel_config=KernelConfig(compute_device=device.type)
     )
-    planner = FAEShardingPlanner(topology, prepared.stats, batch_size=BATCH_SIZE, hot_budget_bytes=HOT)
+    planner = FAEShardingPlanner(topology, prepared.stats, batch_size=BATCH_SIZE)
     plan = planner.collective_plan(model, get_default_sharders(), dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(model, device=device, plan=plan)
     dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))

@@ -9,15 +9,23 @@ the partition was written), looks up both parts
 with SUM pooling and returns the ``KeyedTensor`` the unsplit EBC would return (MEAN tables are divided
 by the bag sizes at the end). Both parts are ordinary EBCs, so ``DistributedModelParallel`` shards each
 with TorchRec's own sharders and kernels.
+
+Two mistakes train silently, so the module warns once about each when it sees them in a step: a plan
+that keeps hot rows out of device memory (a hot table on a UVM or key-value kernel, as TorchRec's own
+planner may place a hot part on a GPU: plan with ``FAEShardingPlanner``), and a cold part pipelined by
+TorchRec's own train pipeline, which starts its input distribution on hot batches too (FAE's pipelines
+skip it, and say so through ``cold_input_skipped_on_hot``).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
 import torch
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingBagCollectionInterface
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
@@ -25,7 +33,10 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from fae_torchrec.modules.split_features import SplitFeatures
 from fae_torchrec.stats.hot_set import ALL_HOT, COLD, HOT, HotRowIndex, HotSet
 from fae_torchrec.tables import TableLayout
-from fae_torchrec.torchrec_compat import is_fx_symbolic_tracing
+from fae_torchrec.torchrec_compat import is_fx_symbolic_tracing, is_pipelined
+
+#: The kernels that keep a table's rows in device memory (HBM on CUDA): the only ones for hot rows.
+HOT_KERNELS = (EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.value)
 
 
 def part_table_name(table: str, part: str) -> str:
@@ -81,6 +92,8 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self._dims = {f: c.embedding_dim for c in tables for f in c.feature_names}
         self._mean_features = {f for c in tables if c.pooling == PoolingType.MEAN for f in c.feature_names}
         # the remap's index (HotRowIndex) as buffers: they move with the module and its state holds them
+        #: The hot set's ``HotSet.digest``: batches of signed part ids name the hot set they were made with.
+        self.hot_set_digest = hot_set.digest
         index = HotRowIndex.of(hot_set)
         self.register_buffer("hot_rows", index.hot_rows)
         self.register_buffer("row_offsets", index.row_offsets)
@@ -88,6 +101,10 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self.register_buffer("table_kind", index.table_kind, persistent=False)
         table_of_feature = [layout.table_of(f) for f in features]
         self.register_buffer("table_of_feature", torch.tensor(table_of_feature), persistent=False)
+        #: Set by FAE's train pipelines, which leave the cold part out of a hot batch's input distribution;
+        #: a cold part pipelined while it is False (by TorchRec's own pipeline) is warned about.
+        self.cold_input_skipped_on_hot = False
+        self._warned: set[str] = set()  # the mistakes warned about (each once)
 
     def _make_part(
         self, part: str, sizes: np.ndarray, device: torch.device | None
@@ -337,15 +354,24 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         )
 
     def split(
-        self, features: KeyedJaggedTensor, is_hot: bool | None = None, part_ids: bool = False
+        self, features: KeyedJaggedTensor, is_hot: bool | None = None, part_ids_of: str | None = None
     ) -> SplitFeatures:
         """``features`` split into the parts' inputs, for ``forward`` to take as they are: do it
-        before the step, in the data path. ``features`` carries original ids, looked up here, or with
-        ``part_ids`` the signed part ids a partition stores (``HotSet.signed_part_ids``), split by
-        sign with no lookup. With ``is_hot`` the batch must carry hot ids only (``ValueError``
-        otherwise) and its cold input holds no id; None finds out."""
+        before the step, in the data path. ``features`` carries original ids, looked up here, or the
+        signed part ids a partition stores (``HotSet.signed_part_ids``) of the hot set whose
+        ``HotSet.digest`` is ``part_ids_of`` (``HotColdPartition.hot_set_digest``), split by sign with no
+        lookup; they must be this module's (``ValueError`` otherwise: another hot set's part ids name
+        other rows). With ``is_hot`` the batch must carry hot ids only (``ValueError`` otherwise) and its
+        cold input holds no id; None finds out."""
+        if part_ids_of is not None and part_ids_of != self.hot_set_digest:
+            raise ValueError(
+                f"the batch's part ids were made with another hot set (digest {part_ids_of}) than this "
+                f"FAEEmbeddingBagCollection's ({self.hot_set_digest}, {sum(self._num_hot)} hot rows): they "
+                "would train other rows; build the module from the hot set the partition was made with "
+                "(prepare_data(...).hot_set), or partition the data again for this module's"
+            )
         ordered = self._ordered(features)
-        parts = self._split(ordered, (HOT,) if is_hot else (HOT, COLD), part_ids)
+        parts = self._split(ordered, (HOT,) if is_hot else (HOT, COLD), part_ids_of is not None)
         cold = parts.get(COLD)
         if is_hot is None:
             is_hot = cold is None or cold.values().numel() == 0
@@ -372,12 +398,42 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         batches it made of hot inputs. Under FX tracing (TorchRec's train pipelines) ``features``
         is a split, and both parts are traced.
         """
-        if is_fx_symbolic_tracing() or isinstance(features, SplitFeatures):
-            return self._pool(
-                features.hot, features.cold if is_fx_symbolic_tracing() or not features.is_hot else None
-            )
+        if is_fx_symbolic_tracing():
+            return self._pool(features.hot, features.cold)
+        if len(self._warned) < 2:
+            self._check_plan_and_pipeline()
+        if isinstance(features, SplitFeatures):
+            return self._pool(features.hot, None if features.is_hot else features.cold)
         parts = self._split(self._ordered(features), (HOT,) if hot_only else (HOT, COLD))
         return self._pool(parts.get(HOT), parts.get(COLD))
+
+    def _check_plan_and_pipeline(self) -> None:
+        """Warn, once each, when the sharded hot part keeps a table out of device memory, or when
+        TorchRec's own train pipeline drives the cold part (see the module docstring)."""
+        plan = getattr(self.hot, "module_sharding_plan", None)  # a sharded part's (DMP's)
+        off_device = {
+            table: sharding.compute_kernel
+            for table, sharding in (plan or {}).items()
+            if sharding.compute_kernel not in HOT_KERNELS
+        }
+        if off_device and "plan" not in self._warned:
+            self._warned.add("plan")
+            kernels = ", ".join(f"{table}: {kernel}" for table, kernel in off_device.items())
+            warnings.warn(
+                f"hot tables planned out of device memory ({kernels}): FAE keeps hot rows in HBM, so "
+                "that hot steps read no UVM; plan the model with "
+                "planner.FAEShardingPlanner (TorchRec's own planner does not know which rows are hot)",
+                stacklevel=3,
+            )
+        pipelined = self.cold is not None and is_pipelined(self.cold)
+        if pipelined and not self.cold_input_skipped_on_hot and "pipeline" not in self._warned:
+            self._warned.add("pipeline")
+            warnings.warn(
+                "the cold part is pipelined by a train pipeline that starts its input distribution on every "
+                "batch, hot ones too (TorchRec's TrainPipelineSparseDist): hot steps then pay for the cold "
+                "part's collectives; train with fae_torchrec.FAETrainPipeline (or FAEPrefetchTrainPipeline)",
+                stacklevel=3,
+            )
 
     def _pool(self, hot: KeyedJaggedTensor | None, cold: KeyedJaggedTensor | None) -> KeyedTensor:
         """The parts' lookups of their inputs (a part with no input is not called), summed per

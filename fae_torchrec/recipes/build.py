@@ -126,11 +126,11 @@ def build_training(
     if args.hbm_cap is not None and device.type == "cpu":
         logger.warning("--hbm-cap %s ignored: there is no device memory to cap on CPU", args.hbm_cap)
     tables, data = prepare(args, family)
-    stats, partition = data.stats, data.partition
+    stats, partition, hot_set = data.stats, data.partition, None if args.baseline else data.hot_set
     if replanned is not None:
         stats = AccessStats.load(replanned.folder / "stats.npz", tables)
         partition = HotColdPartition.open(replanned.folder / replanned.partition)
-    hot_set = None if args.baseline else stats.hot_set(parse_bytes(args.budget))
+        hot_set = stats.hot_set(parse_bytes(args.budget))
     plan, dmp, dense = shard_model(args, family, tables, stats, hot_set, world, device)
     # the same initial tables on every rank and in both layouts, made a block at a time in the shards
     load_initial_tables(dmp.module.get_submodule(family.sparse_path), tables, args.seed)

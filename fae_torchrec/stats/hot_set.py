@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -103,6 +104,17 @@ class HotSet:
     @cached_property
     def layout(self) -> TableLayout:
         return TableLayout(self.tables)
+
+    @cached_property
+    def digest(self) -> str:
+        """A fingerprint of the tables and each table's hot ids: a partition records the one its part ids
+        were made with, and a split module of another hot set refuses it (its part ids would name other
+        rows)."""
+        fingerprint = hashlib.sha256(repr(self.layout.describe()).encode())
+        fingerprint.update(np.array([len(ids) for ids in self.hot_ids], dtype=np.int64).tobytes())
+        for ids in self.hot_ids:
+            fingerprint.update(np.ascontiguousarray(ids, dtype=np.int64).tobytes())
+        return fingerprint.hexdigest()[:16]
 
     @property
     def num_hot(self) -> dict[str, int]:

@@ -42,13 +42,16 @@ _HEADER_BYTES = 128
 class HotColdPartition:
     """The entirely-hot inputs of a data set (``hot``; label-balanced, see the module docstring), all
     the others (``cold``), for each input of the data, in its order, whether it went to the hot part
-    (``is_hot``; the stream order needs it), and the feature names of the parts' id columns (``keys``:
-    the batches' ``KeyedJaggedTensor`` keys)."""
+    (``is_hot``; the stream order needs it), the feature names of the parts' id columns (``keys``:
+    the batches' ``KeyedJaggedTensor`` keys) and the ``HotSet.digest`` of the hot set its part ids were
+    made with (``hot_set_digest``; None: its inputs carry none), which a split module checks against its
+    own."""
 
     hot: SampleBlock
     cold: SampleBlock
     is_hot: np.ndarray
     keys: tuple[str, ...]
+    hot_set_digest: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.keys) != len(self.hot.ids_per_feature):
@@ -118,7 +121,7 @@ class HotColdPartition:
         if not parts[HOT]:
             raise ValueError("no inputs to partition")
         hot, cold = SampleBlock.concat(parts[HOT]), SampleBlock.concat(parts[COLD])
-        return cls(hot, cold, np.concatenate(is_hot), tuple(keys))
+        return cls(hot, cold, np.concatenate(is_hot), tuple(keys), hot_set.digest)
 
     @classmethod
     def write(
@@ -160,7 +163,7 @@ class HotColdPartition:
             writer.close()
         if ids_per_feature is None:
             raise ValueError("no inputs to partition")
-        meta = {"ids_per_feature": list(ids_per_feature), "keys": list(keys)}
+        meta = {"ids_per_feature": list(ids_per_feature), "keys": list(keys), "hot_set": hot_set.digest}
         (directory / "partition.json").write_text(json.dumps(meta))
         return cls.open(directory)
 
@@ -172,10 +175,11 @@ class HotColdPartition:
         if not meta.exists():
             raise FileNotFoundError(f"{meta}: missing; not a partition directory")
         described = json.loads(meta.read_text())
-        if "keys" not in described:
-            raise ValueError(
-                f"{meta}: no feature names; the partition was written by an older version, write it again"
-            )
+        for field, what in (("keys", "feature names"), ("hot_set", "digest of its hot set")):
+            if field not in described:
+                raise ValueError(
+                    f"{meta}: no {what}; the partition was written by an older version, write it again"
+                )
         ids_per_feature = tuple(described["ids_per_feature"])
         blocks = {
             part: SampleBlock(
@@ -190,7 +194,10 @@ class HotColdPartition:
                 f"{is_hot}: missing; the partition was written by an older version, write it again"
             )
         try:
-            return cls(blocks[HOT], blocks[COLD], np.load(is_hot, mmap_mode="r"), tuple(described["keys"]))
+            return cls(
+                blocks[HOT], blocks[COLD], np.load(is_hot, mmap_mode="r"), tuple(described["keys"]),
+                described["hot_set"],
+            )  # fmt: skip
         except ValueError as error:
             raise ValueError(f"{directory}: damaged partition: {error}") from error
 

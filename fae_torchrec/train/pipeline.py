@@ -55,6 +55,7 @@ class _SkipsColdOnHotBatches:
             raise ValueError(f"{type(self).__name__} needs a model with an FAEEmbeddingBagCollection")
         if lookahead < 0:
             raise ValueError(f"lookahead must be a number of batches, at least 0, got {lookahead}")
+        fae.cold_input_skipped_on_hot = True  # the module's warning is for TorchRec's own pipeline
         self._cold = fae.cold
         self._cold_dist_created = False
         self._lookahead = lookahead

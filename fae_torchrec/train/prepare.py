@@ -38,12 +38,14 @@ NAMED_PARAMETERS = ("sample", "batch_size", "val_every", "exclude_profiled")
 @dataclass(frozen=True)
 class PreparedData:
     """What :func:`prepare_data` gives every rank: the profile's statistics, the validation inputs (all
-    of them, on every rank; None when none was asked for) and the training inputs split into hot and
-    cold."""
+    of them, on every rank; None when none was asked for), the training inputs split into hot and
+    cold, and the hot set they were split by: build the ``FAEEmbeddingBagCollection`` from it (a split
+    module of another hot set refuses the partition's batches)."""
 
     stats: AccessStats
     validation: SampleBlock | None
     partition: HotColdPartition
+    hot_set: HotSet
 
 
 def prepare_data(
@@ -74,15 +76,26 @@ def prepare_data(
     every rank (a smaller batch would train, but not the batch that was planned); nothing is written
     then. The messages name the data and these parameters as ``names`` says (such as
     ``{"data": "--data train.txt", "batch_size": "--batch-size"}``), else as "the data" and by their own
-    names. ``progress`` draws bars while profiling and partitioning."""
+    names. ``progress`` draws bars while profiling and partitioning. Raises ``TypeError``, on every rank
+    before any collective, when ``source`` is not a ``BlockSource`` (such as a TorchRec dataset)."""
+    if not isinstance(source, BlockSource):
+        raise TypeError(
+            "prepare_data reads its data twice (the profile, then the partition) from a "
+            f"fae_torchrec.data.source.BlockSource, not from a {type(source).__module__}."
+            f"{type(source).__qualname__}: open your files with one (fae_torchrec.data.columnar."
+            "ColumnarSource for Parquet or CSV files and a schema, fae_torchrec.data's CriteoTsvReader, "
+            "CriteoNpyReader or "
+            "TaobaoCsvReader; docs/data.md), or subclass BlockSource with a raw_blocks() that yields your "
+            "data as fae_torchrec.data.SampleBlock's"
+        )
     names = {"data": "the data", **{key: key for key in NAMED_PARAMETERS}, **(names or {})}
-    stats, validation = _on_rank_zero(
+    stats, validation, hot_set = _on_rank_zero(
         lambda: _profile_and_partition(
             source, tables, Path(directory), sample, batch_size, hot_budget, val_every, balance, seed,
             exclude_profiled, names, progress,
         )
     )  # fmt: skip
-    return PreparedData(stats, validation, HotColdPartition.open(directory))
+    return PreparedData(stats, validation, HotColdPartition.open(directory), hot_set)
 
 
 def repartition(
@@ -147,9 +160,9 @@ def _profile_and_partition(
     exclude_profiled: bool,
     names: Mapping[str, str],
     progress: bool,
-) -> tuple[AccessStats, SampleBlock]:
-    """Rank 0's part of :func:`prepare_data`: the statistics and the validation set; the partition is
-    written to ``directory``."""
+) -> tuple[AccessStats, SampleBlock | None, HotSet]:
+    """Rank 0's part of :func:`prepare_data`: the statistics, the validation set and the hot set; the
+    partition is written to ``directory``."""
     profiler = AccessProfiler(tables, sample, seed=seed)
     profiled = []  # with exclude_profiled, per training block, the inputs the profile counted
     blocks = _split(source, False, val_every)
@@ -192,7 +205,7 @@ def _profile_and_partition(
     HotColdPartition.write(
         training, hot_set, source.feature_names, directory, balance=balance, seed=seed, progress=progress
     )
-    return stats, SampleBlock.concat(held_out) if held_out else None
+    return stats, SampleBlock.concat(held_out) if held_out else None, hot_set
 
 
 def _check_batch_size(

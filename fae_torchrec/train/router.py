@@ -37,10 +37,11 @@ class BatchRouter:
         keys: the feature names of the ``KeyedJaggedTensor``: the partition's (``partition.keys``);
             optional, and refused when they differ.
         split: makes each batch's ``sparse_features`` a ``SplitFeatures`` before the step, given the
-            features, whether the step is hot and whether the features carry the partition's part
-            ids (an ``FAEEmbeddingBagCollection``'s ``split``; under DMP the split module is still
-            there, around its sharded parts). None keeps the original ``KeyedJaggedTensor``, for the
-            model to remap.
+            features, whether the step is hot and the digest of the hot set whose part ids the
+            features carry (an ``FAEEmbeddingBagCollection``'s ``split``; under DMP the split module is
+            still there, around its sharded parts). None keeps the original ``KeyedJaggedTensor``, for
+            the model to remap. Raises ``ValueError`` here, alike on every rank, when the split module
+            was built from another hot set than the partition (the split of its first input checks it).
     """
 
     def __init__(
@@ -53,7 +54,7 @@ class BatchRouter:
         seed: int = 0,
         warmup: float = 0.0,
         keys: Sequence[str] | None = None,
-        split: Callable[[KeyedJaggedTensor, bool, bool], SplitFeatures] | None = None,
+        split: Callable[[KeyedJaggedTensor, bool, str | None], SplitFeatures] | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range [0, {world_size})")
@@ -72,6 +73,13 @@ class BatchRouter:
         self.split = split
         self._position: dict = {}
         self._relayout = False
+        if split is not None:
+            if partition.hot_set_digest is None:
+                raise ValueError(
+                    "the partition's inputs carry no part ids to split: route it with split=None"
+                )
+            first_hot = len(partition.hot) > 0  # the split of one input checks the module's hot set
+            self._split_batch([(partition.hot if first_hot else partition.cold).slice(0, 1)], first_hot)
 
     def schedule(self, epoch: int) -> list[Step]:
         return make_schedule(
@@ -147,8 +155,11 @@ class BatchRouter:
             return RoutedBatch(
                 epoch, index, step.hot, SampleBlock.concat(spans).to_batch(self.partition.keys)
             )
-        # the part ids (remapped when the partition was written: split by sign); the original ids
-        # are left unread
+        return RoutedBatch(epoch, index, step.hot, self._split_batch(spans, step.hot))
+
+    def _split_batch(self, spans: list[SampleBlock], hot: bool) -> Batch:
+        """The ``Batch`` of the part ids of ``spans`` (remapped when the partition was written: split by
+        sign; the original ids are left unread), its sparse features split for the parts."""
         batch = SampleBlock.concat([span.as_part_ids() for span in spans]).to_batch(self.partition.keys)
-        batch = Batch(batch.dense_features, self.split(batch.sparse_features, step.hot, True), batch.labels)
-        return RoutedBatch(epoch, index, step.hot, batch)
+        features = self.split(batch.sparse_features, hot, self.partition.hot_set_digest)
+        return Batch(batch.dense_features, features, batch.labels)
