@@ -25,6 +25,10 @@ rank). Each rank holds both models, so memory is about twice ``bench_train.py``'
 
 from __future__ import annotations
 
+# first: importing fae_torchrec sets OpenMP's wait policy before torch loads (fae_torchrec.threads)
+from fae_torchrec import recipes
+
+# isort: split
 import argparse
 import gc
 import json
@@ -47,7 +51,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common.arguments import add_training_options, fail, training_options
 from benchmarks.common.example_runs import ERROR_TAIL_LINES, data_size, launcher
 from benchmarks.common.statistics import standard_error
-from fae_torchrec import recipes
 from fae_torchrec.arguments import non_negative_int, positive_int
 from fae_torchrec.train.runner import StepRunner
 

@@ -11,9 +11,16 @@
 
 Here are the names a TorchRec training script needs (docs/adopt.md); the others live in their stage's
 package (``fae_torchrec.stats``, ``fae_torchrec.modules``, ``fae_torchrec.train``, ``fae_torchrec.data``).
-Importing the package draws nothing and configures nothing (no plotting backend, no logging).
+Importing the package draws nothing and configures nothing (no plotting backend, no logging), but for
+one thing, and only where torch is not loaded yet: OpenMP's idle threads sleep instead of spinning,
+unless a wait policy is set (``fae_torchrec.threads``: a spinning pool slows every process of a busy machine).
 """
 
+from fae_torchrec.threads import prefer_passive_waits
+
+prefer_passive_waits()  # before anything loads torch, and with it OpenMP
+
+# isort: split
 import importlib
 import warnings
 

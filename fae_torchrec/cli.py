@@ -31,6 +31,7 @@ from fae_torchrec.stats.hot_set import HotSet
 from fae_torchrec.stats.hot_share import estimate_hot_share, hot_share_curve
 from fae_torchrec.stats.plots import plot_access_cdf, plot_hot_share
 from fae_torchrec.stats.profiler import AccessProfiler
+from fae_torchrec.threads import share_cores
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.units import format_bytes, parse_bytes
 
@@ -265,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logger.setLevel(logging.INFO)
     args = _parser(argv).parse_args(argv)
+    share_cores()
     try:
         with torchrec_quiet():
             {"profile": profile, "plan": plan}[args.command](args)

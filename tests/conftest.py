@@ -3,6 +3,10 @@ named by ``FAE_TAOBAO_CSV`` (tests skip when they are absent)."""
 
 from __future__ import annotations
 
+# first: importing fae_torchrec sets OpenMP's wait policy before torch loads (fae_torchrec.threads)
+from fae_torchrec.cli import main
+
+# isort: split
 import os
 from pathlib import Path
 
@@ -10,19 +14,19 @@ import pytest
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from fae_torchrec.cli import main
+from fae_torchrec.threads import intra_op_threads
 
 REALDATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Share the cores among pytest-xdist's workers: one intra-op thread pool per core and worker, in the
-    worker and in the ranks and commands it starts (``OMP_NUM_THREADS``). Each process's default of one
-    thread per core would put several spinning pools on every core, which slows rank-heavy tests up to
-    twice. An ``OMP_NUM_THREADS`` the caller set is kept."""
+    """Share the cores among pytest-xdist's workers: the cores this process may use, divided among the
+    workers, in the worker and in the ranks and commands it starts (``OMP_NUM_THREADS``). Each process's
+    default of one thread per core would put several pools on every core, which slows rank-heavy tests up
+    to twice. An ``OMP_NUM_THREADS`` the caller set is kept."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
-        threads = max(1, (os.cpu_count() or 1) // workers)
+        threads = intra_op_threads(workers)
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
 

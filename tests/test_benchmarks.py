@@ -326,6 +326,15 @@ def test_every_script_prints_its_help():
 
 
 @pytest.mark.benchmark
+def test_bench_busy_runs_the_example_alone_and_beside_a_busy_process(tmp_path):
+    options = ["--num-samples", "3000", "--rounds", "1", "--busy", "1", "--settings", "after"]
+    out = _run("bench_busy.py", *options, "--out", str(tmp_path))
+    assert re.search(r"^after +\d+ +\d+ +[\d.]+$", out, re.M), out
+    result = json.loads((tmp_path / "bench_busy.json").read_text())
+    assert set(result["median"]) == {"after/idle", "after/busy"} and min(result["median"].values()) > 0
+
+
+@pytest.mark.benchmark
 def test_bench_calibrate_needs_a_gpu_and_bench_traffic_takes_its_figures(tmp_path):
     """Without CUDA the calibration says why it cannot run; its figures, as it writes them, price the
     saved TBSM points (committed with BENCHMARKS.md) beside the stated assumptions, and a damaged file is

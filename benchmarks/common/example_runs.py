@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 #: The example that trains each model.
@@ -49,16 +49,24 @@ def launcher(world_size: int) -> list[str]:
 
 
 def run_example(
-    args: Sequence[str], out: str | Path, world_size: int = 1, model: str = "dlrm", threads: int | None = None
+    args: Sequence[str],
+    out: str | Path,
+    world_size: int = 1,
+    model: str = "dlrm",
+    threads: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict:
     """Train ``model``'s example with ``args`` on ``world_size`` ranks, writing to ``out``; its metrics.
-    ``threads`` caps each rank's intra-op threads (``OMP_NUM_THREADS``), for runs side by side.
+    ``threads`` caps each rank's intra-op threads (``OMP_NUM_THREADS``), for runs side by side; ``env``
+    is the example's environment (by default this process's).
 
     Raises ``RuntimeError`` with the tail of the example's stderr when it fails.
     """
     out = Path(out)
     command = [*launcher(world_size), str(EXAMPLES[model]), *args, "--out", str(out)]
-    env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env = dict(os.environ if env is None else env)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     run = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if run.returncode != 0:
         tail = "\n".join(run.stderr.splitlines()[-ERROR_TAIL_LINES:])

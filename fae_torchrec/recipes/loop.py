@@ -26,6 +26,7 @@ from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.recipes.options import check_resume_position, parse_args, resume_config
 from fae_torchrec.recipes.replan import Replanning, resumed_replan
 from fae_torchrec.tables import TableLayout
+from fae_torchrec.threads import share_cores
 from fae_torchrec.train.checkpoint import Checkpoints
 from fae_torchrec.train.evaluation import evaluate, validation_batches
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
@@ -240,7 +241,9 @@ def _write(metrics: dict, out: Path) -> None:
 
 
 def run(family: ModelFamily) -> None:
-    """The command: train ``family``; a bad option, file or plan exits with status 2 and says why."""
+    """The command: train ``family``; a bad option, file or plan exits with status 2 and says why. Each
+    rank takes its share of the cores it may use (``fae_torchrec.threads``)."""
+    share_cores()
     try:
         main(family)
     except (ValueError, OSError, PlannerError) as error:
