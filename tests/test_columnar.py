@@ -280,6 +280,12 @@ def test_a_bad_value_is_named_with_its_file_column_and_row(
         ("[features.tags]", '[features.tags]\ncolumn = "click"', "features.tags.column: the label column"),
         ('label = "click"', 'label = "click', "not TOML: "),
         ('label = "click"', "", "missing key label"),
+        ("[features.site_id]", '[features."site.id"]\ncolumn = "site_id"',
+         "features.site.id: 'site.id' cannot name a feature: TorchRec splits its module"),
+        ("[features.site_id]", '[features.site_id]\ntable = "site.id"',
+         "features.site_id.table: 'site.id' cannot name a table: TorchRec splits"),
+        ("[features.site_id]", '[features.keys]\ncolumn = "site_id"',
+         "features.keys.table: 'keys' cannot name a table: it is an attribute of the ModuleDict"),
     ],
 )  # fmt: skip
 def test_a_bad_schema_is_named_with_its_key(files, tmp_path, capsys, caplog, old, new, message):
