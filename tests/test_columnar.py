@@ -382,7 +382,8 @@ def test_real_avazu_rows_profile_and_train_with_the_avazu_schema(tmp_path, capsy
 
 def test_damaged_csv_and_parquet_layouts_are_named(files, tmp_path, capsys, caplog):
     """A CSV line with a field too many (found past the parser's block), a blank line (refused: its
-    fields are empty), a byte-order mark (read as Excel writes it), a Parquet column named twice."""
+    fields are empty), a byte-order mark (read as Excel writes it), a byte that is not UTF-8 (found past
+    the parser's block), a Parquet column named twice."""
     lines = files["csv"].read_text().splitlines()
     lines[250] += ",extra"
     damaged = tmp_path / "extra.csv"
@@ -403,6 +404,13 @@ def test_damaged_csv_and_parquet_layouts_are_named(files, tmp_path, capsys, capl
     np.testing.assert_array_equal(
         _read("csv", marked, files["schema"]).ids, _read("csv", files["csv"], files["schema"]).ids
     )
+    not_utf8 = tmp_path / "not_utf8.csv"
+    lines = files["csv"].read_text().splitlines()
+    assert lines[499].endswith('"')  # line 500, far past 4 KiB: a byte that is not UTF-8 in its last field
+    lines[499] = lines[499][:-1] + '\udcff"'
+    not_utf8.write_bytes("\n".join(lines).encode("utf-8", "surrogateescape") + b"\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(not_utf8))}:500: .*invalid UTF8"):
+        ColumnarSource("csv", not_utf8, load_schema(files["schema"]), 64, chunk_bytes=4096)
     twice = tmp_path / "twice.parquet"
     pq.write_table(pa.table([pa.array([0, 1]), pa.array([1, 2])], names=["click", "click"]), twice)
     reported = _exits_2(["--data", "parquet", str(twice), "--schema", str(files["schema"])], capsys, caplog)

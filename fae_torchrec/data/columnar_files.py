@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -18,6 +19,8 @@ CHUNK_ROWS = 1 << 16
 CHUNK_BYTES = 1 << 24
 #: Bytes a Parquet column chunk is streamed in.
 READ_BUFFER = 1 << 20
+#: A byte that is not UTF-8, as ``errors="surrogateescape"`` decodes it.
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
 
 
 class ColumnarFile:
@@ -125,16 +128,22 @@ class CsvColumns(ColumnarFile):
                 yield batch, first
                 first += batch.num_rows
         except (pa.ArrowException, OSError) as error:
-            raise ValueError(f"{self.path}:{self._bad_line(first)}: {error}") from error
+            raise ValueError(f"{self.path}:{self._bad_line(first, columns)}: {error}") from error
 
-    def _bad_line(self, first: int) -> int:
-        """The first line after data row ``first`` whose fields are not the header's, where pyarrow's
-        parser stopped (its streaming reader names no row), or the line of row ``first``."""
-        with open(self.path, newline="", encoding="utf-8", errors="replace") as file:
+    def _bad_line(self, first: int, columns: Sequence[str]) -> int:
+        """The first line after data row ``first`` whose fields are not the header's, or with bytes that
+        are not UTF-8 in one of ``columns``, where pyarrow's parser stopped (its streaming reader names no
+        row), or the line of row ``first``."""
+        read = [index for index, name in enumerate(self.types) if name in columns]
+        with open(self.path, newline="", encoding="utf-8", errors="surrogateescape") as file:
             lines = csv.reader(file)
             fields = len(next(lines, []))
             for row in lines:
-                if lines.line_num > first + 1 and row and len(row) != fields:
+                if (
+                    lines.line_num > first + 1
+                    and row
+                    and (len(row) != fields or any(_NOT_UTF8.search(row[index]) for index in read))
+                ):
                     return lines.line_num
         return first + 2
 
