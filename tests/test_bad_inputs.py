@@ -15,6 +15,7 @@ from torchrec.distributed.types import CacheAlgorithm, CacheParams
 
 from fae_torchrec import AccessStats
 from fae_torchrec.cli import main
+from fae_torchrec.data import npy_paths
 from fae_torchrec.recipes import DLRM, parse_args
 from fae_torchrec.recipes import main as train_main
 from fae_torchrec.recipes.build import prepare
@@ -130,6 +131,28 @@ def test_a_data_or_schema_path_that_is_not_a_readable_file_is_named_with_why(
     csv.write_text("click,a\n1,x\n")
     argv = ["profile", "--data", "csv", str(csv), "--schema", str(path), *out]
     assert f"--schema {path}: {cause}" in exits_2(argv, capsys, caplog)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value", "problem"),
+    [
+        (np.float64, 1e300, "1e+300 is beyond float32's range"),
+        (np.float64, 3.5e38, "3.5e+38 is beyond float32's range"),
+        (np.float32, np.nan, "nan is not a finite number"),
+    ],
+)
+def test_a_criteo_npy_dense_value_that_is_not_a_finite_float32_is_named(
+    tmp_path, capsys, caplog, dtype, value, problem
+):
+    prefix = tmp_path / "day_0"
+    dense = np.ones((4, 13), dtype=dtype)
+    dense[2, 4] = value
+    for path, array in zip(
+        npy_paths(prefix), (dense, np.zeros((4, 26), np.int64), np.zeros((4, 1), np.int32)), strict=True
+    ):
+        np.save(path, array)
+    argv = ["profile", "--data", "criteo-npy", str(prefix), "--out", str(tmp_path / "s.npz")]
+    assert f"{prefix}_dense.npy: row 2, column 4 (I5): {problem}" in exits_2(argv, capsys, caplog)
 
 
 #: Where nothing can be created, even by root: a directory and a path below it (the reason, such as

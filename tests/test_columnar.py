@@ -255,6 +255,7 @@ def _row(row: int, group: int) -> str:
         ("device_type", 5, 2**64 - 1, "parquet", _row(5, 0), f"id {2**64 - 1} is beyond the largest table"),
         ("tags", 9, ["a", "b"], "parquet", _row(9, 0), "a list of 2 values; the schema's length is 3"),
         ("site_id", 400, None, "parquet", _row(400, 3), "no value (null)"),
+        ("hour", 11, float("nan"), "parquet", _row(11, 0), "nan is not a finite number"),
     ],
 )
 def test_a_bad_value_is_named_with_its_file_column_and_row(
@@ -264,6 +265,39 @@ def test_a_bad_value_is_named_with_its_file_column_and_row(
     reported = _exits_2(["--data", kind, str(path), "--schema", str(files["schema"])], capsys, caplog)
     role = {"click": "label", "hour": "dense"}.get(column, f"feature {column}")
     assert f"{path}: column {column!r} ({role}), {where}: {problem}" in reported
+
+
+@pytest.mark.parametrize("transform", ["log", "none"])
+@pytest.mark.parametrize("kind", ["parquet", "csv"])
+@pytest.mark.parametrize("value", [1e300, 3.5e38])
+def test_a_dense_value_beyond_float32_is_named_whatever_the_transform(
+    files, tmp_path, capsys, caplog, transform, kind, value
+):
+    """Dense inputs are float32: a finite float64 beyond its range is refused, not made infinite (nor
+    taken in range by the log transform: no click log holds such a number, a damaged file can)."""
+    path = _damaged(files, tmp_path, "hour", 5, repr(value) if kind == "csv" else value, kind)
+    schema = _bad_schema(tmp_path, 'dense_transform = "log"', f'dense_transform = "{transform}"')
+    reported = _exits_2(["--data", kind, str(path), "--schema", str(schema)], capsys, caplog)
+    where = "line 7" if kind == "csv" else _row(5, 0)
+    assert f"{path}: column 'hour' (dense), {where}: {value!r} is beyond float32's range" in reported
+
+
+def test_a_damaged_page_is_refused_by_its_checksum(files, tmp_path, capsys, caplog):
+    """Row 383's dense value overwritten in a file written with page checksums (uncompressed, plain
+    doubles, so that the damage still decodes): read unverified it is a plausible number; the reader
+    verifies the checksum and names the file."""
+    table = files["table"]
+    hour = table.schema.get_field_index("hour")
+    table = table.set_column(hour, "hour", table.column(hour).cast(pa.float64()))
+    path = write_parquet(table, tmp_path / "damaged.parquet", compression="none", use_dictionary=False)
+    chunk = pq.ParquetFile(path).metadata.row_group(2).column(hour)
+    end = chunk.data_page_offset + chunk.total_compressed_size  # the chunk's last value: row 383's
+    data = bytearray(path.read_bytes())
+    data[end - 8 : end] = np.float64(7.5).tobytes()
+    path.write_bytes(data)
+    assert pq.read_table(path).column("hour")[383].as_py() == 7.5 != table.column("hour")[383].as_py()
+    reported = _exits_2(["--data", "parquet", str(path), "--schema", str(files["schema"])], capsys, caplog)
+    assert f"{path}: damaged after row " in reported and "CRC checksum verification failed" in reported
 
 
 @pytest.mark.parametrize(

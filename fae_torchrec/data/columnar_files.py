@@ -70,8 +70,11 @@ class ParquetColumns(ColumnarFile):
         try:
             # pre_buffer off: its read cache would keep every column chunk read until the file is closed,
             # so that memory would grow with the file instead of the chunk (benchmarks/bench_columnar.py);
-            # a read buffer: a column chunk is streamed, not read whole, so a large row group costs less
-            return pq.ParquetFile(path, pre_buffer=False, buffer_size=READ_BUFFER)
+            # a read buffer: a column chunk is streamed, not read whole, so a large row group costs less;
+            # pages that carry a checksum (written with write_page_checksum=True) are verified
+            return pq.ParquetFile(
+                path, pre_buffer=False, buffer_size=READ_BUFFER, page_checksum_verification=True
+            )
         except (pa.ArrowException, OSError) as error:
             raise ValueError(f"{path}: not a readable Parquet file: {error}") from error
 
