@@ -2,6 +2,7 @@
 and a message naming the option or file; damaged statistics files are refused by ``AccessStats.load``."""
 
 import argparse
+import os
 import re
 import zipfile
 from dataclasses import replace
@@ -14,6 +15,7 @@ from torchrec.distributed.types import CacheAlgorithm, CacheParams
 
 from fae_torchrec import AccessStats
 from fae_torchrec.cli import main
+from fae_torchrec.data import npy_paths
 from fae_torchrec.recipes import DLRM, parse_args
 from fae_torchrec.recipes import main as train_main
 from fae_torchrec.recipes.build import prepare
@@ -52,7 +54,7 @@ def stats_file(tmp_path_factory):
         (["--seed", "-1"], "argument --seed: must be a non-negative integer, got -1"),
         (["--sample-seed", "-1"], "argument --sample-seed: must be a non-negative integer, got -1"),
         (["--tables", "/nonexistent/sizes.txt"], "--tables: /nonexistent/sizes.txt: cannot read table sizes"),
-        (["--data", "criteo-tsv", "/"], "--data criteo-tsv: a directory, not a file: /"),
+        (["--data", "criteo-tsv", "/"], "--data criteo-tsv: a directory, not a regular file: /"),
         (
             ["--data", "criteo-npy", "/nonexistent/day_0"],
             "--data criteo-npy: /nonexistent/day_0_dense.npy: missing",
@@ -80,6 +82,77 @@ def test_profile_out_that_is_a_directory_or_under_a_file(tmp_path, capsys, caplo
     afile.write_text("x")
     reported = exits_2(["profile", "--num-samples", "10", "--out", str(afile / "s.npz")], capsys, caplog)
     assert f"{afile} is a file, not a directory" in reported
+
+
+def _not_a_readable_file(path: Path, kind: str) -> None:
+    """Make ``path`` a FIFO, a symbolic-link loop, a link to nothing or an unreadable file (``kind``)."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "loop":
+        path.symlink_to(path.with_name("other"))
+        path.with_name("other").symlink_to(path)
+    elif kind == "dangling":
+        path.symlink_to(path.with_name("absent"))
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root reads any file")
+        path.write_text("x")
+        path.chmod(0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "cause"),
+    [
+        ("fifo", "a FIFO (named pipe), not a regular file"),
+        ("loop", "a symbolic-link loop"),
+        ("dangling", "a symbolic link to a missing file"),
+        ("unreadable", "permission denied"),
+    ],
+)
+def test_a_data_or_schema_path_that_is_not_a_readable_file_is_named_with_why(
+    tmp_path, capsys, caplog, kind, cause
+):
+    """Refused before it is opened (a FIFO would block the reader forever), for each ``--data`` kind
+    that reads files and for ``--schema``."""
+    path = tmp_path / "data"
+    _not_a_readable_file(path, kind)
+    out = ["--out", str(tmp_path / "s.npz")]
+    for data in ("criteo-tsv", "parquet", "csv"):
+        argv = [
+            "profile",
+            "--data",
+            data,
+            str(path),
+            *(["--schema", "S"] if data != "criteo-tsv" else []),
+            *out,
+        ]
+        assert f"--data {data}: {cause}: {path}" in exits_2(argv, capsys, caplog)
+    csv = tmp_path / "data.csv"
+    csv.write_text("click,a\n1,x\n")
+    argv = ["profile", "--data", "csv", str(csv), "--schema", str(path), *out]
+    assert f"--schema {path}: {cause}" in exits_2(argv, capsys, caplog)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value", "problem"),
+    [
+        (np.float64, 1e300, "1e+300 is beyond float32's range"),
+        (np.float64, 3.5e38, "3.5e+38 is beyond float32's range"),
+        (np.float32, np.nan, "nan is not a finite number"),
+    ],
+)
+def test_a_criteo_npy_dense_value_that_is_not_a_finite_float32_is_named(
+    tmp_path, capsys, caplog, dtype, value, problem
+):
+    prefix = tmp_path / "day_0"
+    dense = np.ones((4, 13), dtype=dtype)
+    dense[2, 4] = value
+    for path, array in zip(
+        npy_paths(prefix), (dense, np.zeros((4, 26), np.int64), np.zeros((4, 1), np.int32)), strict=True
+    ):
+        np.save(path, array)
+    argv = ["profile", "--data", "criteo-npy", str(prefix), "--out", str(tmp_path / "s.npz")]
+    assert f"{prefix}_dense.npy: row 2, column 4 (I5): {problem}" in exits_2(argv, capsys, caplog)
 
 
 #: Where nothing can be created, even by root: a directory and a path below it (the reason, such as

@@ -255,6 +255,7 @@ def _row(row: int, group: int) -> str:
         ("device_type", 5, 2**64 - 1, "parquet", _row(5, 0), f"id {2**64 - 1} is beyond the largest table"),
         ("tags", 9, ["a", "b"], "parquet", _row(9, 0), "a list of 2 values; the schema's length is 3"),
         ("site_id", 400, None, "parquet", _row(400, 3), "no value (null)"),
+        ("hour", 11, float("nan"), "parquet", _row(11, 0), "nan is not a finite number"),
     ],
 )
 def test_a_bad_value_is_named_with_its_file_column_and_row(
@@ -264,6 +265,39 @@ def test_a_bad_value_is_named_with_its_file_column_and_row(
     reported = _exits_2(["--data", kind, str(path), "--schema", str(files["schema"])], capsys, caplog)
     role = {"click": "label", "hour": "dense"}.get(column, f"feature {column}")
     assert f"{path}: column {column!r} ({role}), {where}: {problem}" in reported
+
+
+@pytest.mark.parametrize("transform", ["log", "none"])
+@pytest.mark.parametrize("kind", ["parquet", "csv"])
+@pytest.mark.parametrize("value", [1e300, 3.5e38])
+def test_a_dense_value_beyond_float32_is_named_whatever_the_transform(
+    files, tmp_path, capsys, caplog, transform, kind, value
+):
+    """Dense inputs are float32: a finite float64 beyond its range is refused, not made infinite (nor
+    taken in range by the log transform: no click log holds such a number, a damaged file can)."""
+    path = _damaged(files, tmp_path, "hour", 5, repr(value) if kind == "csv" else value, kind)
+    schema = _bad_schema(tmp_path, 'dense_transform = "log"', f'dense_transform = "{transform}"')
+    reported = _exits_2(["--data", kind, str(path), "--schema", str(schema)], capsys, caplog)
+    where = "line 7" if kind == "csv" else _row(5, 0)
+    assert f"{path}: column 'hour' (dense), {where}: {value!r} is beyond float32's range" in reported
+
+
+def test_a_damaged_page_is_refused_by_its_checksum(files, tmp_path, capsys, caplog):
+    """Row 383's dense value overwritten in a file written with page checksums (uncompressed, plain
+    doubles, so that the damage still decodes): read unverified it is a plausible number; the reader
+    verifies the checksum and names the file."""
+    table = files["table"]
+    hour = table.schema.get_field_index("hour")
+    table = table.set_column(hour, "hour", table.column(hour).cast(pa.float64()))
+    path = write_parquet(table, tmp_path / "damaged.parquet", compression="none", use_dictionary=False)
+    chunk = pq.ParquetFile(path).metadata.row_group(2).column(hour)
+    end = chunk.data_page_offset + chunk.total_compressed_size  # the chunk's last value: row 383's
+    data = bytearray(path.read_bytes())
+    data[end - 8 : end] = np.float64(7.5).tobytes()
+    path.write_bytes(data)
+    assert pq.read_table(path).column("hour")[383].as_py() == 7.5 != table.column("hour")[383].as_py()
+    reported = _exits_2(["--data", "parquet", str(path), "--schema", str(files["schema"])], capsys, caplog)
+    assert f"{path}: damaged after row " in reported and "CRC checksum verification failed" in reported
 
 
 @pytest.mark.parametrize(
@@ -280,6 +314,12 @@ def test_a_bad_value_is_named_with_its_file_column_and_row(
         ("[features.tags]", '[features.tags]\ncolumn = "click"', "features.tags.column: the label column"),
         ('label = "click"', 'label = "click', "not TOML: "),
         ('label = "click"', "", "missing key label"),
+        ("[features.site_id]", '[features."site.id"]\ncolumn = "site_id"',
+         "features.site.id: 'site.id' cannot name a feature: TorchRec splits its module"),
+        ("[features.site_id]", '[features.site_id]\ntable = "site.id"',
+         "features.site_id.table: 'site.id' cannot name a table: TorchRec splits"),
+        ("[features.site_id]", '[features.keys]\ncolumn = "site_id"',
+         "features.keys.table: 'keys' cannot name a table: it is an attribute of the ModuleDict"),
     ],
 )  # fmt: skip
 def test_a_bad_schema_is_named_with_its_key(files, tmp_path, capsys, caplog, old, new, message):
@@ -376,7 +416,8 @@ def test_real_avazu_rows_profile_and_train_with_the_avazu_schema(tmp_path, capsy
 
 def test_damaged_csv_and_parquet_layouts_are_named(files, tmp_path, capsys, caplog):
     """A CSV line with a field too many (found past the parser's block), a blank line (refused: its
-    fields are empty), a byte-order mark (read as Excel writes it), a Parquet column named twice."""
+    fields are empty), a byte-order mark (read as Excel writes it), a byte that is not UTF-8 (found past
+    the parser's block), a Parquet column named twice."""
     lines = files["csv"].read_text().splitlines()
     lines[250] += ",extra"
     damaged = tmp_path / "extra.csv"
@@ -397,6 +438,13 @@ def test_damaged_csv_and_parquet_layouts_are_named(files, tmp_path, capsys, capl
     np.testing.assert_array_equal(
         _read("csv", marked, files["schema"]).ids, _read("csv", files["csv"], files["schema"]).ids
     )
+    not_utf8 = tmp_path / "not_utf8.csv"
+    lines = files["csv"].read_text().splitlines()
+    assert lines[499].endswith('"')  # line 500, far past 4 KiB: a byte that is not UTF-8 in its last field
+    lines[499] = lines[499][:-1] + '\udcff"'
+    not_utf8.write_bytes("\n".join(lines).encode("utf-8", "surrogateescape") + b"\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(not_utf8))}:500: .*invalid UTF8"):
+        ColumnarSource("csv", not_utf8, load_schema(files["schema"]), 64, chunk_bytes=4096)
     twice = tmp_path / "twice.parquet"
     pq.write_table(pa.table([pa.array([0, 1]), pa.array([1, 2])], names=["click", "click"]), twice)
     reported = _exits_2(["--data", "parquet", str(twice), "--schema", str(files["schema"])], capsys, caplog)

@@ -93,6 +93,24 @@ class SampleBlock:
         )
 
 
+def float32_dense(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` as float32, the dense inputs' type, and where they are not finite there: NaN, infinite,
+    or beyond float32's range (about ±3.4e38), which the cast makes infinite."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        dense = np.asarray(values, dtype=np.float32)
+    return dense, ~np.isfinite(dense)
+
+
+def dense_problem(value: float) -> str:
+    """What is wrong with a dense value ``float32_dense`` refused."""
+    value = float(value)
+    if np.isfinite(value):
+        return (
+            f"{value!r} is beyond float32's range (±{np.finfo(np.float32).max:.7g}), the dense inputs' type"
+        )
+    return f"{value!r} is not a finite number"
+
+
 def check_batch_size(batch_size: int) -> None:
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")

@@ -3,8 +3,9 @@ rows as ``SampleBlock``s (and so TorchRec ``Batch``es) and its tables as ``Embed
 
 Files are read in order, a chunk at a time (:mod:`fae_torchrec.data.columnar_files`), so memory is
 bounded by the chunk, not the file. Every value is checked before it is used: a null, a label other
-than 0 or 1, text that is not a number, a negative or too large integer id, a list of the wrong length
-or a column of the wrong type raises ``ValueError`` naming the file, the column and the row.
+than 0 or 1, text that is not a number, a dense value that is not a finite float32, a negative or too
+large integer id, a list of the wrong length or a column of the wrong type raises ``ValueError`` naming
+the file, the column and the row.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from fae_torchrec.data.block import SampleBlock
+from fae_torchrec.data.block import SampleBlock, dense_problem, float32_dense
 from fae_torchrec.data.columnar_files import CHUNK_BYTES, CHUNK_ROWS, ColumnarFile, open_columns
 from fae_torchrec.data.criteo import as_paths
 from fae_torchrec.data.hashing import as_text, hashed_rows
@@ -96,7 +97,7 @@ class ColumnarSource(BlockSource):
         labels = chunk.labels(schema.label)
         dense = np.zeros((len(labels), len(schema.dense)), dtype=np.float64)
         for j, column in enumerate(schema.dense):
-            dense[:, j] = chunk.numbers(column, "dense")
+            dense[:, j] = chunk.dense(column)
         if schema.dense_transform == "log":
             dense = np.sign(dense) * np.log1p(np.abs(dense))
         ids = [
@@ -177,16 +178,18 @@ class _Chunk:
             self.fail(column, "label", row, f"{values[row].as_py()!r} is not a label (0 or 1)")
         return numbers.astype(np.int32)
 
-    def numbers(self, column: str, role: str) -> np.ndarray:
-        """A numeric column (CSV: text that is a number) as ``float64``, each finite."""
-        values = self.column(column, role)
+    def dense(self, column: str) -> np.ndarray:
+        """A dense column (CSV: text that is a number) as ``float64``, each a finite float32 (the type
+        the model reads; ``dense_transform`` maps that range into itself: ``log`` into ±89)."""
+        values = self.column(column, "dense")
         if _is_text(values.type):
-            values = self._parsed(values, column, role, _NUMBER, "a number")
+            values = self._parsed(values, column, "dense", _NUMBER, "a number")
         # integers past 2^53 round to the nearest float, as any dense input does
         numbers = pc.cast(values, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
-        if not np.isfinite(numbers).all():
-            row = _first(~np.isfinite(numbers))
-            self.fail(column, role, row, f"{numbers[row]} is not a finite number")
+        bad = float32_dense(numbers)[1]
+        if bad.any():
+            row = _first(bad)
+            self.fail(column, "dense", row, dense_problem(numbers[row]))
         return numbers
 
     def values(self, feature: SparseFeature) -> pa.Array:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -18,6 +19,8 @@ CHUNK_ROWS = 1 << 16
 CHUNK_BYTES = 1 << 24
 #: Bytes a Parquet column chunk is streamed in.
 READ_BUFFER = 1 << 20
+#: A byte that is not UTF-8, as ``errors="surrogateescape"`` decodes it.
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
 
 
 class ColumnarFile:
@@ -67,8 +70,11 @@ class ParquetColumns(ColumnarFile):
         try:
             # pre_buffer off: its read cache would keep every column chunk read until the file is closed,
             # so that memory would grow with the file instead of the chunk (benchmarks/bench_columnar.py);
-            # a read buffer: a column chunk is streamed, not read whole, so a large row group costs less
-            return pq.ParquetFile(path, pre_buffer=False, buffer_size=READ_BUFFER)
+            # a read buffer: a column chunk is streamed, not read whole, so a large row group costs less;
+            # pages that carry a checksum (written with write_page_checksum=True) are verified
+            return pq.ParquetFile(
+                path, pre_buffer=False, buffer_size=READ_BUFFER, page_checksum_verification=True
+            )
         except (pa.ArrowException, OSError) as error:
             raise ValueError(f"{path}: not a readable Parquet file: {error}") from error
 
@@ -125,16 +131,22 @@ class CsvColumns(ColumnarFile):
                 yield batch, first
                 first += batch.num_rows
         except (pa.ArrowException, OSError) as error:
-            raise ValueError(f"{self.path}:{self._bad_line(first)}: {error}") from error
+            raise ValueError(f"{self.path}:{self._bad_line(first, columns)}: {error}") from error
 
-    def _bad_line(self, first: int) -> int:
-        """The first line after data row ``first`` whose fields are not the header's, where pyarrow's
-        parser stopped (its streaming reader names no row), or the line of row ``first``."""
-        with open(self.path, newline="", encoding="utf-8", errors="replace") as file:
+    def _bad_line(self, first: int, columns: Sequence[str]) -> int:
+        """The first line after data row ``first`` whose fields are not the header's, or with bytes that
+        are not UTF-8 in one of ``columns``, where pyarrow's parser stopped (its streaming reader names no
+        row), or the line of row ``first``."""
+        read = [index for index, name in enumerate(self.types) if name in columns]
+        with open(self.path, newline="", encoding="utf-8", errors="surrogateescape") as file:
             lines = csv.reader(file)
             fields = len(next(lines, []))
             for row in lines:
-                if lines.line_num > first + 1 and row and len(row) != fields:
+                if (
+                    lines.line_num > first + 1
+                    and row
+                    and (len(row) != fields or any(_NOT_UTF8.search(row[index]) for index in read))
+                ):
                     return lines.line_num
         return first + 2
 

@@ -4,7 +4,8 @@ A day (or file) ``PREFIX`` is three arrays: ``PREFIX_dense.npy`` (float32, ``(n,
 log-transformed by TorchRec), ``PREFIX_sparse.npy`` (``(n, 26)`` raw categorical values) and
 ``PREFIX_labels.npy`` (int32, ``(n, 1)``). They are memory-mapped and read a chunk at a time; raw
 categorical values become rows modulo the table sizes, as in TorchRec's
-``InMemoryBinaryCriteoIterDataPipe``.
+``InMemoryBinaryCriteoIterDataPipe``. A dense value that is not a finite float32 (NaN, infinite, or a
+wider array's value beyond float32's range) is an error naming the file, the row and the column.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from fae_torchrec.data.block import SampleBlock
+from fae_torchrec.data.block import SampleBlock, dense_problem, float32_dense
 from fae_torchrec.data.criteo import (
     CAT_FEATURE_COUNT,
     INT_FEATURE_COUNT,
@@ -66,7 +67,14 @@ class CriteoNpyReader(CriteoSource):
                     raise ValueError(f"{npy_paths(prefix)[1]}: row {row} has a negative value")
                 if self.require_labels:
                     _check_labels(labels[rows], start, npy_paths(prefix)[2])
-                yield single_hot_block(dense[rows], raw, labels[rows], self.table_sizes)
+                values, bad = float32_dense(dense[rows])
+                if bad.any():
+                    row, column = np.argwhere(bad)[0]
+                    raise ValueError(
+                        f"{npy_paths(prefix)[0]}: row {start + row}, column {column} (I{column + 1}): "
+                        f"{dense_problem(dense[start + row, column])}"
+                    )
+                yield single_hot_block(values, raw, labels[rows], self.table_sizes)
 
 
 def _check_labels(labels: np.ndarray, start: int, path: str) -> None:

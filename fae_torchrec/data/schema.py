@@ -31,6 +31,10 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from torch import nn
+
+from fae_torchrec.data.criteo import file_problem
+
 #: How values become rows: a row per distinct value (sorted), hashed (:mod:`fae_torchrec.data.hashing`)
 #: into ``rows``, or integer ids minus an offset.
 ID_KINDS = ("vocabulary", "hash", "offset")
@@ -39,6 +43,11 @@ DENSE_TRANSFORMS = ("none", "log")
 MAX_ROWS = 2**62
 _TOP_KEYS = {"label", "dense", "dense_transform", "features"}
 _FEATURE_KEYS = {"column", "table", "ids", "rows", "offset", "length", "separator"}
+#: Why a feature or table name cannot hold a '.' (a feature names its table by default).
+_DOTTED = "TorchRec splits its module and state-dict paths at '.' (embedding_bags.TABLE.weight)"
+#: Names a table cannot take: attributes of the ``ModuleDict`` in which TorchRec's
+#: ``EmbeddingBagCollection`` keeps a module per table (``keys``, ``update``, ``training`` ...).
+_TAKEN_TABLE_NAMES = frozenset(dir(nn.ModuleDict()))
 
 
 @dataclass(frozen=True)
@@ -98,9 +107,12 @@ class Schema:
 
 def load_schema(path: str | os.PathLike) -> Schema:
     """The schema in the TOML file ``path``. Raises ``ValueError`` naming the file and the key for an
-    unreadable file, a missing, unknown or mistyped key, a table given two sizes, or the label column
-    as an input of the model."""
+    unreadable file, a missing, unknown or mistyped key, a feature or table name TorchRec cannot take, a
+    table given two sizes, or the label column as an input of the model."""
     path = os.fspath(path)
+    problem = file_problem(path)
+    if problem is not None:
+        raise ValueError(f"--schema {path}: {problem}")
     try:
         with open(path, "rb") as file:
             text = tomllib.load(file)
@@ -144,8 +156,22 @@ def _feature(name: str, spec: object, where: str) -> SparseFeature:
     if not isinstance(spec, dict):
         raise ValueError(f"{where}: {key}: expected a table of options, got {spec!r}")
     _no_unknown_keys(spec, _FEATURE_KEYS, where, key + ".")
+    if "." in name:
+        raise ValueError(
+            f"{where}: {key}: {name!r} cannot name a feature: {_DOTTED}; name the feature otherwise "
+            f"(column = {name!r} reads the column of that name)"
+        )
     column = _string(spec, "column", where, key, default=name)
     table = _string(spec, "table", where, key, default=name)
+    if "." in table or table in _TAKEN_TABLE_NAMES:
+        why = (
+            _DOTTED
+            if "." in table
+            else "it is an attribute of the ModuleDict holding an EmbeddingBagCollection's tables"
+        )
+        raise ValueError(
+            f"{where}: {key}.table: {table!r} cannot name a table: {why}; set table to another name"
+        )
     rows = _integer(spec, "rows", where, key, 1, MAX_ROWS)
     ids = spec.get("ids", "vocabulary" if rows is None else "hash")
     if ids not in ID_KINDS:

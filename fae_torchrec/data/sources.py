@@ -15,6 +15,7 @@ from fae_torchrec.data.columnar import ColumnarSource
 from fae_torchrec.data.columnar_files import FORMATS
 from fae_torchrec.data.criteo import (
     TABLE_SETS,
+    file_problem,
     read_table_sizes,
     scaled_table_sizes,
     table_sizes,
@@ -270,8 +271,8 @@ def _refuse_table_options(args: argparse.Namespace, why: str) -> None:
 
 
 def _check_files(kind: str, paths: Sequence[str]) -> None:
-    """Refuse a path of ``--data kind`` that is not a file, naming it."""
-    missing = [p for p in paths if not os.path.isfile(p)]
-    if missing:
-        what = "a directory, not a file" if os.path.isdir(missing[0]) else "no such file"
-        raise ValueError(f"--data {kind}: {what}: {missing[0]}")
+    """Refuse a path of ``--data kind`` that is not a readable regular file, naming it and why."""
+    for path in paths:
+        problem = file_problem(path)
+        if problem is not None:
+            raise ValueError(f"--data {kind}: {problem}: {path}")
