@@ -22,8 +22,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from fae_torchrec.data.block import SampleBlock, dense_problem, float32_dense
 from fae_torchrec.data.columnar_files import CHUNK_BYTES, CHUNK_ROWS, ColumnarFile, open_columns
-from fae_torchrec.data.criteo import as_paths
 from fae_torchrec.data.hashing import as_text, hashed_rows
+from fae_torchrec.data.paths import as_paths
 from fae_torchrec.data.schema import MAX_ROWS, Schema, SparseFeature
 from fae_torchrec.data.source import BlockSource
 

@@ -21,9 +21,9 @@ from fae_torchrec.data.criteo import (
     INT_FEATURE_COUNT,
     KAGGLE_TABLE_SIZES,
     CriteoSource,
-    as_paths,
     single_hot_block,
 )
+from fae_torchrec.data.paths import as_paths
 
 
 def npy_paths(prefix: str | os.PathLike) -> tuple[str, str, str]:

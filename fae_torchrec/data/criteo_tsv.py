@@ -26,7 +26,6 @@ from fae_torchrec.data.criteo import (
     INT_FEATURE_COUNT,
     KAGGLE_TABLE_SIZES,
     CriteoSource,
-    as_paths,
     single_hot_block,
 )
 from fae_torchrec.data.delimited import (
@@ -38,6 +37,7 @@ from fae_torchrec.data.delimited import (
     raise_first_problem,
     split_fields,
 )
+from fae_torchrec.data.paths import as_paths
 
 _NOT_AN_INTEGER, _NOT_A_LABEL, _NOT_HEX = 1, 2, 3
 _PROBLEMS = {

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from fae_torchrec.data.criteo import file_problem
+from fae_torchrec.data.paths import file_problem
 
 #: How values become rows: a row per distinct value (sorted), hashed (:mod:`fae_torchrec.data.hashing`)
 #: into ``rows``, or integer ids minus an offset.

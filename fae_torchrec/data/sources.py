@@ -15,13 +15,13 @@ from fae_torchrec.data.columnar import ColumnarSource
 from fae_torchrec.data.columnar_files import FORMATS
 from fae_torchrec.data.criteo import (
     TABLE_SETS,
-    file_problem,
     read_table_sizes,
     scaled_table_sizes,
     table_sizes,
 )
 from fae_torchrec.data.criteo_npy import CriteoNpyReader
 from fae_torchrec.data.criteo_tsv import CriteoTsvReader
+from fae_torchrec.data.paths import file_problem
 from fae_torchrec.data.schema import load_schema
 from fae_torchrec.data.source import BlockSource
 from fae_torchrec.data.synthetic import SyntheticCriteo

@@ -13,7 +13,6 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from fae_torchrec.data.criteo import as_paths
 from fae_torchrec.data.delimited import (
     MAX_DIGITS,
     MINUS,
@@ -23,6 +22,7 @@ from fae_torchrec.data.delimited import (
     raise_first_problem,
     split_fields,
 )
+from fae_torchrec.data.paths import as_paths
 from fae_torchrec.data.taobao import (
     BEHAVIORS,
     TABLES,
