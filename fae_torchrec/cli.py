@@ -76,7 +76,9 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         "plan", help="dry-run FAE plan for a CUDA topology beside TorchRec's default plan"
     )
     plan.add_argument("--stats", required=True, help="statistics file written by `profile`")
-    plan.add_argument("--world-size", type=positive_int, default=8)
+    plan.add_argument(
+        "--world-size", type=positive_int, default=8, help="GPUs, all on one host as in TorchRec's topology"
+    )
     plan.add_argument("--hbm-cap", type=byte_size, default="16GiB", help="HBM per GPU")
     plan.add_argument("--batch-size", type=positive_int, default=2048, help="per-rank batch size")
     plan.add_argument("--dim", type=positive_int, help="embedding dimension (default: the stats file's)")
@@ -195,10 +197,13 @@ def plan(args: argparse.Namespace) -> None:
     from planner.baseline import default_planner, dry_run, scaleup_planner
     from planner.topology import make_topology
 
+    try:
+        topology = make_topology(args.world_size, hbm_cap=parse_bytes(args.hbm_cap))
+    except ValueError as error:
+        raise ValueError(f"--world-size {args.world_size}: {error}") from error
     stats = AccessStats.load(args.stats)
     if args.dim is not None:
         stats = stats.with_embedding_dim(args.dim)
-    topology = make_topology(args.world_size, hbm_cap=parse_bytes(args.hbm_cap))
     algorithm = CACHE_ALGORITHMS[args.cache_algorithm]
     if args.prefetch_pipeline is None:
         args.prefetch_pipeline = algorithm == CacheAlgorithm.LRU

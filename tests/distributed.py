@@ -13,10 +13,15 @@ exception, another exit status) fails the test at once.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import shutil
+import signal
+import socket
 import subprocess
+import tempfile
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch.distributed as dist
@@ -82,3 +87,41 @@ def run_launched(
             shutil.rmtree(path, ignore_errors=True)
         run = subprocess.run(list(command), cwd=cwd, capture_output=True, text=True, check=False)
     return run
+
+
+def run_ranks(command: Sequence[str], world_size: int, timeout: float) -> list[subprocess.CompletedProcess]:
+    """Run ``command`` as ``world_size`` ranks started as torchrun starts them (its environment variables,
+    the group's store on a free local port): each rank's own exit status and stderr, which torchrun, as it
+    ends the other ranks once one exits, does not give. ``timeout`` (seconds) fails the test where a rank
+    hangs; a group with a rank killed by SIGABRT runs once more."""
+
+    def launch() -> list[subprocess.CompletedProcess]:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(probe.getsockname()[1]),
+                     "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size)}  # fmt: skip
+        with ExitStack() as files:
+            errors = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(world_size)]
+            ranks = [
+                subprocess.Popen(list(command), stdout=subprocess.DEVNULL, stderr=error,
+                                 env={**os.environ, **group, "RANK": str(rank), "LOCAL_RANK": str(rank)})
+                for rank, error in enumerate(errors)
+            ]  # fmt: skip
+            try:
+                for rank in ranks:
+                    rank.wait(timeout=timeout)
+            finally:
+                for rank in ranks:
+                    rank.kill()  # those still running, after a timeout
+            for error in errors:
+                error.seek(0)
+            return [
+                subprocess.CompletedProcess(rank.args, rank.returncode, stderr=error.read())
+                for rank, error in zip(ranks, errors, strict=True)
+            ]
+
+    runs = launch()
+    if any(run.returncode == -signal.SIGABRT for run in runs):
+        warnings.warn(f"a rank of {list(command)} got {ABORTED}; running the group again", stacklevel=2)
+        runs = launch()
+    return runs

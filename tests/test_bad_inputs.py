@@ -22,6 +22,7 @@ from fae_torchrec.recipes.build import prepare
 from fae_torchrec.recipes.options import check_resume_position
 from fae_torchrec.units import parse_bytes
 from planner import FAEShardingPlanner
+from planner.topology import make_topology
 from tests.conftest import exits_2
 from tests.distributed import run_on_ranks
 
@@ -206,6 +207,19 @@ def test_bad_plan_options_name_the_option(stats_file, capsys, caplog, args, mess
     assert message in exits_2(
         ["plan", "--stats", str(stats_file), "--world-size", "2", *args], capsys, caplog
     )
+
+
+@pytest.mark.parametrize("world_size", ["129", "100000"])
+def test_plan_refuses_more_gpus_than_a_host_numbers_before_reading_the_statistics(
+    tmp_path, capsys, caplog, world_size
+):
+    """TorchRec's topology puts every GPU on one host, numbered up to 127: from 129 GPUs its plan fails
+    (after minutes; at 100,000 planning ran past 10 minutes and 3 GB), so ``plan`` refuses at once."""
+    reported = exits_2(
+        ["plan", "--stats", str(tmp_path / "absent.npz"), "--world-size", world_size], capsys, caplog
+    )
+    assert f"--world-size {world_size}: at most 128 CUDA devices, got {world_size}" in reported
+    assert make_topology(128).world_size == 128, "the largest is planned"
 
 
 def test_the_planner_refuses_pipelined_caches_that_fbgemm_cannot_pipeline(stats_file):

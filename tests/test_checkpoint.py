@@ -1,6 +1,7 @@
 """Checkpoints: resume equals training straight through; every kind of bad checkpoint is refused or,
 for a save that not every rank finished, falls back to the last complete one."""
 
+import resource
 import shutil
 from pathlib import Path
 
@@ -214,6 +215,33 @@ def test_another_world_size_is_refused(tmp_path):
     run_on_ranks(_save, 2, tmp_path / "b", two)
     run_on_ranks(_load_refused, 2, tmp_path / "c", one, "written by 1 rank.s., this run has 2")
     run_on_ranks(_load_refused, 1, tmp_path / "d", two, "written by 2 rank.s., this run has 1")
+
+
+def _save_on_a_full_disk(rank: int, world_size: int, directory: str) -> None:
+    """A save that runs out of room (a file size limit on this rank's process, a real failed write)
+    leaves no partial file, names the file, and keeps the checkpoint before it whole."""
+    run = _Run(rank, world_size)
+    model, dense = run.fresh(0)
+    checkpoints = Checkpoints(directory, CONFIG, run.plan)
+    checkpoints.save(1, model, dense, {"step": 1})
+    whole = Path(directory) / "step-000000001" / "rank0.pt"
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (whole.stat().st_size // 2, limits[1]))
+    try:
+        with pytest.raises(CheckpointError) as refused:
+            checkpoints.save(2, model, dense, {"step": 2})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+    written = Path(directory) / "step-000000002" / "rank0.pt"
+    assert (
+        str(refused.value) == f"rank 0 could not write its checkpoint: [Errno 27] File too large: '{written}'"
+    )
+    assert not any(written.parent.iterdir()), "no partial file left"
+    assert Checkpoints(directory, CONFIG, run.plan).load(model, dense) == {"step": 1}
+
+
+def test_a_full_disk_leaves_no_partial_checkpoint(tmp_path):
+    run_on_ranks(_save_on_a_full_disk, 1, tmp_path, str(tmp_path / "checkpoint"))
 
 
 def _nothing_to_resume(rank: int, world_size: int, directory: str) -> None:

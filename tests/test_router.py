@@ -15,7 +15,7 @@ from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
 from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.train.partition import HotColdPartition, balanced
 from fae_torchrec.train.router import BatchRouter
-from fae_torchrec.train.schedule import ORDERS, make_schedule
+from fae_torchrec.train.schedule import ORDERS, make_schedule, trained_inputs
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +100,42 @@ def test_random_orders_are_seeded_per_epoch(order):
 
 def test_stream_order_without_hot_inputs_is_the_data_in_random_blocks():
     steps = make_schedule(np.zeros(10 * 16 + 3, dtype=bool), 8, 2, "stream", seed=2)
-    for step in steps[:-1]:
-        spans = [span for rank in step.spans for span in rank]
-        assert all(a[2] == b[1] for a, b in pairwise(spans)), "one contiguous block a step"
-    blocks = [(step.spans[0][0][1], step.spans[-1][-1][2]) for step in steps[:-1]]
-    assert all(stop - start == 16 and start % 16 == 0 for start, stop in blocks), "one block a step"
+    assert [sum(step.size(r) for r in range(2)) for step in steps] == [16] * 9 + [16 + 3]
+    spans = [span for step in steps for rank in step.spans for span in rank]
+    # the spans read one after another, joined where one goes on where the last stopped: the blocks read
+    runs = [[*spans[0][1:]]]
+    for _, start, stop in spans[1:]:
+        if start == runs[-1][1]:
+            runs[-1][1] = stop
+        else:
+            runs.append([start, stop])
+    blocks = [(start, stop) for run in runs for start, stop in pairwise(range(run[0], run[1] + 1, 16))]
     assert sorted(blocks) != blocks, "in a random order"
-    assert steps[-1].spans[-1][-1][1:] == (160, 163), "the short last block comes last"
+    assert sorted(tuple(run) for run in runs) != [(0, 163)] and (160, 163) in [tuple(r) for r in runs[:-1]], (
+        "the short last block among the others"
+    )
+
+
+@pytest.mark.parametrize(
+    "is_hot", [np.zeros(40 * 16 + 3, dtype=bool), _mask(240, 403)], ids=["baseline", "fae"]
+)
+def test_the_remainder_step_takes_other_inputs_each_epoch(is_hot):
+    """The last cold step takes the remainder (3 inputs beyond a full step here): in the stream order the
+    inputs it holds vary with the seed and the epoch, the short last block's only now and then, and every
+    input still trains once; the time order keeps the data's order, its last inputs last."""
+
+    def remainder_step(order: str, seed: int, epoch: int) -> frozenset:
+        steps = make_schedule(is_hot, 8, 2, order, seed=seed, epoch=epoch)
+        _check_steps(steps, int(is_hot.sum()), int((~is_hot).sum()), 8, 2)
+        last = [step for step in steps if not step.hot][-1]
+        assert sum(last.size(r) for r in range(2)) > 16, "the remainder joins the last cold step"
+        return frozenset(np.flatnonzero(trained_inputs(is_hot, [last])).tolist())
+
+    short_block = set(np.flatnonzero(~is_hot[640:]) + 640)  # its cold inputs
+    last = [remainder_step("stream", seed, epoch) for seed in range(4) for epoch in range(3)]
+    assert len(set(last)) == len(last), "other inputs at every seed and epoch"
+    assert sum(short_block <= inputs for inputs in last) <= len(last) // 4, "the short block seldom last"
+    assert all(short_block <= remainder_step("time", seed, 2) for seed in range(2))
 
 
 def test_time_order_reads_the_blocks_in_the_data_order():
@@ -149,7 +178,8 @@ def test_warm_up_trains_the_first_blocks_in_cold_steps(world_size, num_hot, num_
     _check_steps(steps, num_hot, num_cold, batch_size, world_size)
     warm = round(warmup * -(-len(is_hot) // (batch_size * world_size)))  # blocks of one step's inputs
     cold = len(steps) - sum(step.hot for step in steps)  # the last cold step runs at the epoch's end
-    assert not any(step.hot for step in steps[: max(min(warm, cold - 1), 0)]), (
+    short = len(is_hot) % (batch_size * world_size) != 0  # a short block among the warm-up's fills none
+    assert not any(step.hot for step in steps[: max(min(warm - short, cold - 1), 0)]), (
         "a warm-up block fills a cold step"
     )
     without = make_schedule(is_hot, batch_size, world_size, "stream", seed=1)

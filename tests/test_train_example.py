@@ -1,6 +1,7 @@
 """examples/train_dlrm_fae.py and train_tbsm_fae.py end to end: FAE against the baselines, and under
 torchrun with 2 ranks."""
 
+import fcntl
 import json
 import subprocess
 import sys
@@ -10,8 +11,9 @@ import numpy as np
 import pytest
 
 from fae_torchrec import AccessStats, HotColdPartition
+from fae_torchrec.recipes.loop import LOCK
 from tests.conftest import realdata, taobao_slice
-from tests.distributed import run_launched
+from tests.distributed import run_launched, run_ranks
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
 TBSM_EXAMPLE = EXAMPLE.with_name("train_tbsm_fae.py")
@@ -98,31 +100,87 @@ def test_torchrun_with_two_ranks_and_a_resume_at_the_last_step(tmp_path):
 
 
 def test_a_run_frees_its_model_before_it_destroys_the_process_group(tmp_path):
-    """The model's DDP wrappers hold the process group. A run, failed (here: --resume with no checkpoint,
-    refused once the model is built) or not, frees them before it destroys the group: left to the
-    interpreter's exit, the group's threads once aborted a command that was exiting with status 2."""
+    """The model's DDP wrappers hold the process group. A run, failed (here: its metrics cannot be written,
+    once it has trained) or not, frees them before it destroys the group: left to the interpreter's exit,
+    the group's threads once aborted a command that was exiting with status 2."""
     probe = (
         "import gc, sys\n"
         "from torch.nn.parallel import DistributedDataParallel as DDP\n"
         "from fae_torchrec.recipes import DLRM, main\n"
         "def alive():\n"
         "    return sum(isinstance(o, DDP) for o in gc.get_objects())\n"
-        "args = ['--out', sys.argv[1], '--num-samples', '3000', '--scale', '0.001', '--batch-size', '64']\n"
-        "main(DLRM, args)\n"
+        "args = ['--num-samples', '3000', '--scale', '0.001', '--batch-size', '64']\n"
+        "main(DLRM, ['--out', sys.argv[1], *args])\n"
         "print('after a run', alive())\n"
         "try:\n"
-        "    main(DLRM, args + ['--checkpoint-dir', sys.argv[2], '--resume'])\n"
+        "    main(DLRM, ['--out', sys.argv[2], *args])\n"
         "except ValueError as error:\n"
         "    print('refused:', error)\n"
         "print('after a failed run', alive())\n"
     )
+    (tmp_path / "blocked" / "metrics.json").mkdir(parents=True)
     run = subprocess.run(
-        [sys.executable, "-c", probe, str(tmp_path / "out"), str(tmp_path / "empty")],
+        [sys.executable, "-c", probe, str(tmp_path / "out"), str(tmp_path / "blocked")],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-4000:]
-    assert "refused:" in run.stdout and "no checkpoint to resume from" in run.stdout
+    assert f"refused: [Errno 21] Is a directory: '{tmp_path / 'blocked' / 'metrics.json'}'" in run.stdout
     assert "after a run 0" in run.stdout and "after a failed run 0" in run.stdout, run.stdout
+
+
+#: A small data set: 2,700 training inputs, 42 steps of 64 on one rank.
+SMALL = ["--num-samples", "3000", "--scale", "0.001", "--batch-size", "64"]
+
+
+def _refused_on_both_ranks(out: Path, message: str) -> None:
+    """Run the example on 2 ranks into ``out``: both exit with status 2 and ``message``, and none with a
+    traceback (such as a rank left in a collective that the other left; a hang fails at the timeout)."""
+    for run in run_ranks([sys.executable, str(EXAMPLE), "--out", str(out), *SMALL], 2, timeout=300):
+        assert run.returncode == 2, run.stderr[-4000:]
+        assert message in run.stderr and "Traceback" not in run.stderr, run.stderr[-4000:]
+
+
+def test_a_second_run_on_a_busy_out_is_refused_on_every_rank(tmp_path):
+    """A run holds --out locked (rank 0, for the run): a second run there, which would write over the
+    partition the first trains from, is refused on both its ranks before it writes anything."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(out / LOCK, "a+") as held:  # as the first run's rank 0 holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("pid 1 on host-a")
+        held.flush()
+        _refused_on_both_ranks(
+            out, f"--out {out}: another run is using it ({out / LOCK} is locked by pid 1 on host-a)"
+        )
+    assert [path.name for path in out.iterdir()] == [LOCK], "nothing profiled, partitioned or written"
+
+
+def test_a_rank_zero_that_cannot_write_ends_every_rank(tmp_path):
+    """Rank 0 writes the statistics (and the metrics) for every rank; where it cannot (a folder in the way
+    of stats.npz), every rank exits with status 2 and the path, instead of rank 1 dying in gloo."""
+    out = tmp_path / "out"
+    (out / "stats.npz").mkdir(parents=True)
+    _refused_on_both_ranks(out, f"[Errno 21] Is a directory: '{out / 'stats.npz'}'")
+
+
+def test_a_resume_that_cannot_go_on_is_refused_before_the_data_is_read(tmp_path):
+    """A resume with another option, or a used --checkpoint-dir without --resume, is refused before any
+    profiling, partitioning or planning: nothing is written to --out."""
+    checkpoints = ["--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "40"]
+    _run(tmp_path / "first", *SMALL, *checkpoints, launcher=(sys.executable,))
+    for args, message in (
+        (["--resume", "--batch-size", "32"],
+         f"--batch-size: the checkpoint in {tmp_path / 'ck' / 'step-000000040'} was written with 64, this "
+         "run has 32; resume with the same value"),
+        ([], f"--checkpoint-dir {tmp_path / 'ck'} holds checkpoints of an earlier run (steps [40])"),
+    ):  # fmt: skip
+        out = tmp_path / "refused"
+        run = subprocess.run(
+            [sys.executable, str(EXAMPLE), "--out", str(out), *SMALL, *checkpoints, *args],
+            capture_output=True, text=True, check=False, timeout=300,
+        )  # fmt: skip
+        assert run.returncode == 2 and message in run.stderr, run.stderr[-4000:]
+        assert [path.name for path in out.iterdir()] == [LOCK], "nothing profiled, partitioned or written"
 
 
 def test_exclude_profiled_trains_on_exactly_the_inputs_the_profile_left_out(tmp_path):

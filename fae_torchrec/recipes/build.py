@@ -28,7 +28,7 @@ from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import HotSet
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS, EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
-from fae_torchrec.train.prepare import NAMED_PARAMETERS, PreparedData, prepare_data
+from fae_torchrec.train.prepare import NAMED_PARAMETERS, PreparedData, on_rank_zero, prepare_data
 from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.step import find_fae_module
 from fae_torchrec.units import parse_bytes
@@ -98,8 +98,7 @@ def prepare(args: argparse.Namespace, family: ModelFamily) -> tuple[list[Embeddi
         balance=args.balance, seed=args.seed, exclude_profiled=args.exclude_profiled,
         names={"data": f"--data {' '.join(args.data)}", **_OPTIONS}, progress=True,
     )  # fmt: skip
-    if dist.get_rank() == 0:
-        data.stats.save(out / "stats.npz")
+    on_rank_zero(lambda: data.stats.save(out / "stats.npz"))  # a failure ends every rank's run
     return tables, data
 
 

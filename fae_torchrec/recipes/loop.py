@@ -5,11 +5,16 @@ evaluations, checkpoints, metrics and curves, as ``examples/train_dlrm_fae.py`` 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gc
 import json
 import logging
+import os
 import resource
+import socket
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 
@@ -30,9 +35,12 @@ from fae_torchrec.threads import share_cores
 from fae_torchrec.train.checkpoint import Checkpoints
 from fae_torchrec.train.evaluation import evaluate, validation_batches
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
+from fae_torchrec.train.prepare import on_rank_zero
 from fae_torchrec.train.runner import StepRunner, steps_to_pause
 
 logger = logging.getLogger("fae_torchrec.recipes")
+#: The file in ``--out`` that a run holds locked while it runs.
+LOCK = ".lock"
 
 
 def main(family: ModelFamily, argv: list[str] | None = None) -> dict:
@@ -46,7 +54,7 @@ def main(family: ModelFamily, argv: list[str] | None = None) -> dict:
         logging.getLogger(name).setLevel(logging.INFO)
     rank, world, device = init_distributed()
     try:
-        with torchrec_quiet():
+        with torchrec_quiet(), _holding(Path(args.out)):
             return _train(args, rank, world, device, family)
     except BaseException as error:
         traceback.clear_frames(error.__traceback__)  # a failed run's model goes with its frames
@@ -58,11 +66,66 @@ def main(family: ModelFamily, argv: list[str] | None = None) -> dict:
         dist.destroy_process_group()
 
 
+@contextmanager
+def _holding(out: Path) -> Iterator[None]:
+    """Hold ``out`` (``--out``) for the run: rank 0 locks ``out/.lock`` (``fcntl.flock``, released when
+    the run ends, however it ends), so that a second run on the same ``--out``, which would write over the
+    partition this one trains from, is refused on its every rank before it writes anything (collective)."""
+    held = []
+
+    def lock() -> None:
+        path = out / LOCK
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            file = open(path, "a+")
+        except OSError as error:
+            raise ValueError(f"--out {out}: cannot write there ({error})") from error
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.seek(0)
+            holder = file.read().strip() or "another process"
+            file.close()
+            raise ValueError(
+                f"--out {out}: another run is using it ({path} is locked by {holder}); wait for it to end "
+                "or choose another --out"
+            ) from None
+        held.append(file)
+        file.truncate(0)
+        file.write(f"pid {os.getpid()} on {socket.gethostname()}")  # for the message of a second run
+        file.flush()
+
+    try:
+        on_rank_zero(lock)
+        yield
+    finally:
+        for file in held:
+            file.close()
+
+
+def _checked_checkpoints(args: argparse.Namespace, config: dict) -> tuple[Checkpoints | None, dict]:
+    """``--checkpoint-dir``'s checkpoints (None without it) and, with ``--resume``, the summary saved with
+    the one to resume from; refuses, before any profiling, what the model is not needed to refuse: a
+    directory of an earlier run without ``--resume``, and with it no checkpoint, a damaged manifest, or
+    one of another world size or configuration (collective)."""
+    if not args.checkpoint_dir:
+        return None, {}
+    checkpoints = Checkpoints(args.checkpoint_dir, config)
+    if args.resume:
+        return checkpoints, checkpoints.peek()[1]
+    earlier = checkpoints.held_steps()
+    if earlier:
+        raise ValueError(
+            f"--checkpoint-dir {args.checkpoint_dir} holds checkpoints of an earlier run (steps {earlier}): "
+            "pass --resume to continue it, or choose an empty directory"
+        )
+    return checkpoints, {}
+
+
 def _train(
     args: argparse.Namespace, rank: int, world: int, device: torch.device, family: ModelFamily
 ) -> dict:
-    config = resume_config(args, family)
-    summary = Checkpoints(args.checkpoint_dir, config).peek()[1] if args.resume else {}
+    checkpoints, summary = _checked_checkpoints(args, resume_config(args, family))
     replanned = None if args.baseline else resumed_replan(args, summary)
     training = build_training(args, rank, world, device, family, replanned)
     mode, tables, partition = training.mode, training.tables, training.data.partition
@@ -77,13 +140,8 @@ def _train(
     }
     history, counts = progress["history"], progress["counts"]
     first_epoch, first_step, offset = 0, 0, 0  # offset: the epoch's steps before its router's first
-    checkpoints = Checkpoints(args.checkpoint_dir, config, training.plan) if args.checkpoint_dir else None
-    earlier = checkpoints.held_steps() if checkpoints and not args.resume else []
-    if earlier:
-        raise ValueError(
-            f"--checkpoint-dir {args.checkpoint_dir} holds checkpoints of an earlier run (steps {earlier}): "
-            "pass --resume to continue it, or choose an empty directory"
-        )
+    if checkpoints is not None:
+        checkpoints = checkpoints.for_plan(training.plan)
     if args.resume:
         position = checkpoints.load(training.model, training.optimizer)
         training.router.load_state_dict(position["router"])
@@ -198,8 +256,7 @@ def _train(
         mode, throughput, counts["hot_steps"], counts["cold_steps"], metrics["final_auc"],
         metrics["final_log_loss"],
     )  # fmt: skip
-    if rank == 0:
-        _write(metrics, Path(args.out))
+    on_rank_zero(lambda: _write(metrics, Path(args.out)))  # a failure ends every rank's run
     return metrics
 
 

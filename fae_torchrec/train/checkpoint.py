@@ -113,7 +113,7 @@ class Checkpoints:
         try:
             self._write(step, model, unfused_optimizer, position, summary)
         except OSError as failure:
-            error = f"{self._folder(step)}: rank {self.rank} could not write its checkpoint ({failure})"
+            error = f"rank {self.rank} could not write its checkpoint: {failure}"
         _raise_on_every_rank(error)  # every rank holds the new checkpoint: the older ones may go
         for older in self._steps():
             if older < step:
@@ -173,6 +173,7 @@ class Checkpoints:
         """
         step, manifests = self._resumed()
         self._check(manifests, step)
+        self._check_plan(manifests, step)
         error, state = None, None
         try:
             state = self._read(step, manifests[self.rank])
@@ -192,16 +193,14 @@ class Checkpoints:
                 self._remove(newer)
         return state["position"]
 
-    def peek(self) -> tuple[int | None, dict]:
+    def peek(self) -> tuple[int, dict]:
         """The step :meth:`load` would resume from and the summary saved with it (``{}`` when none),
-        read from the manifests alone: what the model must be built from before it loads; ``(None,
-        {})`` when no rank holds a checkpoint (:meth:`load` then says so). Raises ``CheckpointError``
-        as :meth:`load` does for checkpoints it refuses (collective)."""
-        if not self.held_steps():
-            return None, {}
+        read from the manifests alone: what the model must be built from before it loads. Raises
+        ``CheckpointError`` as :meth:`load` does for what it refuses but another plan (no checkpoint,
+        damaged manifests, another run, world size or configuration), so that a resume that cannot
+        go on stops before the model is built (collective)."""
         step, manifests = self._resumed()
-        if "damaged" in manifests[0]:
-            raise CheckpointError(manifests[0]["damaged"])
+        self._check(manifests, step)
         return step, manifests[0].get("summary", {})
 
     def _resumed(self) -> tuple[int, list[dict]]:
@@ -267,7 +266,7 @@ class Checkpoints:
         return step
 
     def _check(self, manifests: list[dict], step: int) -> None:
-        """Refuse manifests that are damaged, of another run, world size, configuration or plan."""
+        """Refuse manifests that are damaged, of another run, world size or configuration."""
         folder = self._folder(step)
         for rank, manifest in enumerate(manifests):
             if "damaged" in manifest:
@@ -287,6 +286,10 @@ class Checkpoints:
                 f"{key}: the checkpoint in {folder} was written with {saved.get(key)!r}, this run has "
                 f"{self.config.get(key)!r}; resume with the same value or use another checkpoint directory"
             )
+
+    def _check_plan(self, manifests: list[dict], step: int) -> None:
+        """Refuse manifests of another plan."""
+        folder = self._folder(step)
         saved = manifests[0]["plan"]
         name = _first_difference(saved, self.layout)
         if name is not None:
@@ -341,12 +344,20 @@ def _raise_on_every_rank(error: str | None) -> None:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all: into a temporary file beside it, then renamed.
+    A failed write (a full disk, a file size limit) removes the partial file and raises ``OSError``
+    naming the file (``path``, or the temporary one where that could not be made)."""
     temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    temporary.replace(path)
+    try:
+        with open(temporary, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        temporary.replace(path)
+    except OSError as error:
+        with contextlib.suppress(OSError):  # not a file of this write (a folder in its way): left alone
+            temporary.unlink(missing_ok=True)
+        raise OSError(error.errno, error.strerror, error.filename or str(path)) from error
 
 
 def _local(value: Any) -> Any:

@@ -89,7 +89,7 @@ def prepare_data(
             "data as fae_torchrec.data.SampleBlock's"
         )
     names = {"data": "the data", **{key: key for key in NAMED_PARAMETERS}, **(names or {})}
-    stats, validation, hot_set = _on_rank_zero(
+    stats, validation, hot_set = on_rank_zero(
         lambda: _profile_and_partition(
             source, tables, Path(directory), sample, batch_size, hot_budget, val_every, balance, seed,
             exclude_profiled, names, progress,
@@ -119,11 +119,11 @@ def repartition(
         except (ValueError, OSError) as error:
             raise ValueError(f"{directory}: {error}") from error
 
-    _on_rank_zero(write)
+    on_rank_zero(write)
     return HotColdPartition.open(directory)
 
 
-def _on_rank_zero(work: Callable[[], T]) -> T:
+def on_rank_zero(work: Callable[[], T]) -> T:
     """``work()`` on rank 0 alone, its result broadcast to every rank (collective when a process group
     is initialised); a ``ValueError`` or ``OSError`` it raises is raised on every rank as ``ValueError``,
     so that no rank waits for a collective the others left."""

@@ -18,7 +18,8 @@ until it has left that state, at the cost of ``warmup`` of the first epoch's hot
 
 Orders:
     ``stream`` (the default): the data in blocks of one step's inputs, the blocks in a random order
-        (seeded by ``(seed, epoch)``; a short last block stays last), which is the baseline's order;
+        (seeded by ``(seed, epoch)``; a short last block too, so that the last step, which takes the
+        remainder, holds other inputs each epoch), which is the baseline's order;
         each block's hot inputs join the hot stream and its other inputs the cold stream, and a step
         runs as soon as its stream has filled it (the last cold step, which takes the remainder,
         runs at the epoch's end). Every input trains close to where the baseline's order trains it (on
@@ -202,9 +203,9 @@ def _step_bounds(length: int, round_size: int, world_size: int) -> list[list[tup
 def _block_streams(
     is_hot: np.ndarray, round_size: int, rng: np.random.Generator | None, warmup: float
 ) -> tuple[_Stream, _Stream]:
-    """The stream order's hot and cold streams: the data in blocks of ``round_size`` inputs, the full
-    blocks in a random order (in the data's order without ``rng``: the time order) and a short last
-    block last, each block's inputs sorted into its part;
+    """The stream order's hot and cold streams: the data in blocks of ``round_size`` inputs, the blocks
+    (a short last one too) in a random order (in the data's order without ``rng``: the time order),
+    each block's inputs sorted into its part;
     the first ``warmup`` share of the blocks read put their hot inputs in the cold stream too."""
     num_inputs = len(is_hot)
     starts = np.arange(0, num_inputs, round_size)
@@ -216,8 +217,8 @@ def _block_streams(
         per_block[first // round_size : first // round_size + len(rows)] = np.count_nonzero(rows, axis=1)
     per_block[full:] = np.count_nonzero(is_hot[full * round_size :])
     hot_before = np.concatenate([[0], np.cumsum(per_block)])  # hot inputs before each block's start
-    first = rng.permutation(full) if rng is not None else np.arange(full)
-    blocks = np.concatenate([first, np.arange(full, len(starts))])
+    # the short last block among the others: the inputs the last (remainder) step takes vary by epoch
+    blocks = rng.permutation(len(starts)) if rng is not None else np.arange(len(starts))
     cold_before = np.append(starts, num_inputs) - hot_before
     hot_length = hot_before[blocks + 1] - hot_before[blocks]
     warm = np.arange(len(blocks)) < round(warmup * len(blocks))
