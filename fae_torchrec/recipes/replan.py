@@ -138,7 +138,7 @@ class Replanning:
         if not self.replanner.due(step_index):
             return None
         schedule = training.router.schedule(epoch)
-        upcoming, remaining = self._upcoming(training.router.partition, schedule[done:], epoch, step_index)
+        upcoming, remaining = self.upcoming(training.router.partition, schedule[done:], epoch, step_index)
         times = [float(np.mean(step_seconds[k])) if step_seconds[k] else 0.0 for k in ("hot", "cold")]
         times.append(next((d["seconds"] for d in reversed(self.decisions) if "seconds" in d), 0.0))
         # measured times differ between ranks; their mean makes every rank decide alike
@@ -165,14 +165,14 @@ class Replanning:
                     decision.rows_moved)  # fmt: skip
         return moved
 
-    def _upcoming(
+    def upcoming(
         self, partition: HotColdPartition, steps: list[Step], epoch: int, step_index: int
     ) -> tuple[Holdout, int]:
-        """The inputs the run has left to train with the current hot set: those ``steps`` train on every
-        rank (the rest of ``epoch``, from ``partition``), then every input (``full``) once per later
-        epoch. ``UPCOMING_INPUTS`` of them at random (the same draws on every rank), as a ``Holdout`` to
-        compare the hot sets on (none was counted: the recent hot set was not chosen on them), and how
-        many they are."""
+        """The inputs the run has left to train at the check after step ``step_index``: those ``steps``
+        train on every rank (the rest of ``epoch``, from ``partition``), then every input (``full``)
+        once per later epoch. ``UPCOMING_INPUTS`` of them at random (the same draws on every rank), as a
+        ``Holdout`` to compare the hot sets on (none was counted: the recent hot set was not chosen on
+        them), and how many they are."""
         rest = [span for step in steps for spans in step.spans for span in spans]
         everything = ((HOT, 0, len(self.full.hot)), (COLD, 0, len(self.full.cold)))
         this, each = (sum(stop - start for _, start, stop in spans) for spans in (rest, everything))
