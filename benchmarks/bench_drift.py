@@ -9,7 +9,8 @@ that budget are followed step by step:
 * ``never``: the day-0 hot set all along (no re-planning);
 * ``every``: every ``--every`` steps, the hot set of the recent counts (``RecentAccessCounts`` of a 5%
   sample of the steps streamed, half-life ``--half-life`` steps) when it covers more of the recent
-  held-out inputs (``Replanner``, policy ``every``);
+  held-out inputs beyond chance (``Replanner``, policy ``every``; a stream's rest is unknown, so the
+  recent inputs stand for it);
 * ``auto``: the same hot set, when the share of the last ``--every`` steps has clearly fallen below the
   plan's and the move pays (``Replanner``, policy ``auto``; see below);
 * ``today``: a reference, the hot set of a 5% profile of the current day.

@@ -5,8 +5,9 @@ Builds the DLRM example's FAE run (``fae_torchrec.recipes``: the data profiled a
 planned and sharded by DMP with its tables set) at Kaggle's table sizes (``--scale 1.0``: 33.8M rows) on
 time-ordered synthetic days whose popularity rotates (``--days 2 --drift``), watches the first
 ``--watch-steps`` steps of the schedule as training would (``Replanning.observe``: the recent counts of
-every rank's inputs), then times a check (``Replanner.decide``: the recent counts as statistics, FAE's
-hot set of the run's budget, both hot sets' shares on the recent held-out inputs) and the move to its
+every rank's inputs), then times a check (``Replanning.upcoming``: a sample of the inputs left to train;
+``Replanner.decide``: the recent counts as statistics, FAE's hot set of the run's budget, both hot
+sets' shares on that sample) and the move to its
 hot set (``Replanning``'s own: the training state gathered in the unsplit layout, the new model planned and
 sharded, the state loaded into it, the untrained inputs and the full data partitioned again). The
 re-plan is forced: the cost is what is measured, whatever the decision. Run on one rank, or under
@@ -69,8 +70,10 @@ def main(argv: list[str] | None = None) -> dict:
     replanning.flush()
     watch_seconds = (time.perf_counter() - started) / len(watched)
     started = time.perf_counter()
-    remaining = sum(step.size(r) for step in schedule[len(watched) :] for r in range(world))
-    decision = replanning.replanner.decide(remaining, args.batch_size * world, 0.0, 0.0, 0.0)
+    upcoming, remaining = replanning.upcoming(
+        training.router.partition, schedule[len(watched) :], 0, len(watched)
+    )
+    decision = replanning.replanner.decide(remaining, args.batch_size * world, 0.0, 0.0, 0.0, upcoming)
     decide_seconds = time.perf_counter() - started
     replanning.move(len(watched), training, training.model, watched, decision)
     move = replanning.last_move

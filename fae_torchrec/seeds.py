@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 #: The purposes and their spawn keys; a new purpose takes a new number (never 0, never one reused).
-STREAMS = {"profile": 1, "schedule": 2, "holdout": 3, "balance": 4, "recent": 5}
+STREAMS = {"profile": 1, "schedule": 2, "holdout": 3, "balance": 4, "recent": 5, "upcoming": 6}
 
 
 def generator(seed: int, purpose: str, *keys: int) -> np.random.Generator:

@@ -92,8 +92,8 @@ def step_pooling(stats: AccessStats, hot_set: HotSet) -> StepPooling:
     if n == 0:
         raise ValueError("the statistics have no holdout inputs to measure hot and cold batches on")
     tables = stats.layout.table_of_rows(holdout.rows)
-    row_hot = holdout_rows_hot(stats, hot_set)
-    cold_input = holdout_cold_inputs(stats, row_hot)
+    row_hot = holdout_rows_hot(holdout, hot_set)
+    cold_input = holdout_cold_inputs(holdout, row_hot)
     on_cold_input = cold_input[holdout.owners]
     num_cold = int(cold_input.sum())
     features = np.array([len(c.feature_names) for c in stats.tables], dtype=np.float64)

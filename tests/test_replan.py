@@ -1,13 +1,14 @@
-"""Deciding to re-plan (``Replanner``): drift beyond chance, a move only when it pays, and none that changes
-nothing; the ``--replan`` words."""
+"""Deciding to re-plan (``Replanner``): drift beyond chance, a move only when it pays, none that changes
+nothing, none that loses share on the inputs it re-partitions, none on a gain within chance; the
+``--replan`` words."""
 
 import numpy as np
 import pytest
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from fae_torchrec.recipes.options import replan_policy
-from fae_torchrec.stats import COLD, HOT, AccessProfiler, RecentAccessCounts
-from fae_torchrec.stats.hot_share import ShareEstimate
+from fae_torchrec.stats import COLD, HOT, AccessProfiler, Holdout, HotSet, RecentAccessCounts
+from fae_torchrec.stats.hot_share import ShareEstimate, compare_hot_sets
 from fae_torchrec.train.replan import Replanner, ReplanPolicy
 from fae_torchrec.train.schedule import Step
 
@@ -69,13 +70,52 @@ def test_drift_that_pays_is_followed_and_one_that_does_not_is_not():
     decision = replanner.decide(10**7, 2000, 0.001, 0.002, 1.0)
     assert decision.drifted and decision.proposed.share > decision.current.share + 0.3
     assert decision.rows_moved > 0 and decision.bytes_moved == 16 * decision.rows_moved
-    expected = 10**7 * (decision.proposed.share - decision.current.share) * 0.001 / 2000
+    # the gain counts the share gained beyond chance: a little under the change
+    assert 0.3 < decision.gained < decision.proposed.share - decision.current.share
+    expected = 10**7 * decision.gained * 0.001 / 2000
     assert decision.gain_seconds == pytest.approx(expected) and decision.replan
     costly = replanner.decide(10**7, 2000, 0.001, 0.002, 10 * expected)
     assert costly.drifted and not costly.replan, "a move that costs more than it saves"
     replanner.moved_to(decision.hot_set, decision.proposed)
     assert not replanner.due(20), "the window starts again"
     assert "clearly below" in str(costly) and "re-planning" in str(decision)
+
+
+def _holdout(offset: int, seed: int) -> Holdout:
+    """The inputs of a step of popularity at ``offset``, as a holdout (global rows: table 1 after 0)."""
+    batch = next(_batches(offset, 1, seed))
+    rows = np.stack([batch["f0"], 1000 + batch["f1"]], axis=1)
+    return Holdout(rows.ravel(), np.repeat(np.arange(len(rows)), 2), len(rows))
+
+
+def test_every_moves_only_when_the_inputs_it_repartitions_gain():
+    """The recent hot set fits the popularity watched (offset 500) and wins on the recent held-out
+    inputs; when the rest of the epoch has the plan's popularity (offset 0) it would lose there, and is
+    not taken."""
+    replanner, _ = _replanner("every", 500)
+    recent = replanner.decide(10**6, 2000, 0.001, 0.002, 1.0)
+    assert recent.replan and recent.proposed.share > recent.current.share + 0.3, "judged on the recent past"
+    back = replanner.decide(10**6, 2000, 0.001, 0.002, 1.0, _holdout(0, 3))
+    assert back.current.num_inputs == 2000 and back.proposed.share < back.current.share - 0.3
+    assert back.rows_moved > 0 and back.gained == 0 and not back.replan
+    ahead = replanner.decide(10**6, 2000, 0.001, 0.002, 1.0, _holdout(500, 3))
+    assert ahead.replan and ahead.gained > 0.3
+
+
+def test_a_gain_within_chance_is_none():
+    """Paired: of 10,000 inputs only those hot under one hot set alone count. 30 gained against 20 lost
+    is within chance; 4,900 gained is not."""
+    tables = (TABLES[0],)
+    rows = np.arange(10_000) % 1000  # one row an input, each row looked up by ten
+    holdout = Holdout(rows, np.arange(10_000), 10_000)
+    before = HotSet(tables, (np.arange(10),))
+    for hot, change, clear in ((np.arange(2, 13), 0.001, False), (np.arange(500), 0.49, True)):
+        compared = compare_hot_sets(holdout, before, HotSet(tables, (hot,)))
+        assert compared.change == pytest.approx(change)
+        assert compared.after.share - compared.before.share == pytest.approx(change)
+        assert (compared.low > 0) == clear and compared.low < compared.change
+    same = compare_hot_sets(holdout, before, before)
+    assert same.change == same.low == 0
 
 
 def test_never_watches_and_never_decides():

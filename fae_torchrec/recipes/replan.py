@@ -24,6 +24,9 @@ import torch.distributed as dist
 
 from fae_torchrec.recipes.build import Replanned, Training, embedding_optimizer, make_router, shard_model
 from fae_torchrec.recipes.family import ModelFamily
+from fae_torchrec.seeds import generator
+from fae_torchrec.stats.holdout import Holdout
+from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.stats.hot_share import estimate_hot_share
 from fae_torchrec.stats.recent import RecentAccessCounts
 from fae_torchrec.train.partition import HotColdPartition
@@ -40,6 +43,8 @@ logger = logging.getLogger("fae_torchrec.recipes")
 WATCH_SAMPLE = 0.05
 #: The recent held-out inputs kept: those of a half-life (``--replan-window`` steps), at least this many.
 MIN_HOLDOUT = 1000
+#: Inputs of those left to train that a check compares the current and the recent hot set on.
+UPCOMING_INPUTS = 10_000
 #: Rows of a table the recent counts keep: this many times its hot rows, and at least ``MIN_CAPACITY``.
 CAPACITY_FACTOR, MIN_CAPACITY = 4, 1024
 #: The folder of a re-plan's files in ``--out``, by the step after which it happened.
@@ -133,13 +138,18 @@ class Replanning:
         if not self.replanner.due(step_index):
             return None
         schedule = training.router.schedule(epoch)
-        remaining = sum(step.size(r) for step in schedule[done:] for r in range(self.world))
+        upcoming, remaining = self.upcoming(training.router.partition, schedule[done:], epoch, step_index)
         times = [float(np.mean(step_seconds[k])) if step_seconds[k] else 0.0 for k in ("hot", "cold")]
         times.append(next((d["seconds"] for d in reversed(self.decisions) if "seconds" in d), 0.0))
         # measured times differ between ranks; their mean makes every rank decide alike
         hot, cold, cost = (float(t) for t in _mean_over_ranks(times))
         decision = self.replanner.decide(
-            remaining, self.args.batch_size * self.world, hot, cold, cost or self._startup_cost(hot, cold)
+            remaining,
+            self.args.batch_size * self.world,
+            hot,
+            cold,
+            cost or self._startup_cost(hot, cold),
+            upcoming,
         )
         logger.info("check after step %d: %s", step_index, decision)
         record = _decision_record(step_index, decision)
@@ -154,6 +164,27 @@ class Replanning:
         logger.info("re-planned after step %d in %.1f s: %d rows moved", step_index, record["seconds"],
                     decision.rows_moved)  # fmt: skip
         return moved
+
+    def upcoming(
+        self, partition: HotColdPartition, steps: list[Step], epoch: int, step_index: int
+    ) -> tuple[Holdout, int]:
+        """The inputs the run has left to train at the check after step ``step_index``: those ``steps``
+        train on every rank (the rest of ``epoch``, from ``partition``), then every input (``full``)
+        once per later epoch. ``UPCOMING_INPUTS`` of them at random (the same draws on every rank), as a
+        ``Holdout`` to compare the hot sets on (none was counted: the recent hot set was not chosen on
+        them), and how many they are."""
+        rest = [span for step in steps for spans in step.spans for span in spans]
+        everything = ((HOT, 0, len(self.full.hot)), (COLD, 0, len(self.full.cold)))
+        this, each = (sum(stop - start for _, start, stop in spans) for spans in (rest, everything))
+        total = this + each * (self.args.epochs - epoch - 1)
+        rng = generator(self.args.seed, "upcoming", step_index)
+        drawn = np.sort(rng.choice(total, min(UPCOMING_INPUTS, total), replace=False))
+        later = np.sort((drawn[drawn >= this] - this) % each)
+        ids = np.concatenate(
+            [partition.take_ids(rest, drawn[drawn < this]), self.full.take_ids(everything, later)]
+        )
+        rows = ids + self.counts.layout.row_offsets[self._columns]
+        return Holdout(rows.ravel(), np.repeat(np.arange(len(ids)), ids.shape[1]), len(ids)), total
 
     def _startup_cost(self, hot: float, cold: float) -> float:
         """Before any re-plan, its cost is taken as a hundred steps (a conservative stand-in: the
@@ -309,7 +340,7 @@ def _decision_record(step: int, decision: ReplanDecision) -> dict:
     if decision.proposed is not None:
         record |= {
             "current": decision.current.share, "proposed": decision.proposed.share,
-            "rows_moved": decision.rows_moved, "bytes_moved": decision.bytes_moved,
+            "gained": decision.gained, "rows_moved": decision.rows_moved, "bytes_moved": decision.bytes_moved,
             "gain_seconds": decision.gain_seconds, "cost_seconds": decision.cost_seconds,
         }  # fmt: skip
     return record

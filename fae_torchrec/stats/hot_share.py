@@ -74,25 +74,54 @@ def _holdout_size(holdout: Holdout) -> int:
     return len(holdout)
 
 
-def holdout_rows_hot(stats: AccessStats, hot_set: HotSet) -> np.ndarray:
-    """For each row the holdout inputs look up, whether ``hot_set`` makes it hot (binary searches:
+def holdout_rows_hot(holdout: Holdout, hot_set: HotSet) -> np.ndarray:
+    """For each row the ``holdout`` inputs look up, whether ``hot_set`` makes it hot (binary searches:
     no mask over every row of every table)."""
-    return hot_set.is_hot_row(stats.holdout.rows)
+    return hot_set.is_hot_row(holdout.rows)
 
 
-def holdout_cold_inputs(stats: AccessStats, row_hot: np.ndarray) -> np.ndarray:
-    """Per holdout input, whether it carries a cold row (``row_hot``: per holdout row, as
+def holdout_cold_inputs(holdout: Holdout, row_hot: np.ndarray) -> np.ndarray:
+    """Per ``holdout`` input, whether it carries a cold row (``row_hot``: per holdout row, as
     :func:`holdout_rows_hot` gives it)."""
-    cold = np.zeros(len(stats.holdout), dtype=bool)
-    cold[stats.holdout.owners[~row_hot]] = True
+    cold = np.zeros(len(holdout), dtype=bool)
+    cold[holdout.owners[~row_hot]] = True
     return cold
+
+
+def hot_inputs(holdout: Holdout, hot_set: HotSet) -> np.ndarray:
+    """Per ``holdout`` input, whether ``hot_set`` makes it entirely hot."""
+    return ~holdout_cold_inputs(holdout, holdout_rows_hot(holdout, hot_set))
 
 
 def estimate_hot_share(stats: AccessStats, hot_set: HotSet) -> ShareEstimate:
     """Share of inputs outside the sample that ``hot_set`` makes entirely hot, from the holdout."""
     n = _holdout_size(stats.holdout)
-    cold_inputs = holdout_cold_inputs(stats, holdout_rows_hot(stats, hot_set))
-    return measured_share(n - int(cold_inputs.sum()), n)
+    return measured_share(int(np.count_nonzero(hot_inputs(stats.holdout, hot_set))), n)
+
+
+@dataclass(frozen=True)
+class ShareChange:
+    """Two hot sets' shares on the same inputs (``before``, ``after``), and the change from the first to
+    the second with the lower bound of its 95% interval (``low``): paired, so that only the inputs hot
+    under one set alone tell them apart, and the inputs both agree on add no noise."""
+
+    before: ShareEstimate
+    after: ShareEstimate
+    change: float
+    low: float
+
+
+def compare_hot_sets(holdout: Holdout, before: HotSet, after: HotSet) -> ShareChange:
+    """How the share of ``holdout``'s inputs made entirely hot changes from ``before`` to ``after``.
+    Of the ``d`` inputs hot under one set alone, ``g`` are hot under ``after``; the change is
+    ``(2g - d) / n``, its lower bound that of ``g / d``'s Wilson interval taken the same way (none
+    beyond chance from a handful of inputs)."""
+    n = _holdout_size(holdout)
+    old, new = hot_inputs(holdout, before), hot_inputs(holdout, after)
+    gained, differ = int(np.count_nonzero(new & ~old)), int(np.count_nonzero(new != old))
+    low = differ / n * (2 * float(wilson_interval(gained, differ)[1]) - 1) if differ else 0.0
+    shares = (measured_share(int(np.count_nonzero(hot)), n) for hot in (old, new))
+    return ShareChange(*shares, (2 * gained - differ) / n, low)
 
 
 def hot_share_curve(ranking: RowRanking, budgets: np.ndarray) -> ShareCurve:

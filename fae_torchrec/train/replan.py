@@ -4,13 +4,18 @@ the hot set of the recent counts, and what moving to it gains against what it co
 Every step's share is free: the schedule says how many of a step's inputs come from the hot part.
 ``Replanner`` keeps the last ``window`` steps' counts and, when asked (``decide``), compares their share
 with the plan's estimate (``clearly_below``: beyond both 95% intervals and ``margin``), takes FAE's hot
-set of the same budget from the recent counts (``RecentAccessCounts``), and estimates both hot sets'
-shares on the same recent held-out inputs. Moving pays when the inputs it turns hot over the rest of
-the epoch save, at the measured (or predicted) hot and cold step times, more than the re-plan costs.
-Policies: ``never`` (watch and report only), ``auto`` (re-plan when the share has clearly fallen and
-moving pays), ``every`` (every ``every`` steps, move to the recent hot set when it covers more of the
-recent held-out inputs). A hot set equal to the current one is never moved to: a re-plan that changes
-nothing is skipped.
+set of the same budget from the recent counts (``RecentAccessCounts``), and compares both hot sets on
+the inputs a move would re-partition: a sample of those the run has left to train (the rest of the
+epoch, then every input once per later epoch; for a stream whose rest is unknown, the recent held-out
+inputs instead). The new hot set was chosen on none of them. Judged on recent inputs, the recent hot
+set wins where it fits the current day, and can still lose the run where the plan covered more of what
+follows (a profile of every day, drifting data trained in time order). A move counts only the share it
+gains beyond chance: the change's 95% lower bound, paired (``compare_hot_sets``). Moving pays when the
+inputs it turns hot over the rest of the run save, at the measured (or predicted) hot and cold step
+times, more than the re-plan costs. Policies: ``never`` (watch and report only), ``auto`` (re-plan when
+the share has clearly fallen and moving pays), ``every`` (every ``every`` steps, move to the recent hot
+set when it gains share). No re-plan is taken that does not gain share beyond chance; a hot set equal
+to the current one is never moved to.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import numpy as np
 import torch
 
 from fae_torchrec.stats.access_stats import AccessStats
+from fae_torchrec.stats.holdout import Holdout
 from fae_torchrec.stats.hot_set import HOT, HotSet
-from fae_torchrec.stats.hot_share import ShareEstimate, clearly_below, estimate_hot_share, measured_share
+from fae_torchrec.stats.hot_share import ShareEstimate, clearly_below, compare_hot_sets, measured_share
 from fae_torchrec.stats.recent import RecentAccessCounts
 from fae_torchrec.train.schedule import Step
 
@@ -55,10 +61,11 @@ class ReplanPolicy:
 @dataclass(frozen=True)
 class ReplanDecision:
     """What a check found: the measured and the planned share, whether the share has clearly fallen,
-    the proposed hot set (None when none was computed) with both hot sets' shares on the same recent
-    held-out inputs, the rows that would move (either way) and their bytes with optimizer state, the
-    seconds the move would save over the rest of the epoch and what it costs, the verdict, and the
-    recent statistics the proposed hot set came from (what plans it)."""
+    the proposed hot set (None when none was computed) with both hot sets' shares on the same inputs
+    (``Replanner.decide``'s) and the share it gains beyond chance (``gained``: the 95% lower bound of
+    the change, 0 when not above it), the rows that would move (either way) and their bytes with
+    optimizer state, the seconds the move would save over the rest of the run and what it costs, the
+    verdict, and the recent statistics the proposed hot set came from (what plans it)."""
 
     measured: ShareEstimate
     planned: ShareEstimate
@@ -66,6 +73,7 @@ class ReplanDecision:
     hot_set: HotSet | None = None
     current: ShareEstimate | None = None
     proposed: ShareEstimate | None = None
+    gained: float = 0.0
     rows_moved: int = 0
     bytes_moved: int = 0
     gain_seconds: float = 0.0
@@ -79,8 +87,9 @@ class ReplanDecision:
             text += ": clearly below"
         if self.proposed is not None:
             text += (
-                f"; recent inputs: {100 * self.current.share:.1f}% hot now, {100 * self.proposed.share:.1f}% "
-                f"with the recent hot set ({self.rows_moved} rows, {self.bytes_moved} bytes to move; "
+                f"; compared on {self.current.num_inputs} inputs: {100 * self.current.share:.1f}% hot now, "
+                f"{100 * self.proposed.share:.1f}% with the recent hot set ({100 * self.gained:.1f} points "
+                f"gained beyond chance; {self.rows_moved} rows, {self.bytes_moved} bytes to move; "
                 f"saves {self.gain_seconds:.1f} s, costs {self.cost_seconds:.1f} s)"
             )
         return text + ("; re-planning" if self.replan else "")
@@ -136,31 +145,34 @@ class Replanner:
         hot_step_seconds: float,
         cold_step_seconds: float,
         cost_seconds: float,
+        upcoming: Holdout | None = None,
     ) -> ReplanDecision:
-        """Check now: drift, the proposed hot set, its gain over the ``remaining_inputs`` of the epoch
-        at the given step times and ``cost_seconds`` of a re-plan, and the policy's verdict."""
+        """Check now: drift, the proposed hot set, its gain over the ``remaining_inputs`` left to train
+        at the given step times and ``cost_seconds`` of a re-plan, and the policy's verdict. Both hot
+        sets are compared on ``upcoming`` (a sample of the inputs left to train), or, when None, on
+        the recent held-out inputs."""
         measured = self.measured()
         drifted = clearly_below(measured, self.planned, self.policy.margin)
         if self.policy.mode == "auto" and not drifted:
             return ReplanDecision(measured, self.planned, drifted)
         stats = self.counts.stats()
         proposed_set = stats.hot_set(self.budget, self.optimizer_class)
-        current, proposed = (estimate_hot_share(stats, h) for h in (self.hot_set, proposed_set))
+        change = compare_hot_sets(stats.holdout if upcoming is None else upcoming, self.hot_set, proposed_set)
         moved = [
             np.setxor1d(old, new) for old, new in zip(self.hot_set.hot_ids, proposed_set.hot_ids, strict=True)
         ]
         rows = np.array([len(m) for m in moved], dtype=np.int64)
         row_bytes = self.hot_set.layout.row_bytes(self.optimizer_class)
-        gained = max(0.0, proposed.share - current.share)
+        gained = max(0.0, change.low)
         gain = remaining_inputs * gained * (cold_step_seconds - hot_step_seconds) / inputs_per_step
         changed = bool(rows.sum())
         if self.policy.mode == "every":
-            replan = changed and proposed.share > current.share
+            replan = changed and gained > 0
         else:
             replan = changed and gained > self.policy.margin and gain > cost_seconds
         decision = ReplanDecision(
-            measured, self.planned, drifted, proposed_set, current, proposed, int(rows.sum()),
-            int(rows @ row_bytes), gain, cost_seconds, replan, stats,
+            measured, self.planned, drifted, proposed_set, change.before, change.after, gained,
+            int(rows.sum()), int(rows @ row_bytes), gain, cost_seconds, replan, stats,
         )  # fmt: skip
         return decision
 
