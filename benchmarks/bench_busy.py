@@ -1,7 +1,8 @@
 """The DLRM example's training speed on a busy machine: its samples/s alone and beside ``--busy`` processes
 that keep a core busy each, with OpenMP's and PyTorch's own thread settings (``before``) and with
-fae_torchrec's (``after``: idle OpenMP threads sleep at once, intra-op threads from the cores the process may
-use; ``fae_torchrec/threads.py``).
+fae_torchrec's (``after``: idle OpenMP threads spin about 0.1 ms, not 3 ms, before they sleep; intra-op
+threads from the cores the process may use, less those other processes keep busy when it starts;
+``fae_torchrec/threads.py``).
 
 ``before`` is what the example ran with until fae_torchrec set its own: libgomp's spin before an idle thread
 sleeps when no wait policy is set (``GOMP_SPINCOUNT=300000``, about 3 ms) and PyTorch's default intra-op
@@ -25,9 +26,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common.example_runs import run_example
+from benchmarks.common.statistics import standard_error
 from fae_torchrec.arguments import non_negative_int, positive_int
 from fae_torchrec.threads import WAIT_VARIABLES
 
@@ -93,16 +97,21 @@ def main(argv: list[str] | None = None) -> dict:
     median = {pair: statistics.median(speeds) for pair, speeds in runs.items()}
     print(
         f"\nDLRM example, --num-samples {args.num_samples}, {os.cpu_count()} cores, {args.busy} busy "
-        f"processes beside a busy run; median of {args.rounds} rounds (samples/s)"
+        f"processes beside a busy run; samples/s, median [lowest, highest] of {args.rounds} rounds"
     )
-    print(f"{'setting':8} {'idle':>9} {'busy':>9} {'busy/idle':>10}")
+    print(f"{'setting':8} {'idle':>23} {'busy':>23} {'busy/idle':>10}")
     for setting in args.settings:
-        idle, busy = median[f"{setting}/idle"], median[f"{setting}/busy"]
-        print(f"{setting:8} {idle:9.0f} {busy:9.0f} {busy / idle:10.3f}")
+        speeds = [runs[f"{setting}/{machine}"] for machine in MACHINES]
+        cells = [f"{statistics.median(s):7.0f} [{min(s):6.0f}, {max(s):6.0f}]" for s in speeds]
+        ratio = median[f"{setting}/busy"] / median[f"{setting}/idle"]
+        print(f"{setting:8} {cells[0]:>23} {cells[1]:>23} {ratio:10.3f}")
     if set(SETTINGS) <= set(args.settings):
-        for machine in MACHINES:
-            ratio = median[f"after/{machine}"] / median[f"before/{machine}"]
-            print(f"after/before, {machine}: {ratio:.2f}x")
+        for machine in MACHINES:  # paired by round: the same moment's load on both
+            ratios = np.array(runs[f"after/{machine}"]) / np.array(runs[f"before/{machine}"])
+            print(
+                f"after/before, {machine}: {float(ratios.mean()):.2f}x (SE {standard_error(ratios):.2f}, "
+                f"paired by round; {int((ratios < 1).sum())} of {len(ratios)} rounds below 1)"
+            )
     result = {"num_samples": args.num_samples, "busy": args.busy, "torch_default_threads": threads,
               "runs": runs, "median": median}  # fmt: skip
     (out / "bench_busy.json").write_text(json.dumps(result, indent=1))

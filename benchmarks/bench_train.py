@@ -41,7 +41,6 @@ why (from the measured step times); writes ``bench_train.png`` to ``--figures``.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -64,6 +63,7 @@ from benchmarks.common.example_runs import data_size, run_example
 from benchmarks.common.statistics import standard_error
 from fae_torchrec import AccessStats, BatchRouter, FAEEmbeddingBagCollection, HotColdPartition
 from fae_torchrec.modules import SplitFeatures
+from fae_torchrec.threads import busy_cores, usable_cores
 from fae_torchrec.train import RoutedBatch
 from fae_torchrec.units import parse_bytes
 
@@ -106,24 +106,6 @@ def example_args(args: argparse.Namespace) -> list[str]:
     """The example's options shared by every run: both modes train on the inputs the profile left out
     (``--exclude-profiled``), so that no figure comes from the inputs that chose the hot set."""
     return [*data_size(args), *training_options(args), "--pipeline", args.pipeline]
-
-
-def busy_cores(seconds: float = 1.0) -> float | None:
-    """How many cores other processes keep busy now (``/proc/stat`` over ``seconds``, while this
-    process sleeps); None where there is no ``/proc/stat``."""
-
-    def busy_and_total() -> tuple[int, int]:
-        with open("/proc/stat") as stat:
-            jiffies = [int(field) for field in stat.readline().split()[1:8]]
-        return sum(jiffies) - jiffies[3] - jiffies[4], sum(jiffies)  # all but idle and iowait
-
-    try:
-        busy, total = busy_and_total()
-    except OSError:
-        return None
-    time.sleep(seconds)
-    busy_after, total_after = busy_and_total()
-    return (os.cpu_count() or 1) * (busy_after - busy) / max(total_after - total, 1)
 
 
 def mean_step_ms(metrics: dict) -> float:
@@ -254,10 +236,10 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, dict]]:
         runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
         for repeat in range(args.repeats):
             for mode, extra in pairs if repeat % 2 == 0 else pairs[::-1]:
-                busy = busy_cores()
-                if busy is not None and busy > BUSY_CORES:
+                busy = busy_cores(1.0)
+                if busy > BUSY_CORES:
                     print(
-                        f"warning: other processes kept {busy:.1f} of {os.cpu_count()} cores busy just "
+                        f"warning: other processes kept {busy:.1f} of {len(usable_cores())} cores busy just "
                         f"before the {mode} run at world size {world_size}: a step whose threads wait on a "
                         "busy core can take many times as long, so its figures may be distorted"
                     )

@@ -271,7 +271,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logger.setLevel(logging.INFO)
     args = _parser(argv).parse_args(argv)
-    share_cores()
+    threads = share_cores()
+    if threads:
+        logger.info("%s", threads)
     try:
         with torchrec_quiet():
             {"profile": profile, "plan": plan}[args.command](args)

@@ -52,6 +52,9 @@ def main(family: ModelFamily, argv: list[str] | None = None) -> dict:
     )
     for name in (logger.name, "fae_torchrec.data"):  # the run's steps, and what the data's first pass found
         logging.getLogger(name).setLevel(logging.INFO)
+    threads = share_cores()  # the cores this rank may use, as the machine's load leaves them
+    if threads:
+        logger.info("%s", threads)
     rank, world, device = init_distributed()
     try:
         with torchrec_quiet(), _holding(Path(args.out)):
@@ -298,9 +301,7 @@ def _write(metrics: dict, out: Path) -> None:
 
 
 def run(family: ModelFamily) -> None:
-    """The command: train ``family``; a bad option, file or plan exits with status 2 and says why. Each
-    rank takes its share of the cores it may use (``fae_torchrec.threads``)."""
-    share_cores()
+    """The command: train ``family``; a bad option, file or plan exits with status 2 and says why."""
     try:
         main(family)
     except (ValueError, OSError, PlannerError) as error:

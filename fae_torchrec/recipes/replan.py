@@ -30,7 +30,7 @@ from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.stats.hot_share import estimate_hot_share
 from fae_torchrec.stats.recent import RecentAccessCounts
 from fae_torchrec.train.partition import HotColdPartition
-from fae_torchrec.train.prepare import repartition
+from fae_torchrec.train.prepare import on_rank_zero, repartition
 from fae_torchrec.train.replan import ReplanDecision, Replanner
 from fae_torchrec.train.resplit import gather_unsplit_state, load_unsplit_state
 from fae_torchrec.train.schedule import Step, trained_inputs
@@ -211,9 +211,12 @@ class Replanning:
         self.last_move = {"state_bytes": state.nbytes(), "gather_seconds": clock.lap()}
         stats, hot_set = decision.stats, decision.hot_set
         folder = self.out / FOLDER.format(step_index)
-        if self.rank == 0:
+
+        def save() -> None:
             folder.mkdir(parents=True, exist_ok=True)
             stats.save(folder / "stats.npz")
+
+        on_rank_zero(save)  # a failure ends every rank's run
         plan, dmp, dense = shard_model(
             args, self.family, training.tables, stats, hot_set, self.world, self.device
         )
