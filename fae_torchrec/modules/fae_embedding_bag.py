@@ -22,6 +22,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -92,8 +93,6 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self._dims = {f: c.embedding_dim for c in tables for f in c.feature_names}
         self._mean_features = {f for c in tables if c.pooling == PoolingType.MEAN for f in c.feature_names}
         # the remap's index (HotRowIndex) as buffers: they move with the module and its state holds them
-        #: The hot set's ``HotSet.digest``: batches of signed part ids name the hot set they were made with.
-        self.hot_set_digest = hot_set.digest
         index = HotRowIndex.of(hot_set)
         self.register_buffer("hot_rows", index.hot_rows)
         self.register_buffer("row_offsets", index.row_offsets)
@@ -104,7 +103,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         #: Set by FAE's train pipelines, which leave the cold part out of a hot batch's input distribution;
         #: a cold part pipelined while it is False (by TorchRec's own pipeline) is warned about.
         self.cold_input_skipped_on_hot = False
-        self._warned: set[str] = set()  # the mistakes warned about (each once)
+        self._checked: set[str] = set()  # the checks done ("plan", "pipeline"): each is made once
 
     def _make_part(
         self, part: str, sizes: np.ndarray, device: torch.device | None
@@ -178,6 +177,12 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             if bool(mask.any()):
                 ranges.append((f"{part}.embedding_bags.{part_table_name(table, part)}.weight", first, mask))
         return ranges
+
+    @cached_property
+    def hot_set_digest(self) -> str:
+        """The ``HotSet.digest`` of the split: batches of signed part ids name the hot set they were made
+        with (computed when first asked: the planner's dry-run modules never are)."""
+        return self.hot_set().digest
 
     def hot_set(self) -> HotSet:
         """The split this module was built with."""
@@ -400,7 +405,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         """
         if is_fx_symbolic_tracing():
             return self._pool(features.hot, features.cold)
-        if len(self._warned) < 2:
+        if len(self._checked) < 2:
             self._check_plan_and_pipeline()
         if isinstance(features, SplitFeatures):
             return self._pool(features.hot, None if features.is_hot else features.cold)
@@ -408,26 +413,29 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         return self._pool(parts.get(HOT), parts.get(COLD))
 
     def _check_plan_and_pipeline(self) -> None:
-        """Warn, once each, when the sharded hot part keeps a table out of device memory, or when
-        TorchRec's own train pipeline drives the cold part (see the module docstring)."""
+        """Warn when the sharded hot part keeps a table out of device memory (checked once the hot part
+        is sharded), or when TorchRec's own train pipeline drives the cold part (checked once it is
+        pipelined): see the module docstring."""
         plan = getattr(self.hot, "module_sharding_plan", None)  # a sharded part's (DMP's)
-        off_device = {
-            table: sharding.compute_kernel
-            for table, sharding in (plan or {}).items()
-            if sharding.compute_kernel not in HOT_KERNELS
-        }
-        if off_device and "plan" not in self._warned:
-            self._warned.add("plan")
-            kernels = ", ".join(f"{table}: {kernel}" for table, kernel in off_device.items())
-            warnings.warn(
-                f"hot tables planned out of device memory ({kernels}): FAE keeps hot rows in HBM, so "
-                "that hot steps read no UVM; plan the model with "
-                "planner.FAEShardingPlanner (TorchRec's own planner does not know which rows are hot)",
-                stacklevel=3,
-            )
-        pipelined = self.cold is not None and is_pipelined(self.cold)
-        if pipelined and not self.cold_input_skipped_on_hot and "pipeline" not in self._warned:
-            self._warned.add("pipeline")
+        if "plan" not in self._checked and (plan is not None or self.hot is None):
+            self._checked.add("plan")
+            off_device = {
+                table: sharding.compute_kernel
+                for table, sharding in (plan or {}).items()
+                if sharding.compute_kernel not in HOT_KERNELS
+            }
+            if off_device:
+                kernels = ", ".join(f"{table}: {kernel}" for table, kernel in off_device.items())
+                warnings.warn(
+                    f"hot tables planned out of device memory ({kernels}): FAE keeps hot rows in HBM, so "
+                    "that hot steps read no UVM; plan the model with "
+                    "planner.FAEShardingPlanner (TorchRec's own planner does not know which rows are hot)",
+                    stacklevel=3,
+                )
+        if "pipeline" not in self._checked and (self.cold is None or is_pipelined(self.cold)):
+            self._checked.add("pipeline")
+            if self.cold is None or self.cold_input_skipped_on_hot:
+                return
             warnings.warn(
                 "the cold part is pipelined by a train pipeline that starts its input distribution on every "
                 "batch, hot ones too (TorchRec's TrainPipelineSparseDist): hot steps then pay for the cold "
