@@ -31,7 +31,7 @@ from fae_torchrec.stats.hot_set import HotSet
 from fae_torchrec.stats.hot_share import estimate_hot_share, hot_share_curve
 from fae_torchrec.stats.plots import plot_access_cdf, plot_hot_share
 from fae_torchrec.stats.profiler import AccessProfiler
-from fae_torchrec.threads import share_cores
+from fae_torchrec.threads import share_cores, usable_cores
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.units import format_bytes, parse_bytes
 
@@ -86,7 +86,7 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         "--budget", type=byte_size, help="fix the hot-row budget instead of letting the knob choose"
     )
     plan.add_argument("--candidates", type=positive_int, default=6, help="budgets the knob tries")
-    cores = len(os.sched_getaffinity(0))
+    cores = len(usable_cores())
     plan.add_argument(
         "--processes",
         type=positive_int,
