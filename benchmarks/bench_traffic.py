@@ -108,7 +108,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.sharding_plan import get_default_sharders
-from torchrec.distributed.types import CacheAlgorithm, CacheParams
+from torchrec.distributed.types import CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from benchmarks.common.arguments import fail
@@ -120,14 +120,13 @@ from benchmarks.common.step_models import (
     FAE,
     FAE_STEPS,
     LOOKAHEAD,
-    MOVERS,
     PCIE,
-    PLANS,
     STEP_MODELS,
     Calibration,
     FAEFigures,
     Point,
     Terms,
+    best_plan,
     break_even,
     deciding_term,
     decision,
@@ -145,9 +144,10 @@ from fae_torchrec.stats import hot_share_curve
 from fae_torchrec.stats.hot_set import COLD
 from fae_torchrec.units import format_bytes, parse_bytes
 from planner import FAEShardingPlanner
-from planner.baseline import BaselinePlan, default_planner, dry_run, hbm_planner, scaleup_planner
+from planner.baseline import BaselinePlan, default_planner, dry_run, hbm_planner, plan_configs
 from planner.report import FAEPlanReport
 from planner.topology import make_topology
+from planner.torchrec_configs import torchrec_configs
 
 logger = logging.getLogger("bench_traffic")
 #: HBM per GPU of "all in HBM" (c): enough for any model here.
@@ -162,12 +162,6 @@ BREAK_EVEN_TOP_US = 500
 POINTS_FILE = "traffic_points.json"
 #: Bytes per input to GiB per million inputs.
 PER_MILLION = 1e6 / (1 << 30)
-#: The scale-up caches (b): ``scaleup_planner`` keywords by name.
-SCALEUP = {
-    "b LRU": {"algorithm": CacheAlgorithm.LRU},
-    "b LRU pp": {"algorithm": CacheAlgorithm.LRU, "prefetch_pipeline": True},
-    "b LFU": {"algorithm": CacheAlgorithm.LFU},
-}
 #: FAE's plans: its knob with the cold caches planned for the prefetch pipeline (the planner's default)
 #: and without it, as (b) plans LRU caches both ways, and the hot budget the knob chose without it with
 #: the caches planned for the prefetch pipeline ("FAE hot": FAE's hot rows where the knob, pricing
@@ -247,14 +241,13 @@ def measure_point(
     stats = stream.stats.with_embedding_dim(dim)
     topology = make_topology(world_size, hbm_cap=hbm_cap)
     batch = args.batch_size
-    plans = {"a": fixed.default(dim, world_size, hbm_cap)}
-    for name, kw in SCALEUP.items():  # the point stays where TorchRec's scale-up finds no plan
-        try:
-            plans[name] = dry_run(scaleup_planner(topology, stats, batch, **kw), stats.tables)
-        except PlannerError:
-            logger.info(
-                "dim %d, %d GPUs x %s: %s finds no plan", dim, world_size, format_bytes(hbm_cap), name
-            )
+    plans: dict[str, BaselinePlan] = {}
+    for config, planned in plan_configs(torchrec_configs(), topology, stats, batch).items():
+        if isinstance(planned, PlannerError):  # the point keeps the configurations that place
+            where = f"dim {dim}, {world_size} GPUs x {format_bytes(hbm_cap)}"
+            logger.info("%s: TorchRec's %s places no plan", where, config.name)
+        else:
+            plans[config.name] = planned
     global_batch = batch * world_size
     warm = args.warmup
 
@@ -264,19 +257,22 @@ def measure_point(
     table_index = {c.name: t for t, c in enumerate(stats.tables)}
     ends = [in_batches(warm + n) for n in lengths]
     groups = {name: cache_groups(plan.plan) for name, plan in plans.items()}
-    moved: dict[str, list[Traffic]] = {
-        name: replay(
-            groups[name],
-            stream.inputs // global_batch,
-            stream.tables,
-            stream.ids,
-            table_index,
-            stream.sampling,
-            in_batches(warm),
-            ends,
-        )
-        for name in plans
-    }
+    replayed: dict[tuple, list[Traffic]] = {}  # configurations with the same caches move the same rows
+    moved: dict[str, list[Traffic]] = {}
+    for name, plan_groups in groups.items():
+        key = plan_groups.signature
+        if key not in replayed:
+            replayed[key] = replay(
+                plan_groups,
+                stream.inputs // global_batch,
+                stream.tables,
+                stream.ids,
+                table_index,
+                stream.sampling,
+                in_batches(warm),
+                ends,
+            )
+        moved[name] = replayed[key]
     fae_plans: dict[str, tuple[FAEPlanReport, np.ndarray]] = {}
     for name, cache_params in FAE_PLANS.items():
         budget = fae_plans["FAE"][0].hot_budget_bytes if name == "FAE hot" else None
@@ -322,6 +318,7 @@ def measure_point(
                     float(np.mean(~cold_inputs[warm : warm + n])),
                     report.hot_step,
                     report.cold_step_in_hbm,
+                    report.torchrec_config,
                 )
                 for name, (report, cold_inputs) in fae_plans.items()
             },
@@ -414,23 +411,32 @@ def _ratio(x: float, y: float) -> str:
     return f"{x / y:.2f}"
 
 
-#: The traffic ratios of the tables: TorchRec's plans against FAE's of the same pipeline, FAE's against
+#: The least traffic of TorchRec's configurations, of those planned for the prefetch pipeline, and the
+#: traffic ratios of the tables: TorchRec's least against FAE's plan of the same pipeline, FAE's against
 #: Belady's.
+LEAST, LEAST_PP = "TorchRec least", "TorchRec least pp"
 TRAFFIC_RATIOS = (
-    ("a", "FAE"),
-    ("b LRU", "FAE"),
-    ("b LFU", "FAE"),
-    ("b LRU pp", "FAE pp"),
-    ("b LRU pp", "FAE hot"),
+    (LEAST, "FAE"),
+    (LEAST_PP, "FAE pp"),
+    (LEAST_PP, "FAE hot"),
     ("FAE", "d"),
     ("FAE pp", "d"),
 )
 
 
+def traffic_of(p: Point) -> dict[str, float]:
+    """The point's traffic per plan, with TorchRec's least (of all its configurations, and of those
+    planned for the prefetch pipeline)."""
+    least = {}
+    for name, names in ((LEAST, p.torchrec), (LEAST_PP, [n for n in p.torchrec if "pp" in n.split()])):
+        if names:
+            least[name] = min(p.traffic[n] for n in names)
+    return p.traffic | least
+
+
 def _traffic_ratios(p: Point) -> list[str]:
-    return [
-        _ratio(p.traffic[x], p.traffic[y]) if {x, y} <= set(p.traffic) else "-" for x, y in TRAFFIC_RATIOS
-    ]
+    t = traffic_of(p)
+    return [_ratio(t[x], t[y]) if {x, y} <= set(t) else "-" for x, y in TRAFFIC_RATIOS]
 
 
 def _cell(values: dict[str, float], name: str, width: int, scale: float = 1.0) -> str:
@@ -438,13 +444,20 @@ def _cell(values: dict[str, float], name: str, width: int, scale: float = 1.0) -
     return f"{values[name] * scale:>{width}.3f}" if name in values else f"{'-':>{width}}"
 
 
+def _fae_plan(f: FAEFigures) -> str:
+    """An FAE plan's hot budget, or the TorchRec configuration it is where it keeps no hot rows."""
+    return format_bytes(f.hot_budget) if f.hot_rows else f"0: {f.torchrec_config or 'FAE caches'}"
+
+
 def print_traffic(points: list[Point]) -> None:
     print(
         "traffic: GiB moved host-device per 1M inputs (both directions), after the warm-up; per FAE plan its "
-        "hot budget, the hot-input share its knob estimated and the share measured on the counted inputs"
+        "hot budget (or, without hot rows, the TorchRec configuration its knob chose), the hot-input share "
+        "its knob estimated and the share measured on the counted inputs; TorchRec least: the least of its "
+        "configurations (pp: of those planned for the prefetch pipeline)"
     )
-    names = (*MOVERS, "d")
-    fae = " | ".join(f"{name:>6}: {'hot budget':>10} {'est':>6} {'measured':>8}" for name in FAE_PLANS)
+    names = (*FAE, LEAST, LEAST_PP, "d")
+    fae = " | ".join(f"{name:>7}: {'plan':>22} {'est':>6} {'measured':>8}" for name in FAE_PLANS)
     ratios = [f"{x}/{y}" for x, y in TRAFFIC_RATIOS]
     print(
         f"{'dim':>4} {'GPUs':>4} {'HBM/GPU':>9} | {fae} | "
@@ -454,15 +467,47 @@ def print_traffic(points: list[Point]) -> None:
     )
     for p in points:
         shares = " | ".join(
-            f"{'':>6}  {format_bytes(f.hot_budget):>10} {f.hot_share:>6.1%} {f.measured_share:>8.1%}"
+            f"{'':>7}  {_fae_plan(f):>22} {f.hot_share:>6.1%} {f.measured_share:>8.1%}"
             for f in p.fae.values()
         )
+        t = traffic_of(p)
         print(
             f"{_where(p)} | {shares} | "
-            + " ".join(_cell(p.traffic, n, 8, PER_MILLION) for n in names)
+            + " ".join(_cell(t, n, 8, PER_MILLION) for n in names)
             + " | "
             + " ".join(f"{r:>{max(len(n), 6)}}" for r, n in zip(_traffic_ratios(p), ratios, strict=True))
         )
+
+
+def print_torchrec_grid(points: list[Point]) -> None:
+    """Every TorchRec configuration's traffic and step at every point, by each model: "-" where it
+    places no plan."""
+    configs = list(dict.fromkeys(name for p in points for name in p.torchrec))
+    width = max(map(len, [*configs, "configuration"]))
+    heads = [f"{p.dim}:{p.world_size}:{format_bytes(p.hbm_cap).replace(' ', '')}" for p in points]
+    widths = [max(len(h), 7) for h in heads]
+    tables = [("traffic GiB per 1M inputs", None, PER_MILLION)]
+    tables += [(f"step ms, {model}", model, 1.0) for model in STEP_MODELS]
+    print(
+        "TorchRec's configurations (planner.torchrec_configs: default or scale-up planner; pp: caches "
+        "planned for the prefetch pipeline; tw-uvm / tw-all: sharding types table-, column- or "
+        "table-column-wise on the tables the plan offloads / on every table; LFU caches), per point "
+        "dim:GPUs:HBM per GPU; * the best by that model"
+    )
+    for title, model, scale in tables:
+        print(title)
+        print(
+            f"{'configuration':<{width}} | "
+            + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths, strict=True))
+        )
+        bests = [best_plan(p.steps(model)) if model else None for p in points]
+        for name in configs:
+            cells = []
+            for p, w, best in zip(points, widths, bests, strict=True):
+                values = p.steps(model) if model else p.traffic
+                cell = f"{values[name] * scale:.3f}{'*' if name == best else ''}" if name in values else "-"
+                cells.append(f"{cell:>{w}}")
+            print(f"{name:<{width}} | " + " ".join(cells))
 
 
 def print_steps(points: list[Point]) -> None:
@@ -472,13 +517,13 @@ def print_steps(points: list[Point]) -> None:
         "prefetch as blocking, whatever the pipeline: FAE la as FAE hot). Traffic model: each plan's own "
         "layout priced by TorchRec's perf model with every row in HBM, plus the busiest link's bytes per "
         "step / PCIe bandwidth per direction (theoretical, reads and writes overlapped), or the larger of "
-        "the two where the prefetch pipeline overlaps them (b LRU pp; generous to it: FBGEMM keeps the "
-        "backward from overlapping a prefetch); FAE's cold steps carry all of its traffic (the measured "
-        "share): share x hot step + (1 - share) x cold step, or with the prefetch pipeline (FAE pp, FAE "
-        "hot, FAE la) timed over a random order of hot and cold steps, a cold step's transfer overlapping "
-        "the step before it, and with look-ahead (FAE la) also the hot steps since the last cold one. "
-        "FBGEMM's fixed cost per step of the cache machinery is left out here (swept below), and so are "
-        "FAE's remap and routing. best: the shortest of TorchRec's plans (a, b)."
+        "the two where the prefetch pipeline overlaps them (TorchRec's pp configurations; generous to them: "
+        "FBGEMM keeps the backward from overlapping a prefetch); FAE's cold steps carry all of its traffic "
+        "(the measured share): share x hot step + (1 - share) x cold step, or with the prefetch pipeline "
+        "(FAE pp, FAE hot, FAE la) timed over a random order of hot and cold steps, a cold step's transfer "
+        "overlapping the step before it, and with look-ahead (FAE la) also the hot steps since the last cold "
+        "one. FBGEMM's fixed cost per step of the cache machinery is left out here (swept below), and so are "
+        "FAE's remap and routing. best: the shortest of TorchRec's configurations, named."
     )
     titles = {"perf": "TorchRec's perf model"} | {
         g: f"traffic model, PCIe {g} x16 at {bw / 1e9:.1f} GB/s per direction (theoretical)"
@@ -489,8 +534,8 @@ def print_steps(points: list[Point]) -> None:
         print(f"step ms, {titles[model]}")
         print(
             f"{'dim':>4} {'GPUs':>4} {'HBM/GPU':>9} | "
-            + " ".join(f"{n:>8}" for n in PLANS)
-            + " | "
+            + " ".join(f"{n:>8}" for n in (*FAE_STEPS, "best"))
+            + f" {'TorchRec best':<22} {'c':>8} | "
             + " ".join(f"{r:>11}" for r in ratios)
         )
         for p in points:
@@ -499,8 +544,8 @@ def print_steps(points: list[Point]) -> None:
             values += [_ratio(s[name], s["c"]) for name in FAE_STEPS]
             print(
                 f"{_where(p)} | "
-                + " ".join(_cell(s, n, 8) for n in PLANS)
-                + " | "
+                + " ".join(_cell(s, n, 8) for n in FAE_STEPS)
+                + f" {torchrec_best(s):>8.3f} {best_plan(s):<22} {s['c']:>8.3f} | "
                 + " ".join(f"{v:>11}" for v in values)
             )
 
@@ -510,6 +555,9 @@ def _verdict(point: Point, fae: str, model: str, terms: Terms) -> str:
     lose, and the term that decides it."""
     steps = point.steps(model, terms)
     ratio = torchrec_best(steps) / steps[fae]
+    figures = point.figures(fae)
+    if not figures.hot_rows:  # the planner chose one of TorchRec's configurations
+        return f"{ratio:.2f} {decision(ratio, False)} {figures.torchrec_config or 'no hot rows'}"
     return f"{ratio:.2f} {decision(ratio)} {deciding_term(point, fae, model, terms)}"
 
 
@@ -553,13 +601,18 @@ def print_calibrated(points: list[Point], calibration: Calibration) -> None:
 def _tally(points: list[Point], fae: str, model: str, terms_of: Callable[[Point], Terms]) -> str:
     """At how many points FAE wins, is level or loses (each point's terms ``terms_of(point)``), and the
     range of best / FAE."""
-    ratios = []
+    ratios, kinds = [], []
     for p in points:
         steps = p.steps(model, terms_of(p))
         ratios.append(torchrec_best(steps) / steps[fae])
-    counts = {kind: sum(decision(r) == kind for r in ratios) for kind in ("win", "level", "lose")}
+        kinds.append(decision(ratios[-1], p.figures(fae).hot_rows))
+    counts = {kind: kinds.count(kind) for kind in ("win", "level", "lose")}
     spread = f"{min(ratios):.2f}x to {max(ratios):.2f}x" if ratios else "-"
-    return f"win {counts['win']:>2}, level {counts['level']:>2}, lose {counts['lose']:>2} ({spread})"
+    without = sum(not p.figures(fae).hot_rows for p in points)
+    return (
+        f"win {counts['win']:>2}, level {counts['level']:>2}, lose {counts['lose']:>2} ({spread}; "
+        f"{without} without hot rows)"
+    )
 
 
 def print_decisions(points: list[Point]) -> None:
@@ -609,12 +662,13 @@ def print_sweeps(points: list[Point], dense: dict[int, float]) -> None:
         for target in (1.1, 1.5)
     ]
     print(
-        f"{'dim':>4} {'GPUs':>4} {'HBM/GPU':>9} | caches FAE pp, FAE, FAE hot, b LRU pp | "
+        f"{'dim':>4} {'GPUs':>4} {'HBM/GPU':>9} | caches FAE pp, FAE, FAE hot, best (Gen4) | "
         + " ".join(f"{f'{fae} {model} {target}x':>17}" for fae, model, target in keys)
     )
     found = {key: break_even(points, *key, Terms(), top) for key in keys}
     for i, p in enumerate(points):
-        caches = ", ".join(str(p.caches.get(name, 0)) for name in (*FAE, "b LRU pp"))
+        best = best_plan(p.steps("Gen4"))
+        caches = ", ".join(str(p.caches.get(name, 0)) for name in (*FAE, best))
         cells = [found[key][i] for key in keys]
         print(
             f"{_where(p)} | {caches:>38} | "
@@ -647,7 +701,7 @@ def dense_ms(model: str, args: argparse.Namespace, points: list[Point]) -> dict[
 def headline(p: Point) -> dict[str, float]:
     """The ratios the convergence table follows: traffic of TorchRec's plans against FAE's and FAE's
     against Belady, and TorchRec's best step against each FAE plan's."""
-    t = p.traffic
+    t = traffic_of(p)
     ratios = {f"{x}/{y}": (t.get(x, np.nan), t.get(y, np.nan)) for x, y in TRAFFIC_RATIOS}
     for model in STEP_MODELS:
         steps = p.steps(model)
@@ -674,7 +728,7 @@ def print_convergence(by_length: dict[int, dict[tuple, Point]], keys: list[tuple
         "convergence: headline ratios by inputs counted after the warm-up (one profile, one replay per "
         "point); change: the largest from the length before"
     )
-    shown = (*FAE_PLANS, "a", "d")
+    shown = (*FAE_PLANS, LEAST, "d")
     print(
         f"{'dim':>4} {'GPUs':>4} {'HBM/GPU':>9} {'inputs':>11} "
         + " ".join(f"{f'{name} budget':>16}" for name in FAE_PLANS)
@@ -694,7 +748,7 @@ def print_convergence(by_length: dict[int, dict[tuple, Point]], keys: list[tuple
                 + " ".join(f"{format_bytes(f.hot_budget):>16}" for f in point.fae.values())
                 + " | "
                 + " " * 12
-                + " ".join(f"{point.traffic[n] * PER_MILLION:>6.3f}" for n in shown)
+                + " ".join(f"{traffic_of(point).get(n, np.nan) * PER_MILLION:>6.3f}" for n in shown)
                 + " | "
                 + " ".join(f"{ratios[n]:>{max(len(n), 6)}.2f}" for n in names)
                 + f" | {change}"
@@ -737,10 +791,13 @@ def plot(points: list[Point], stream: IdStream, out: Path) -> None:
     panels = sorted({(p.dim, p.world_size) for p in points})
     width = max(len(panels), 1)
     figures = (
-        ("traffic.png", [("traffic", (*MOVERS, "d"), "GiB per 1M inputs")]),
+        ("traffic.png", [("traffic", (*FAE, LEAST, "d"), "GiB per 1M inputs")]),
         (
             "step_time.png",
-            [("perf", PLANS, "step ms, TorchRec's perf model"), ("Gen4", PLANS, "step ms, PCIe Gen4")],
+            [
+                ("perf", (*FAE_STEPS, BEST, "c"), "step ms, TorchRec's perf model"),
+                ("Gen4", (*FAE_STEPS, BEST, "c"), "step ms, PCIe Gen4"),
+            ],
         ),
     )
     for name, rows in figures:
@@ -750,11 +807,7 @@ def plot(points: list[Point], stream: IdStream, out: Path) -> None:
                 mine = [p for p in points if (p.dim, p.world_size) == (dim, world)]
                 caps = [p.hbm_cap / (1 << 30) for p in mine]
                 for label in labels:
-                    values = [
-                        (p.traffic if what == "traffic" else p.steps(what)).get(label, np.nan)
-                        * (PER_MILLION if what == "traffic" else 1.0)
-                        for p in mine
-                    ]
+                    values = [_plotted(p, what).get(label, np.nan) for p in mine]
                     ax.plot(caps, [v or np.nan for v in values], marker="o", label=_LEGEND[label])  # log axis
                 ax.set_xscale("log", base=2)
                 ax.set_yscale("log")
@@ -782,15 +835,26 @@ def plot(points: list[Point], stream: IdStream, out: Path) -> None:
     plt.close(fig)
 
 
+#: TorchRec's best configuration at each point, in the step plots.
+BEST = "TorchRec best"
+
+
+def _plotted(p: Point, what: str) -> dict[str, float]:
+    """What the plots show of a point: traffic (GiB per 1M inputs) or the steps by a model (ms), with
+    TorchRec's least traffic and best step."""
+    if what == "traffic":
+        return {name: value * PER_MILLION for name, value in traffic_of(p).items()}
+    steps = p.steps(what)
+    return steps | {BEST: torchrec_best(steps)}
+
+
 _LEGEND = {
     "FAE pp": "FAE, prefetch pipeline",
     "FAE hot": "FAE's hot rows, prefetch pipeline",
     "FAE la": "FAE's hot rows, look-ahead prefetch (priced)",
     "FAE": "FAE",
-    "a": "(a) TorchRec default",
-    "b LRU": "(b) scale-up caches, LRU",
-    "b LRU pp": "(b) LRU, prefetch pipeline",
-    "b LFU": "(b) scale-up caches, LFU",
+    LEAST: "TorchRec's least (its 18 configurations)",
+    BEST: "TorchRec's best (its 18 configurations)",
     "c": "(c) all in HBM",
     "d": "(d) Belady, preloaded",
 }
@@ -961,6 +1025,7 @@ def print_models(points: list[Point], dense: dict[int, float], calibration: Cali
     the decision table and the sweeps (``dense``: the dense part's ms by embedding dimension), and the
     steps priced with a GPU's ``calibration`` where given."""
     print_traffic(points)
+    print_torchrec_grid(points)
     print_steps(points)
     print_decisions(points)
     print_decision_table(points, dense, calibration)
@@ -992,7 +1057,7 @@ def load_points(path: Path) -> tuple[str, list[Point]]:
 def main(argv: list[str] | None = None) -> list[Point]:
     args = parse_args(argv)
     logging.basicConfig(level=logging.ERROR, format="%(name)s: %(message)s", force=True)  # dry-run noise
-    # its one error here is that its miss-rate curves are LRU's when it sizes LFU caches (see SCALEUP)
+    # its one error here is that its miss-rate curves are LRU's when it sizes LFU caches
     logging.getLogger("torchrec.distributed.planner.proposers").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
     logger.setLevel(logging.INFO)

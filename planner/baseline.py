@@ -24,7 +24,7 @@ from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.constants import POOLING_FACTOR
 from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer
-from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption, Topology
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, ShardingOption, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import CacheAlgorithm, CacheParams, ShardingPlan
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -38,6 +38,7 @@ from planner.cache_sizing import smallest_load_factors
 from planner.constraints import check_cache_params, cold_cache_statistics, fae_constraints, step_pooling
 from planner.enumerator import OrderedEnumerator
 from planner.report import RankTotals, in_hbm
+from planner.torchrec_configs import TorchRecConfig, offloaded_tables, plan_with_sharding
 
 
 @dataclass(frozen=True)
@@ -80,18 +81,14 @@ def default_planner(
     constraints: dict[str, ParameterConstraints] | None = None,
     *,
     tables: Sequence[EmbeddingBagConfig],
-    prefetch_pipeline: bool = False,
+    cache_params: CacheParams | None = None,
 ) -> EmbeddingShardingPlanner:
     """(a) TorchRec's default planner (with the enumerator's choices in a fixed order) for ``tables``,
     with the user's ``constraints`` if any and every feature of a table priced (``per_feature_pooling``).
-    ``prefetch_pipeline`` plans every UVM cache for TorchRec's prefetch pipeline
-    (``CacheParams(prefetch_pipeline=True)``, which ``PrefetchTrainPipelineSparseDist`` needs) where the
-    user's constraints give no ``cache_params``."""
-    constraints = per_feature_pooling(tables, constraints)
-    for config in tables if prefetch_pipeline else ():
-        given = constraints.get(config.name, ParameterConstraints())
-        if given.cache_params is None:
-            constraints[config.name] = replace(given, cache_params=CacheParams(prefetch_pipeline=True))
+    ``cache_params`` go to every table whose constraints give none: the algorithm of the UVM caches
+    TorchRec may choose, and ``CacheParams(prefetch_pipeline=True)`` to plan them for TorchRec's prefetch
+    pipeline (``PrefetchTrainPipelineSparseDist`` needs it)."""
+    constraints = default_constraints(tables, cache_params, constraints)
     return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=batch_size,
@@ -102,6 +99,23 @@ def default_planner(
     )
 
 
+def default_constraints(
+    tables: Sequence[EmbeddingBagConfig],
+    cache_params: CacheParams | None = None,
+    constraints: dict[str, ParameterConstraints] | None = None,
+) -> dict[str, ParameterConstraints]:
+    """The default planner's constraints: ``constraints`` with every feature priced, and
+    ``cache_params`` (none where they are FBGEMM's defaults) on every table whose constraint gives none."""
+    constraints = per_feature_pooling(tables, constraints)
+    if cache_params is None or cache_params == CacheParams(CacheAlgorithm.LRU, prefetch_pipeline=False):
+        return constraints
+    for config in tables:
+        given = constraints.get(config.name, ParameterConstraints())
+        if given.cache_params is None:
+            constraints[config.name] = replace(given, cache_params=cache_params)
+    return constraints
+
+
 def scaleup_planner(
     topology: Topology,
     stats: AccessStats,
@@ -109,6 +123,7 @@ def scaleup_planner(
     *,
     algorithm: CacheAlgorithm = CacheAlgorithm.LRU,
     prefetch_pipeline: bool = False,
+    constraints: dict[str, ParameterConstraints] | None = None,
 ) -> EmbeddingShardingPlanner:
     """(b) UVM caches sized by ``EmbeddingOffloadScaleupProposer`` from statistics of the whole tables.
 
@@ -119,22 +134,12 @@ def scaleup_planner(
     miss-rate curves are LRU's, and it logs an error for LFU but sizes the caches the same). Tables are
     priced at the pooling measured on the profile's holdout, as FAE's planner prices them, which plans
     this same offload of the whole tables among its own candidates. On a CPU topology there is no cache
-    to size, and this is TorchRec's default planner with those pooling factors.
+    to size, and this is TorchRec's default planner with those pooling factors. ``constraints``
+    replace ``scaleup_constraints``' (to limit their sharding types, say).
     """
-    no_hot_rows = stats.hot_set(0)
-    pooling = step_pooling(stats, no_hot_rows)
-    if topology.compute_device == "cpu":
-        constraints = {
-            config.name: ParameterConstraints(pooling_factors=[float(ids)] * len(config.feature_names))
-            for config, ids in zip(stats.tables, pooling.cold_step_cold, strict=True)
-        }
-    else:
-        caches = cold_cache_statistics(stats, no_hot_rows, batch_size * topology.world_size, pooling)
-        sized = {name: (factor, caches[name]) for name, factor in smallest_load_factors(caches).items()}
+    if constraints is None:
         params = CacheParams(algorithm=algorithm, prefetch_pipeline=prefetch_pipeline)
-        check_cache_params(params, "scaleup_planner")
-        parts = fae_constraints(stats, no_hot_rows, "cuda", sized, pooling=pooling, cache_params=params)
-        constraints = {name.removesuffix(f"_{COLD}"): constraint for name, constraint in parts.items()}
+        constraints = scaleup_constraints(topology, stats, batch_size, params)
     proposer = [] if topology.compute_device == "cpu" else [EmbeddingOffloadScaleupProposer()]
     return EmbeddingShardingPlanner(
         topology=topology,
@@ -145,6 +150,24 @@ def scaleup_planner(
         stats=[],
         debug=False,
     )
+
+
+def scaleup_constraints(
+    topology: Topology, stats: AccessStats, batch_size: int, cache_params: CacheParams
+) -> dict[str, ParameterConstraints]:
+    """The scale-up planner's constraints of the unsplit tables (see ``scaleup_planner``)."""
+    no_hot_rows = stats.hot_set(0)
+    pooling = step_pooling(stats, no_hot_rows)
+    if topology.compute_device == "cpu":
+        return {
+            config.name: ParameterConstraints(pooling_factors=[float(ids)] * len(config.feature_names))
+            for config, ids in zip(stats.tables, pooling.cold_step_cold, strict=True)
+        }
+    caches = cold_cache_statistics(stats, no_hot_rows, batch_size * topology.world_size, pooling)
+    sized = {name: (factor, caches[name]) for name, factor in smallest_load_factors(caches).items()}
+    check_cache_params(cache_params, "scaleup_planner")
+    parts = fae_constraints(stats, no_hot_rows, "cuda", sized, pooling=pooling, cache_params=cache_params)
+    return {name.removesuffix(f"_{COLD}"): constraint for name, constraint in parts.items()}
 
 
 def hbm_planner(
@@ -181,6 +204,48 @@ def dry_run(
     return BaselinePlan(
         plan, options, RankTotals.of(options, world_size), RankTotals.of(hbm, world_size).step
     )
+
+
+def plan_configs(
+    configs: Sequence[TorchRecConfig],
+    topology: Topology,
+    stats: AccessStats,
+    batch_size: int,
+    optimizer_class: type[torch.optim.Optimizer] | None = None,
+) -> dict[TorchRecConfig, BaselinePlan | PlannerError]:
+    """Each configuration's dry-run plan of the unsplit tables, or TorchRec's error where it places none
+    (a configuration whose sharding is "offloaded" starts from its unconstrained plan, made once)."""
+    tables = stats.tables
+    names = [config.name for config in tables]
+    made: dict[TorchRecConfig, BaselinePlan | PlannerError] = {}
+    for config in sorted(configs, key=lambda c: c.sharding != "any"):  # unconstrained plans first
+        if config.planner == "default":
+            base = default_constraints(tables, config.cache_params)
+
+            def make(constraints: dict) -> EmbeddingShardingPlanner:
+                return default_planner(topology, batch_size, constraints, tables=tables)
+        else:
+            base = scaleup_constraints(topology, stats, batch_size, config.cache_params)
+
+            def make(constraints: dict) -> EmbeddingShardingPlanner:
+                return scaleup_planner(topology, stats, batch_size, constraints=constraints)
+
+        unconstrained = made.get(replace(config, sharding="any"))
+        if isinstance(unconstrained, PlannerError):
+            made[config] = unconstrained
+            continue
+        try:
+            made[config] = plan_with_sharding(
+                config.sharding,
+                base,
+                names,
+                lambda constraints, make=make: dry_run(make(constraints), tables, optimizer_class),
+                lambda planned: offloaded_tables(planned.plan),
+                unconstrained,
+            )
+        except PlannerError as error:
+            made[config] = error
+    return {config: made[config] for config in configs}
 
 
 def torchrec_default_plan(

@@ -5,7 +5,7 @@ tables it writes ``ParameterConstraints`` (HBM kernels for hot rows, ``fused_uvm
 statistics for cold rows, planned for TorchRec's prefetch pipeline unless told otherwise; CPU kernels on a
 CPU topology), sizes the cold caches from the device memory TorchRec's storage reservation leaves, and
 lets TorchRec's enumerator, proposers, partitioner and perf model do the rest; with no hot rows TorchRec's
-own default and scale-up plans are candidates too.
+own configurations (``planner.torchrec_configs``) are candidates too.
 
 ``choose_hot_set`` is FAE's knob: without a budget it tries budgets from none up to the bytes of the
 rows seen in the sample (a row never seen is never hot), within the device memory, plus the whole model
@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from copy import deepcopy
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -56,6 +57,7 @@ from planner.constraints import (
 )
 from planner.enumerator import OrderedEnumerator
 from planner.report import FAEPlanReport, RankTotals, in_hbm, part_paths
+from planner.torchrec_configs import TorchRecConfig, offloaded_tables, plan_with_sharding, torchrec_configs
 
 logger = logging.getLogger(__name__)
 
@@ -309,12 +311,12 @@ class FAEShardingPlanner(ShardingPlanner):
         The cold parts go whole into HBM where the cache budget pays for them, else into caches sized
         from the whole budget; where TorchRec places neither, into the largest of the smaller caches
         (``_smaller_sizings``) that it places, and they may also live in UVM without a cache
-        (``fused_uvm``), in a plan of its own. Without hot rows TorchRec's own choice of
-        kernels, sharding types and caches is a candidate too, and on CUDA its scale-up caches
-        (``EmbeddingOffloadScaleupProposer``, as ``planner.baseline.scaleup_planner`` plans them). Of the
-        plans placed, the one TorchRec's perf model prices fastest is kept: so the knob, which always
-        tries the empty hot set, finds a plan wherever TorchRec's planner does, and never predicts a
-        slower one than TorchRec's default or scale-up plans.
+        (``fused_uvm``), in a plan of its own. Without hot rows TorchRec's own configurations are
+        candidates too (``_torchrec_configs``: on CUDA its default and scale-up planners, with every
+        sharding choice of ``planner.torchrec_configs``, for the cold caches' pipeline). Of the plans
+        placed, the one TorchRec's perf model prices fastest is kept: so the knob, which always tries
+        the empty hot set, finds a plan wherever TorchRec's planner does, and never predicts a slower
+        one than those configurations; the report names the configuration where it keeps one.
 
         A ``known`` sizing (the knob's, for the hot set it chose) is planned alone when TorchRec places
         it: ``plan`` then repeats none of the knob's search (the model's dense part only takes memory).
@@ -327,7 +329,9 @@ class FAEShardingPlanner(ShardingPlanner):
         device = self.topology.compute_device
         candidates, failures = [], []
 
-        def constraints(load_factors: dict[str, float], **options: bool) -> dict[str, ParameterConstraints]:
+        def constraints(
+            load_factors: dict[str, float], cache_params: CacheParams | None = None, **options: bool
+        ) -> dict[str, ParameterConstraints]:
             sized = {name: (load_factors.get(name), cache) for name, cache in caches.items()}
             return fae_constraints(
                 self.stats,
@@ -336,33 +340,35 @@ class FAEShardingPlanner(ShardingPlanner):
                 sized,
                 self.constraints,
                 pooling=pooling,
-                cache_params=self.cache_params,
+                cache_params=cache_params or self.cache_params,
                 **options,
             )
 
         cold = ColdCacheSizing(self.stats, hot_set, caches, self.optimizer_class)
         unplaced: list[dict[str, float]] = []  # the sizings TorchRec did not place
+        unconstrained: dict[TorchRecConfig, tuple | PlannerError] = {}  # configurations as given
 
-        def place(load_factors: dict[str, float], scaleup: bool = False, **options: bool) -> bool:
+        def place(
+            load_factors: dict[str, float], config: TorchRecConfig | None = None, **options: bool
+        ) -> bool:
             """Whether TorchRec places the parts with these cold sizes (the plan becomes a candidate).
             A sizing (no kernel options) that asks at least as much as one it did not place
-            (``ColdCacheSizing.asks_at_least``) is not planned. With ``scaleup`` the caches start at
-            their smallest and TorchRec's ``EmbeddingOffloadScaleupProposer`` sizes them (its load
-            factors, not ``load_factors``)."""
-            sized = not options and not scaleup
+            (``ColdCacheSizing.asks_at_least``) is not planned. With a TorchRec ``config`` the parts are
+            planned as that configuration plans the unsplit tables (``load_factors`` unused)."""
+            sized = not options and config is None
             if sized and any(cold.asks_at_least(load_factors, other) for other in unplaced):
                 return False
-            if scaleup:
-                load_factors = self._with_user_load_factors(smallest_load_factors(caches))
             try:
-                planned = self._torchrec_plan(module, sharders, constraints(load_factors, **options), scaleup)
+                if config is None:
+                    planned = self._torchrec_plan(module, sharders, constraints(load_factors, **options))
+                else:
+                    planned = self._plan_config(module, sharders, config, caches, constraints, unconstrained)
             except PlannerError as error:
                 failures.append(error)
                 if sized:
                     unplaced.append(load_factors)
                 return False
-            sizing = ({}, {**options, "scaleup": True}) if scaleup else (load_factors, options)
-            candidates.append((*planned, sizing))
+            candidates.append((*planned, ({}, {"config": config}) if config else (load_factors, options)))
             return True
 
         whole = self._load_factors(cold, cache_budget, whole_parts=True)
@@ -371,10 +377,8 @@ class FAEShardingPlanner(ShardingPlanner):
             if not (place(whole) or (full != whole and place(full))):
                 place_largest(self._smaller_sizings(cold, cache_budget, full), place)
                 place(full, uncached=True)
-            if not hot_set.total_hot:  # TorchRec's own plans: its default, and its strongest offload
-                place({}, torchrec_choice=True)
-                if device == "cuda":
-                    place({}, scaleup=True)
+            for config in self._torchrec_configs() if not hot_set.total_hot else ():
+                place({}, config)
         if not candidates:
             failure = failures[-1]
             needed = self._smallest_storage(module, sharders, constraints(full, uncached=True))
@@ -382,7 +386,7 @@ class FAEShardingPlanner(ShardingPlanner):
                 self._too_small_message(needed, float(memory.sum()), failure), failure.error_type
             ) from failure
         planned = [
-            (plan, self._report(options, enumerator, fae_path, hot_set, pooling, sized[0]), sized)
+            (plan, self._report(options, enumerator, fae_path, hot_set, pooling, sized), sized)
             for plan, options, enumerator, sized in candidates
         ]
         return min(planned, key=lambda planned: planned[1].step)
@@ -415,6 +419,56 @@ class FAEShardingPlanner(ShardingPlanner):
             self.torchrec_runs.append(time.perf_counter() - started)
         return plan, best_plan(planner), enumerator
 
+    def _torchrec_configs(self) -> list[TorchRecConfig]:
+        """TorchRec's configurations the knob tries with no hot rows: on CUDA the grid of them
+        (``torchrec_configs``) that trains with the cold caches' pipeline and algorithm (both
+        algorithms where none is given); on a CPU topology, which has no cache, TorchRec's default."""
+        if self.topology.compute_device != "cuda":
+            return [TorchRecConfig()]
+        return torchrec_configs(bool(self.cache_params.prefetch_pipeline), self.cache_params.algorithm)
+
+    def _plan_config(
+        self,
+        module: nn.Module,
+        sharders: list,
+        config: TorchRecConfig,
+        caches: dict,
+        constraints: Callable[..., dict[str, ParameterConstraints]],
+        unconstrained: dict[TorchRecConfig, tuple | PlannerError],
+    ) -> tuple[ShardingPlan, list[ShardingOption], OrderedEnumerator]:
+        """The parts planned as TorchRec's ``config`` plans the unsplit tables: its default planner's
+        own choice of kernels, sharding types and caches, or its scale-up caches (the smallest caches,
+        grown by ``EmbeddingOffloadScaleupProposer``, as ``planner.baseline.scaleup_planner`` plans
+        them), with the configuration's ``CacheParams`` and sharding types. ``unconstrained`` keeps the
+        plans (or errors) made with TorchRec's choice of sharding types, for the configurations that
+        start from one."""
+        scaleup = config.planner == "scale-up"
+        if scaleup:
+            given = constraints(
+                self._with_user_load_factors(smallest_load_factors(caches)), config.cache_params
+            )
+        else:
+            given = constraints({}, config.cache_params, torchrec_choice=True)
+        first = unconstrained.get(replace(config, sharding="any"))
+        if isinstance(first, PlannerError):  # what limits no sharding type places nothing
+            raise first
+        try:
+            planned = plan_with_sharding(
+                config.sharding,
+                given,
+                list(given),
+                lambda limited: self._torchrec_plan(module, sharders, limited, scaleup),
+                lambda planned: offloaded_tables(planned[0]),
+                first,
+            )
+        except PlannerError as error:
+            if config.sharding == "any":
+                unconstrained[config] = error
+            raise
+        if config.sharding == "any":
+            unconstrained[config] = planned
+        return planned
+
     def _report(
         self,
         options: list[ShardingOption],
@@ -422,16 +476,18 @@ class FAEShardingPlanner(ShardingPlanner):
         fae_path: str,
         hot_set: HotSet,
         pooling: StepPooling,
-        load_factors: dict[str, float],
+        sizing: Sizing,
     ) -> FAEPlanReport:
         cold_step = {HOT: pooling.cold_step_hot, COLD: pooling.cold_step_cold}
+        config = sizing[1].get("config")
         return FAEPlanReport.from_options(
             options,
             fae_path,
             self.topology.world_size,
             hot_budget_bytes=hot_set.hot_bytes(self.optimizer_class),
             hot_input_share=pooling.hot_input_share,
-            load_factors=load_factors,
+            load_factors=sizing[0],
+            torchrec_config=config.name if config else None,
             hot_step=self._price(enumerator, options, fae_path, {HOT: pooling.hot_step}),
             cold_step=self._price(enumerator, options, fae_path, cold_step),
             cold_step_in_hbm=self._price(enumerator, in_hbm(options), fae_path, cold_step),

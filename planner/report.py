@@ -67,6 +67,9 @@ class FAEPlanReport:
     placements: dict[str, dict[str, PartPlacement]] = field(default_factory=dict)
     #: Ids per input looked up on hot rows in a hot step, and on hot and on cold rows in a cold step.
     step_ids: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    #: The name of the TorchRec configuration (``planner.torchrec_configs``) the plan is, with no hot
+    #: rows; None for FAE's own sizing of the cold parts.
+    torchrec_config: str | None = None
 
     @property
     def step(self) -> float:
@@ -87,6 +90,7 @@ class FAEPlanReport:
         hot_budget_bytes: int,
         hot_input_share: float,
         load_factors: dict[str, float],
+        torchrec_config: str | None = None,
         hot_step: float,
         cold_step: float,
         cold_step_in_hbm: float,
@@ -95,7 +99,8 @@ class FAEPlanReport:
         """The report of a plan's sharding options; ``fae_path`` is the FAE module's name in the model.
         ``hot_step`` and ``cold_step`` are the plan's predicted steps at each kind of batch's pooling
         (``cold_step_in_hbm`` the cold one with its UVM parts priced as in HBM);
-        a cache's load factor is FAE's (``load_factors``) or, for TorchRec's own choice, TorchRec's."""
+        a cache's load factor is FAE's (``load_factors``) or, for TorchRec's own choice, TorchRec's;
+        ``torchrec_config`` names the TorchRec configuration the plan is, if it is one."""
         paths = part_paths(fae_path)
         placements: dict[str, dict[str, PartPlacement]] = {}
         for option in options:
@@ -120,6 +125,7 @@ class FAEPlanReport:
             rank_hbm=totals.hbm,
             rank_ddr=totals.ddr,
             placements=placements,
+            torchrec_config=torchrec_config,
             step_ids=(
                 pooling.ids_per_input(pooling.hot_step),
                 pooling.ids_per_input(pooling.cold_step_hot),
@@ -130,7 +136,8 @@ class FAEPlanReport:
     def __str__(self) -> str:
         lines = [
             f"FAE plan: hot budget {format_bytes(self.hot_budget_bytes)}, predicted hot-input share "
-            f"{self.hot_input_share:.1%}",
+            f"{self.hot_input_share:.1%}"
+            + (f"; TorchRec's own configuration '{self.torchrec_config}'" if self.torchrec_config else ""),
             f"predicted step {self.step:.3f} ms = {self.hot_input_share:.3f} x hot step "
             f"{self.hot_step:.3f} ms + {1 - self.hot_input_share:.3f} x cold step {self.cold_step:.3f} ms "
             "(TorchRec's perf model)",

@@ -365,9 +365,9 @@ def test_cold_caches_are_planned_for_the_prefetch_pipeline_unless_told_otherwise
         n: CacheAlgorithm.LRU if n == f"{table}_cold" else CacheAlgorithm.LFU for n in plain
     }
     # the baseline the example pairs with it: TorchRec's default planner, its caches pipelined
-    baseline = default_planner(topology, 32, tables=tables, prefetch_pipeline=True).plan(
-        EmbeddingBagCollection(tables, device=torch.device("meta")), get_default_sharders()
-    )
+    baseline = default_planner(
+        topology, 32, tables=tables, cache_params=CacheParams(prefetch_pipeline=True)
+    ).plan(EmbeddingBagCollection(tables, device=torch.device("meta")), get_default_sharders())
     cached = [
         p
         for p in baseline.plan[""].values()

@@ -78,6 +78,16 @@ class CacheGroups:
     ranks: np.ndarray
 
     @property
+    def signature(self) -> tuple:
+        """What the replay depends on: plans with equal signatures move the same rows."""
+        return (
+            tuple(self.shards),
+            tuple(self.slots.tolist()),
+            tuple(self.policies),
+            tuple(self.ranks.tolist()),
+        )
+
+    @property
     def cached(self) -> np.ndarray:
         """Mask of the groups with a cache."""
         return np.array([p is not None for p in self.policies], dtype=bool)

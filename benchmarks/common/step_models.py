@@ -32,13 +32,8 @@ FAE = ("FAE pp", "FAE", "FAE hot")
 LOOKAHEAD = "FAE la"
 #: FAE's plans as they train.
 FAE_STEPS = ("FAE pp", "FAE hot", LOOKAHEAD, "FAE")
-#: TorchRec's own plans of the unsplit tables: (a) its default planner, (b) its scale-up caches.
-TORCHREC = ("a", "b LRU", "b LRU pp", "b LFU")
-#: Every plan whose traffic is replayed, and every plan with a step ((c): every table in HBM).
-MOVERS = (*FAE, *TORCHREC)
-PLANS = (*FAE_STEPS, *TORCHREC, "c")
-#: The plans whose transfers the prefetch pipeline overlaps with the step.
-PIPELINED = ("FAE pp", "FAE hot", LOOKAHEAD, "b LRU pp")
+#: FAE's plans whose transfers the prefetch pipeline overlaps with the step.
+FAE_PIPELINED = ("FAE pp", "FAE hot", LOOKAHEAD)
 #: Steps of the random order of hot and cold steps over which FAE's prefetch pipelines are timed.
 ORDER_STEPS = 2048
 #: Host-device bandwidth per direction of one GPU's link, bytes/s (theoretical: 16 and 32 GT/s x 16
@@ -103,11 +98,18 @@ class FAEFigures:
     estimated and the share measured on the counted inputs, and TorchRec's perf model's hot step and
     cold step of its layout with every cold row priced as in HBM (ms)."""
 
+    @property
+    def hot_rows(self) -> bool:
+        """Whether the plan keeps hot rows: only then is a gain FAE's."""
+        return self.hot_budget > 0
+
     hot_budget: int
     hot_share: float
     measured_share: float
     hot_step: float
     cold_step_in_hbm: float
+    #: The TorchRec configuration the plan is, where the knob kept no hot rows and chose one.
+    torchrec_config: str | None = None
 
 
 @dataclass(frozen=True)
@@ -149,20 +151,25 @@ class Point:
             return self.step["c"]
         if plan not in FAE_STEPS:
             return self.in_hbm[plan]
-        share, fae = self._share(plan, model), self._figures(plan)
+        share, fae = self._share(plan, model), self.figures(plan)
         return share * fae.hot_step + (1.0 - share) * fae.cold_step_in_hbm
 
     @property
+    def torchrec(self) -> tuple[str, ...]:
+        """TorchRec's configurations that placed at this point."""
+        return tuple(self.in_hbm)
+
+    @property
     def plans(self) -> tuple[str, ...]:
-        """The plans the point has, in ``PLANS``' order: a TorchRec planner that found no plan has none."""
-        return tuple(plan for plan in PLANS if plan in ("c", LOOKAHEAD) or plan in self.step)
+        """The plans the point has: FAE's, TorchRec's configurations that placed, and (c)."""
+        return (*FAE_STEPS, *self.torchrec, "c")
 
     def steps(self, model: str, terms: Terms = Terms()) -> dict[str, float]:
         """The step (ms) of every plan the point has under ``model`` ("perf", TorchRec's, or a PCIe
         generation's traffic model), with ``terms`` added."""
         return {plan: self.step_of(plan, model, terms) for plan in self.plans}
 
-    def _figures(self, plan: str) -> FAEFigures:
+    def figures(self, plan: str) -> FAEFigures:
         """The figures of an FAE plan (look-ahead trains "FAE hot"'s plan)."""
         return self.fae[self._replayed(plan)]
 
@@ -173,7 +180,7 @@ class Point:
     def _share(self, plan: str, model: str) -> float:
         """FAE's hot-input share as ``model`` prices it: the knob's estimate for TorchRec's perf model
         (as its prediction does), the share measured on the stream for the traffic models."""
-        figures = self._figures(plan)
+        figures = self.figures(plan)
         return figures.hot_share if model == "perf" else figures.measured_share
 
     def step_of(self, plan: str, model: str, terms: Terms = Terms()) -> float:
@@ -190,14 +197,14 @@ class Point:
         )
         if plan not in FAE_STEPS:
             compute = self.in_hbm[plan] + machinery + terms.dense_ms
-            return max(compute, transfer) if plan in PIPELINED else compute + transfer
-        fae, share = self._figures(plan), self._share(plan, model)
+            return max(compute, transfer) if pipelined(plan) else compute + transfer
+        fae, share = self.figures(plan), self._share(plan, model)
         hot = fae.hot_step + terms.dense_ms
         cold = fae.cold_step_in_hbm + machinery + terms.dense_ms
         if share >= 1.0:
             return hot
         cold_transfer = transfer / (1.0 - share)  # the cold steps carry all of FAE's traffic
-        if plan not in PIPELINED:
+        if plan not in FAE_PIPELINED:
             return share * hot + (1.0 - share) * (cold + cold_transfer)
         return pipelined_step(share, hot, cold, cold_transfer, lookahead=plan == LOOKAHEAD)
 
@@ -221,19 +228,30 @@ def pipelined_step(share: float, hot: float, cold: float, transfer: float, looka
     return now / ORDER_STEPS
 
 
+def pipelined(plan: str) -> bool:
+    """Whether ``plan``'s transfers overlap its steps: FAE's prefetch pipelines, and TorchRec's
+    configurations planned for the prefetch pipeline (``pp`` in their names)."""
+    return plan in FAE_PIPELINED or "pp" in plan.split()
+
+
 def torchrec_best(steps: dict[str, float]) -> float:
-    """The shortest step of TorchRec's own plans (default and scale-up caches) among ``steps``."""
+    """The shortest step of TorchRec's own configurations among ``steps``."""
     return steps[best_plan(steps)]
 
 
 def best_plan(steps: dict[str, float]) -> str:
-    """Which of TorchRec's own plans among ``steps`` has the shortest step."""
-    return min((name for name in TORCHREC if name in steps), key=steps.__getitem__)
+    """Which of TorchRec's own configurations among ``steps`` (every plan but FAE's and (c)) has the
+    shortest step."""
+    return min((name for name in steps if name not in (*FAE_STEPS, "c")), key=steps.__getitem__)
 
 
-def decision(ratio: float) -> str:
-    """FAE against TorchRec's best, by the ratio of their steps (best / FAE)."""
-    return "win" if ratio > 1 + LEVEL else "lose" if ratio < 1 - LEVEL else "level"
+def decision(ratio: float, hot_rows: bool = True) -> str:
+    """FAE against TorchRec's best, by the ratio of their steps (best / FAE). A plan without hot rows
+    is one of TorchRec's configurations, the planner's choice and not FAE's: it wins nothing (level,
+    or a loss where it is slower)."""
+    if ratio < 1 - LEVEL:
+        return "lose"
+    return "win" if ratio > 1 + LEVEL and hot_rows else "level"
 
 
 def deciding_term(point: Point, fae: str, model: str, terms: Terms = Terms()) -> str:
@@ -258,7 +276,7 @@ def break_even(points: list[Point], fae: str, model: str, target: float, terms: 
 
         def reaches(cost: float, point: Point = point) -> bool:
             charged = replace(terms, machinery_ms=cost)
-            best = min(point.step_of(name, model, charged) for name in TORCHREC if name in point.plans)
+            best = min(point.step_of(name, model, charged) for name in point.torchrec)
             return best / point.step_of(fae, model, charged) >= target
 
         grid = np.linspace(0.0, top, 51)

@@ -237,7 +237,9 @@ def _planner(
         return scaleup_planner(topology, stats, batch_size, prefetch_pipeline=prefetch)
     if mode == "hbm":
         return hbm_planner(topology, list(stats.tables), batch_size)  # no cache to prefetch into
-    return default_planner(topology, batch_size, tables=stats.tables, prefetch_pipeline=prefetch)
+    return default_planner(
+        topology, batch_size, tables=stats.tables, cache_params=CacheParams(prefetch_pipeline=prefetch)
+    )
 
 
 def kernels(plan: ShardingPlan) -> Counter[str]:
