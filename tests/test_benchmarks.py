@@ -4,13 +4,16 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from benchmarks import bench_published
 from benchmarks.bench_hot_share import budget_ladder
 from benchmarks.common.id_stream import taobao_stream
+from benchmarks.common.plan_traffic import cache_groups
 from benchmarks.common.statistics import standard_error
 from benchmarks.common.step_models import Calibration
 from fae_torchrec.data.synthetic_taobao import SyntheticTaobao
@@ -361,3 +364,73 @@ def test_bench_calibrate_needs_a_gpu_and_bench_traffic_takes_its_figures(tmp_pat
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
     assert bad.returncode == 2 and f"--calibration {calibration}: not a calibration" in bad.stderr
+
+
+def test_uniform_uvm_closed_form_matches_the_replay_of_uniform_ids():
+    """The closed form of a ``fused_uvm`` table's bytes for uniform ids (expected distinct rows, and the
+    expected length of TorchRec's benchmark lengths) agrees with replaying such ids through the plan's
+    shards; every byte is the lookup kernels' own (``Traffic.direct``)."""
+    rows, batch, batches = 20_000, 256, 40
+    run = bench_published.RUNS["sdd_fused_uvm"]
+    tables = bench_published.prefetch_emo_tables(rows)
+    groups = cache_groups(bench_published.plan_run(run, tables, batch).plan)
+    assert [s.row_end - s.row_start for s in groups.shards] == [10_000, 10_000]
+    global_batch = batch * bench_published.RANKS
+    replayed = bench_published.replayed_traffic(groups, rows, global_batch, batches, sampling=1, seed=0)
+    per_row = {bench_published.LARGE: global_batch * bench_published.mean_length() / rows}
+    closed = bench_published.uniform_uvm_traffic(groups, {bench_published.LARGE: 4}, per_row, training=True)
+    for replay_bytes, closed_bytes in (
+        (replayed.bytes_in, closed.bytes_in),
+        (replayed.bytes_out, closed.bytes_out),
+    ):
+        assert np.allclose(replay_bytes / batches, closed_bytes, rtol=0.02), (
+            replay_bytes / batches,
+            closed_bytes,
+        )
+    assert replayed.direct.bytes == replayed.bytes and closed.direct.bytes == closed.bytes
+    forward = bench_published.uniform_uvm_traffic(groups, {bench_published.LARGE: 4}, per_row, training=False)
+    assert forward.bytes_out.sum() == 0 and np.allclose(
+        forward.bytes_in, 512 * 4 * per_row[bench_published.LARGE] * 10_000
+    )
+
+
+def test_mean_length_is_the_mean_of_torchrec_benchmark_lengths():
+    drawn = bench_published.lengths(np.random.default_rng(0), 1_000_000)
+    assert abs(drawn.mean() - bench_published.mean_length()) < 0.01
+    assert abs(bench_published.mean_length() - 29.5) < 0.05, "truncation takes half an id off N(30, 3)"
+
+
+def test_traffic_split_keeps_the_kernels_bytes_in_series_on_the_prefetch_pipeline():
+    """On the prefetch pipeline the prefetched bytes overlap the step, the kernels' own do not; on the
+    sparse pipeline every byte is in series; the fitted bandwidth reproduces the step it was fitted to."""
+    gbps = 31.5
+    p = bench_published.Prediction(perf=0.0, layout=100.0, link=3.15e9, direct=1.26e9, pipelined=True)
+    assert p.traffic(gbps) == 100.0  # 100 ms of transfers hidden by 100 ms of compute
+    assert p.traffic(gbps, split=True) == pytest.approx(140.0)  # 40 ms of the kernels' own bytes
+    assert replace(p, pipelined=False).traffic(gbps, split=True) == pytest.approx(200.0)
+    fitted = bench_published.fitted_gbps(p, dense=10.0, target=180.0, split=True)
+    assert p.traffic(fitted, dense=10.0, split=True) == pytest.approx(180.0)
+    assert bench_published.fitted_gbps(p, dense=10.0, target=105.0, split=True) is None
+
+
+@pytest.mark.benchmark
+def test_bench_published_prints_every_comparison_and_refuses_bad_options(tmp_path):
+    out = _run(
+        "bench_published.py", "--large-rows", "200000", "--batch-size", "512", "--batches", "4",
+        "--sampling", "1", "--out", str(tmp_path / "published.json"),
+    )  # fmt: skip
+    for variant, reference in bench_published.COMPARISONS:
+        row = re.search(rf"^{re.escape(variant + ' / ' + reference)} .*$", out, re.M)
+        assert row, (variant, reference, out)
+        assert row[0].split()[-3:][2] in ("yes", "no")
+    saved = json.loads((tmp_path / "published.json").read_text())
+    assert [(c["variant"], c["reference"]) for c in saved["comparisons"]] == list(bench_published.COMPARISONS)
+    assert saved["comparisons"][0]["published"]["ratio"] == pytest.approx(3743.76 / 2855.41)
+    assert all(set(c["fitted"]) >= {"dense_ms", "gbps", "traffic_extra_ms"} for c in saved["comparisons"])
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_published.py"), "--large-rows", "3",
+         "--out", str(tmp_path / "bad.json")],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "--large-rows must be at least 2 x --sampling (32), got 3" in bad.stderr
+    assert not (tmp_path / "bad.json").exists()

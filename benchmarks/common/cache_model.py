@@ -161,6 +161,9 @@ class SetAssociativeCache:
         self.set_offsets = np.concatenate([[0], np.cumsum(self.num_sets)])
         self.keys = np.full((int(self.set_offsets[-1]), WAYS), _EMPTY, dtype=np.int64)
         self.moves = Moves.zeros(len(self.num_sets))
+        #: The part of ``moves`` read and updated in host memory by the lookup kernels themselves (conflict
+        #: misses, lost hits), which no prefetch moves ahead of the step.
+        self.direct = Moves.zeros(len(self.num_sets))
 
     def access(
         self,
@@ -184,7 +187,7 @@ class SetAssociativeCache:
         miss = ~hit
         evicted = self._insert(sets[miss], keys[miss], groups[miss], widths[miss], uses[miss])
         lost = np.isin(keys[hit], evicted)  # hits whose way a miss took: read in host memory
-        self.moves.add(groups[hit][lost], *host_access(widths[hit][lost], uses[hit][lost]))
+        self._host_access(groups[hit][lost], widths[hit][lost], uses[hit][lost])
 
     def _insert(
         self, sets: np.ndarray, keys: np.ndarray, groups: np.ndarray, widths: np.ndarray, uses: np.ndarray
@@ -210,8 +213,13 @@ class SetAssociativeCache:
         left = ~placed
         # an evicted row of a TBE group has the width of the row replacing it (one TBE, one width)
         self.moves.add(groups[placed], widths[placed], widths[placed] * (evicted != _EMPTY))
-        self.moves.add(groups[left], *host_access(widths[left], uses[left]))
+        self._host_access(groups[left], widths[left], uses[left])
         return evicted
+
+    def _host_access(self, groups: np.ndarray, widths: np.ndarray, uses: np.ndarray) -> None:
+        """Count rows read and updated in host memory (``host_access``) in ``moves`` and ``direct``."""
+        for moves in (self.moves, self.direct):
+            moves.add(groups, *host_access(widths, uses))
 
     def _start(self, keys: np.ndarray, uses: np.ndarray) -> None:
         """A batch with these rows and lookups begins."""
@@ -228,6 +236,7 @@ class SetAssociativeCache:
     def reset_moves(self) -> None:
         """Start counting afresh (after a warm-up), keeping the cache contents."""
         self.moves = Moves.zeros(len(self.num_sets))
+        self.direct = Moves.zeros(len(self.num_sets))
 
 
 class SetAssociativeLRU(SetAssociativeCache):

@@ -152,6 +152,10 @@ class Traffic:
     bytes_in: np.ndarray
     bytes_out: np.ndarray
     ranks: np.ndarray
+    #: The part of the bytes the lookup kernels move themselves (``fused_uvm`` rows, conflict misses,
+    #: lost hits: ``cache_model.host_access``) rather than a prefetch ahead of the step; None where not
+    #: counted.
+    direct: Traffic | None = None
 
     @property
     def bytes(self) -> float:
@@ -181,7 +185,8 @@ def replay(
     """Replay lookups (batch index, stream table index, id; batches in order) through ``groups``.
 
     Batches before ``count_from`` warm the caches; one ``Traffic`` per end counts the batches from
-    ``count_from`` up to that end (exclusive), all from one replay that stops at the last end.
+    ``count_from`` up to that end (exclusive), all from one replay that stops at the last end, with the
+    part the lookup kernels move themselves (``Traffic.direct``).
     """
     last = max(ends)
     kept = batches < last
@@ -196,6 +201,7 @@ def replay(
         routed.append((batches[mine], ids[mine] - shard.row_start + shard.base, np.full(len(mine), s)))
     num_groups = len(groups.slots)
     windows = [Moves.zeros(num_groups) for _ in ends]
+    direct = [Moves.zeros(num_groups) for _ in ends]
     if routed:
         batch, linear, shard = (np.concatenate(parts) for parts in zip(*routed, strict=True))
         group = np.array([s.group for s in groups.shards])[shard]
@@ -205,13 +211,18 @@ def replay(
         columns = columns[distinct.first]
         group = distinct.keys % num_groups
         batch_of = distinct.batch_of()
-        for end, moves in zip(ends, windows, strict=True):
+        for end, moves, moved_direct in zip(ends, windows, direct, strict=True):
             uncached = ~groups.cached[group] & (batch_of >= count_from) & (batch_of < end)
-            moves.add(group[uncached], *host_access(columns[uncached], distinct.uses[uncached]))
+            for counted in (moves, moved_direct):
+                counted.add(group[uncached], *host_access(columns[uncached], distinct.uses[uncached]))
         for policy in dict.fromkeys(p for p in groups.policies if p is not None):
-            _replay_caches(groups, policy, distinct, columns, sampling, count_from, ends, windows)
+            _replay_caches(groups, policy, distinct, columns, sampling, count_from, ends, windows, direct)
     scale = ELEMENT_BYTES * sampling
-    return [Traffic(m.rows_in * scale, m.rows_out * scale, groups.ranks) for m in windows]
+
+    def traffic(m: Moves, direct: Traffic | None = None) -> Traffic:
+        return Traffic(m.rows_in * scale, m.rows_out * scale, groups.ranks, direct)
+
+    return [traffic(m, traffic(d)) for m, d in zip(windows, direct, strict=True)]
 
 
 def _replay_caches(
@@ -223,9 +234,10 @@ def _replay_caches(
     count_from: int,
     ends: Sequence[int],
     windows: list[Moves],
+    direct: list[Moves],
 ) -> None:
     """Replay the rows of the groups with ``policy`` through their caches; add what moved from
-    ``count_from`` to each end to its window."""
+    ``count_from`` to each end to its window, and the part the lookup kernels moved to ``direct``'s."""
     mine = np.array([p == policy for p in groups.policies], dtype=bool)
     local = np.cumsum(mine) - 1
     num_groups = len(groups.slots)
@@ -240,16 +252,18 @@ def _replay_caches(
         [cache_sets(s, sampling) for s in groups.slots[mine]], int(keys.max(initial=-1)) + 1
     )
     stops = {min(end, len(rows)) for end in ends}
-    counted: dict[int, Moves] = {}  # the moves from count_from up to each stop
+    counted: dict[int, tuple[Moves, Moves]] = {}  # the moves (all, direct) from count_from up to each stop
     for b in range(len(rows) + 1):
         if b == count_from:
             cache.reset_moves()
         if b in stops and b >= count_from:
-            counted[b] = Moves(cache.moves.rows_in.copy(), cache.moves.rows_out.copy())
+            counted[b] = tuple(
+                Moves(m.rows_in.copy(), m.rows_out.copy()) for m in (cache.moves, cache.direct)
+            )
         if b < len(rows):
             span = rows.batch(b)
             cache.access(group[span], linear[span], keys[span], widths[span], rows.uses[span])
-    for end, moves in zip(ends, windows, strict=True):
-        if (window := counted.get(min(end, len(rows)))) is not None:
+    for end, *into in zip(ends, windows, direct, strict=True):
+        for moves, window in zip(into, counted.get(min(end, len(rows)), ()), strict=False):
             moves.rows_in[mine] += window.rows_in
             moves.rows_out[mine] += window.rows_out
