@@ -430,13 +430,10 @@ def _run_passes(
     }
 
 
-def main(argv: list[str] | None = None) -> Calibration:
-    args = parse_args(argv)
-    if not torch.cuda.is_available():
-        fail("bench_calibrate.py times FBGEMM's kernels on a CUDA GPU, and none is visible here")
-    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
-
-    started = time.perf_counter()
+def prepare(args: argparse.Namespace) -> tuple[list, list[int], dict, dict[str, list[Pass]], dict]:
+    """What a run needs before its first CUDA call, and prints: the stream's batches, the tables' rows,
+    the caches' sets and load factors, each placement's passes, and the caches' misses and evictions per
+    timed step as ``cache_model`` replays them."""
     count = args.warmup_steps + args.steps
     data = SyntheticCriteo(count * args.batch_size, scale=args.scale, seed=args.seed)
     rows = [config.num_embeddings for config in data.table_configs()]
@@ -456,12 +453,22 @@ def main(argv: list[str] | None = None) -> Calibration:
         counts |= count_misses(linear, sets, passes[placement])
     print(
         f"{count} batches of {args.batch_size} inputs, {args.steps} timed in every pass after "
-        f"{args.warmup_steps}: "
-        f"{timed_rows:,} distinct rows timed, {seen:,} with the warm-up; caches of "
+        f"{args.warmup_steps}: {timed_rows:,} distinct rows timed, {seen:,} with the warm-up; caches of "
         + ", ".join(f"{sets * WAYS:,} rows ({name})" for name, (sets, _) in caches.items())
         + "; misses per step replayed: "
         + ", ".join(f"{kind} {c[0].mean():,.0f} (evicting {c[1].mean():,.0f})" for kind, c in counts.items())
     )
+    return stream, rows, caches, passes, counts
+
+
+def main(argv: list[str] | None = None) -> Calibration:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        fail("bench_calibrate.py times FBGEMM's kernels on a CUDA GPU, and none is visible here")
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+
+    started = time.perf_counter()
+    stream, rows, caches, passes, counts = prepare(args)
     prepared = [torch.from_numpy(np.ascontiguousarray(b.T).ravel()).to("cuda") for b in stream]
     locations = {
         "hbm": (EmbeddingLocation.DEVICE, 0.2),

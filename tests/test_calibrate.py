@@ -18,6 +18,8 @@ from benchmarks.bench_calibrate import (
     count_misses,
     fit_collectives,
     linear_rows,
+    parse_args,
+    prepare,
     schedule,
     step_bytes,
     time_collectives,
@@ -76,6 +78,18 @@ def test_the_caches_misses_are_counted_as_fbgemms_lru_takes_them():
     assert (missed > np.array(new_rows)).all() and evicted.sum() > 0
     assert (missed == missed[0]).all() and (evicted == evicted[0]).all(), "the same every repeat"
     assert cache_sets(10 * sum(rows), sum(rows))[0] == -(-sum(rows) // 32), "at most the table's rows"
+
+
+def test_a_run_prepares_the_same_batches_and_caches_that_hit_and_miss_on_the_stream(capsys):
+    """What bench_calibrate.py does before its first CUDA call, on the stream it times: its all-hit cache
+    misses nothing in its hit passes and evicts nothing, the smaller one evicts, on the same batches."""
+    args = parse_args("--scale 0.01 --batch-size 256 --steps 4 --warmup-steps 2 --repeats 2".split())
+    stream, rows, caches, passes, counts = prepare(args)
+    assert len(stream) == 6 and all(b.shape == (256, 26) for b in stream) and len(rows) == 26
+    assert {p.batches for placement in passes.values() for p in placement if p.timed} == {(2, 3, 4, 5)}
+    assert not counts["hit"].any() and not counts["cold"][1].any() and counts["cold"][0].all()
+    assert counts["miss"][1].sum() > 0 and caches["miss"][0] < caches["hit"][0]
+    assert "misses per step replayed: cold" in capsys.readouterr().out
 
 
 def test_a_uvm_steps_bytes_are_its_rows_as_fbgemms_kernels_access_them():
