@@ -113,6 +113,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from benchmarks.common.arguments import fail
 from benchmarks.common.cache_model import BatchedKeys, belady_moves, sampled_rows
+from benchmarks.common.calibration import ELEMENT_BYTES, Calibration
 from benchmarks.common.id_stream import IdStream, synthetic_stream, taobao_stream
 from benchmarks.common.plan_traffic import CacheGroups, Traffic, cache_groups, replay
 from benchmarks.common.step_models import (
@@ -122,7 +123,6 @@ from benchmarks.common.step_models import (
     LOOKAHEAD,
     PCIE,
     STEP_MODELS,
-    Calibration,
     FAEFigures,
     Point,
     Terms,
@@ -573,7 +573,7 @@ def print_decision_table(
     if dense:
         columns.append(("Gen4 whole", "Gen4", lambda p: Terms(dense_ms=dense[p.dim])))
     if calibration is not None:
-        columns.append(("calibrated", "Gen4", lambda p: calibration.terms()))
+        columns.append(("calibrated", "Gen4", lambda p: calibration.terms(p.dim * ELEMENT_BYTES)))
     print(
         "decision: TorchRec's best step / FAE's (best: the shortest of a and the b's), win above 1.02, level "
         "within 2%, lose below 0.98, and the term that decides it (layout: the plans' steps with every row "
@@ -588,13 +588,9 @@ def print_decision_table(
 
 def print_calibrated(points: list[Point], calibration: Calibration) -> None:
     """FAE against TorchRec's best by the traffic model with a GPU's measured bandwidth and machinery."""
-    print(
-        f"calibrated on {calibration.device}: effective host-device bandwidth "
-        f"{calibration.effective_gbps:.1f} GB/s, cache machinery {calibration.machinery_us:.1f} us per cache "
-        "and step (bench_calibrate.py)"
-    )
+    print(calibration.describe())
     for fae in FAE_STEPS:
-        tally = _tally(points, fae, "Gen4", lambda p: calibration.terms())
+        tally = _tally(points, fae, "Gen4", lambda p: calibration.terms(p.dim * ELEMENT_BYTES))
         print(f"  {fae} against TorchRec's best (calibrated): {tally}")
 
 

@@ -12,10 +12,10 @@ import pytest
 
 from benchmarks import bench_published
 from benchmarks.bench_hot_share import budget_ladder
+from benchmarks.common.calibration import Calibration, Estimate
 from benchmarks.common.id_stream import taobao_stream
 from benchmarks.common.plan_traffic import cache_groups
 from benchmarks.common.statistics import standard_error
-from benchmarks.common.step_models import Calibration
 from fae_torchrec.data.synthetic_taobao import SyntheticTaobao
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -350,20 +350,38 @@ def test_bench_calibrate_needs_a_gpu_and_bench_traffic_takes_its_figures(tmp_pat
     assert refused.returncode == 2 and "none is visible here" in refused.stderr
     assert not (tmp_path / "c.json").exists()
     calibration = tmp_path / "calibration.json"
-    Calibration("a GPU", effective_gbps=6.3, machinery_us=20.0).save(calibration)
+    figures = {64: Estimate(6.3, 6.0, 6.5), 512: Estimate(12.0, 11.0, 13.0)}  # GB/s by row bytes
+    machinery = {64: Estimate(20.0, 18.0, 22.0), 512: Estimate(-5.0, -7.0, -3.0)}  # us
+    Calibration("a GPU", figures, machinery, dict.fromkeys(figures, Estimate(0.5, 0.4, 0.6)),
+                dict.fromkeys(figures, Estimate(0.1, 0.05, 0.2))).save(calibration)  # fmt: skip
     points = str(ROOT / "benchmarks" / "figures" / "tbsm" / "traffic_points.json")
     out = _run("bench_traffic.py", "--points", points, "--calibration", str(calibration))
     assert re.search(r"^FAE pp +\| +perf \| +Gen4 \| +Gen5 \| +calibrated$", out, re.M), out
-    assert "calibrated on a GPU: effective host-device bandwidth 6.3 GB/s, cache machinery 20.0 us" in out
+    assert (
+        "   64 B rows: effective host-device bandwidth 6.3 [6, 6.5] GB/s, cache machinery 20 [18, 22] us"
+        in out
+    )
+    assert (
+        "  512 B rows: effective host-device bandwidth 12 [11, 13] GB/s, cache machinery -5 [-7, -3] us"
+        in out
+    )
+    assert "collectives: not measured (world size 1)" in out
     for name in ("FAE pp", "FAE hot", "FAE la", "FAE"):
         assert re.search(rf"^  {name} against TorchRec's best \(calibrated\): win +\d+, level", out, re.M)
-    calibration.write_text('{"device": "a GPU"}')
-    bad = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_traffic.py"), "--points", points, "--calibration",
-         str(calibration)],
-        cwd=ROOT, capture_output=True, text=True,
-    )  # fmt: skip
-    assert bad.returncode == 2 and f"--calibration {calibration}: not a calibration" in bad.stderr
+    for text, message in (
+        ('{"device": "a GPU"}', "not a calibration"),
+        (
+            '{"device": "a GPU", "effective_gbps": 6.3, "machinery_us": 20.0}',
+            "effective_gbps is the older format",
+        ),
+    ):
+        calibration.write_text(text)
+        bad = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "bench_traffic.py"), "--points", points,
+             "--calibration", str(calibration)],
+            cwd=ROOT, capture_output=True, text=True,
+        )  # fmt: skip
+        assert bad.returncode == 2 and f"--calibration {calibration}: {message}" in bad.stderr
 
 
 def test_uniform_uvm_closed_form_matches_the_replay_of_uniform_ids():

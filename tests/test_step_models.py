@@ -3,14 +3,11 @@ they leave out, and FAE against TorchRec's best."""
 
 from dataclasses import asdict
 
-import numpy as np
 import pytest
 
-from benchmarks.bench_calibrate import calibrate, step_bytes
 from benchmarks.common.step_models import (
     MOVERS,
     PCIE,
-    Calibration,
     FAEFigures,
     Point,
     Terms,
@@ -127,52 +124,6 @@ def test_look_ahead_hides_a_cold_steps_transfer_behind_the_hot_steps_before_it()
     assert steps["FAE la"] == pytest.approx(pipelined_step(0.6, 0.8, 1.0, transfer, lookahead=True))
     assert steps["FAE hot"] == pytest.approx(pipelined_step(0.6, 0.8, 1.0, transfer, lookahead=False))
     assert steps["FAE la"] < steps["FAE hot"] and point.steps("perf")["FAE la"] == point.step["FAE hot"]
-
-
-def test_a_calibration_reads_back_and_prices_the_traffic_model(tmp_path):
-    """bench_calibrate.py's figures: the bandwidth as a share of PCIe Gen4's, the machinery in ms; a file
-    that is not a calibration, or a figure that is not a number of the right sign, is refused by name."""
-    path = tmp_path / "calibration.json"
-    Calibration("a GPU", effective_gbps=6.3, machinery_us=25.0).save(path)
-    calibration = Calibration.load(path)
-    assert calibration == Calibration("a GPU", 6.3, 25.0)
-    assert calibration.terms() == Terms(machinery_ms=0.025, bandwidth_share=pytest.approx(0.2))
-    for text, message in (
-        ("{", "not a calibration written by bench_calibrate.py"),
-        ('{"device": "x", "effective_gbps": 1}', "not a calibration"),
-        (
-            '{"device": "x", "effective_gbps": 0, "machinery_us": 1}',
-            "effective_gbps must be a positive number",
-        ),
-        ('{"device": "x", "effective_gbps": 1, "machinery_us": -1}', "machinery_us must be a non-negative"),
-        ('{"device": "x", "effective_gbps": "fast", "machinery_us": 1}', "effective_gbps must be a positive"),
-    ):
-        path.write_text(text)
-        with pytest.raises(ValueError, match=message) as refused:
-            Calibration.load(path)
-        assert str(path) in str(refused.value)
-
-
-def test_bench_calibrate_turns_step_times_into_the_models_figures():
-    """A UVM step's bytes as FBGEMM moves them (rows read at each lookup and once more), and the medians
-    over the dimensions of bytes over the UVM step's extra time and of a cached step's extra time."""
-    ids = np.array(
-        [[0, 5], [0, 6], [1, 5]]
-    )  # 2 tables: table 0 rows 0 (twice) and 1, table 1 rows 5 (twice), 6
-    row = 16 * 4
-    assert step_bytes(ids, 16) == row * ((2 + 1) + (1 + 1) + (2 + 1) + (1 + 1))
-    timings = {
-        16: {"hbm": 1.0, "uvm": 3.0, "hit": 1.02},
-        64: {"hbm": 2.0, "uvm": 6.0, "hit": 2.05},
-        128: {"hbm": 3.0, "uvm": 4.0, "hit": 3.01},
-    }
-    moved = {16: 20e6, 64: 60e6, 128: 30e6}  # 10, 15 and 30 GB/s over the extra 2, 4 and 1 ms
-    calibration = calibrate("a GPU", timings, moved)
-    assert calibration.effective_gbps == pytest.approx(15.0) and calibration.machinery_us == pytest.approx(
-        20.0
-    )
-    with pytest.raises(ValueError, match="dim 16: a UVM step"):
-        calibrate("a GPU", {16: {"hbm": 1.0, "uvm": 0.9, "hit": 1.0}}, {16: 1.0})
 
 
 def test_a_point_where_torchrecs_scale_up_planner_finds_no_plan():

@@ -17,10 +17,8 @@ same for every plan), and an effective bandwidth below the link's theoretical on
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from itertools import pairwise
-from pathlib import Path
 
 import numpy as np
 
@@ -54,42 +52,6 @@ class Terms:
     machinery_ms: float = 0.0
     dense_ms: float = 0.0
     bandwidth_share: float = 1.0
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """What ``bench_calibrate.py`` measured on a GPU with FBGEMM, to price steps with in place of the
-    stated assumptions: the effective host-device bandwidth for scattered rows (GB/s, in the busier
-    direction) and the cache machinery's fixed cost per cache and step (us)."""
-
-    device: str
-    effective_gbps: float
-    machinery_us: float
-
-    def terms(self) -> Terms:
-        """The traffic model at PCIe Gen4 with these figures: the effective bandwidth as a share of Gen4's
-        theoretical one, and the machinery cost."""
-        return Terms(
-            machinery_ms=self.machinery_us / 1e3, bandwidth_share=self.effective_gbps * 1e9 / PCIE["Gen4"]
-        )
-
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=1) + "\n")
-
-    @classmethod
-    def load(cls, path: Path) -> Calibration:
-        """The figures a calibration wrote; ``ValueError`` naming the file where it is not one, or
-        where a figure is not a positive number."""
-        try:
-            calibration = cls(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError) as error:
-            raise ValueError(f"{path}: not a calibration written by bench_calibrate.py ({error})") from error
-        for name, least, what in (("effective_gbps", 0.0, "positive"), ("machinery_us", 0.0, "non-negative")):
-            value = getattr(calibration, name)
-            ok = isinstance(value, (int, float)) and np.isfinite(value)
-            if not ok or value < least or (what == "positive" and value == least):
-                raise ValueError(f"{path}: {name} must be a {what} number, got {value!r}")
-        return calibration
 
 
 @dataclass(frozen=True)
