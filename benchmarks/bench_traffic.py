@@ -327,6 +327,7 @@ def measure_point(
             step,
             in_hbm,
             {name: g.busiest_rank_caches for name, g in groups.items()},
+            {name: m[i].direct.busiest_link() / n for name, m in moved.items()},
         )
     return points
 

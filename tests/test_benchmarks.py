@@ -51,15 +51,17 @@ def _check_traffic_and_steps(out: str, dim: int, figures: Path, model: str) -> l
             assert 0 <= estimated <= 100 and abs(estimated - measured) < 5, (
                 "hot-input share: estimate and replay"
             )
-        assert row[2].split()[:-2] == row[3].split()[:-2], "FAE hot: the hot budget FAE's knob chose"
-        fae_pp, fae, fae_hot, a, *caches, belady = (float(x) for x in row[4].split())
-        assert fae_pp > 0 and fae > 0 and fae_hot > 0 and a > 0 and len(caches) == 3
-        assert belady <= min(a, *caches), "Belady on equal terms moves least"
+        if not row[2].split()[0].startswith("0:"):
+            assert row[2].split()[:-2] == row[3].split()[:-2], "FAE hot: the hot budget FAE's knob chose"
+        fae_pp, fae, fae_hot, least, least_pp, belady = (float(x) for x in row[4].split())
+        assert min(fae_pp, fae, fae_hot, least, least_pp) > 0
+        assert belady <= min(least, least_pp), "Belady on equal terms moves least"
     assert float(traffic[0][4].split()[-1]) > 0, "Belady's cache cannot hold every row of the stream"
     assert float(traffic[0][2].split()[-2].rstrip("%")) > 0, "without the prefetch pipeline hot rows pay"
-    for row in steps:  # FAE's default plan is never slower than TorchRec's best, by any of the models
-        best_over_fae_pp = float(row[2].split()[0])
-        assert best_over_fae_pp >= 0.99, row
+    grid = out.split("\nTorchRec's configurations", 1)[1].split("\nstep models", 1)[0]
+    assert re.search(r"^default pp tw-all +\|", grid, re.M) and re.search(r"^scale-up LFU +\|", grid, re.M)
+    for row in steps:  # TorchRec's best is named: one of its configurations
+        assert re.search(r"\d (default|scale-up)( pp)?( tw-uvm| tw-all)?( LFU)? +\d", row[1]), row
     for name in ("FAE pp", "FAE hot", "FAE la", "FAE"):
         for model_name in ("perf", "Gen4", "Gen5"):
             assert re.search(
@@ -69,9 +71,10 @@ def _check_traffic_and_steps(out: str, dim: int, figures: Path, model: str) -> l
             )
     table = _rows(out, "decision:", "sweep:", dim)
     assert len(table) == 8 and all(len(r) == (5 if model == "dlrm" else 4) for r in table), table
-    assert all(
-        re.fullmatch(r"\d\.\d\d (win|level|lose) (layout|offload)", c.strip()) for r in table for c in r[1:]
-    )
+    for cell in (c.strip() for r in table for c in r[1:]):  # a win is FAE's only with hot rows
+        assert re.fullmatch(r"\d\.\d\d (win|level|lose) (layout|offload)", cell) or re.fullmatch(
+            r"\d\.\d\d (level|lose) (default|scale-up|no hot rows).*", cell
+        ), cell
     assert re.search(r"^ +0\.10 \( *3\.15 GB/s\) \| FAE pp: win", out, re.M), "a tenth of PCIe Gen4"
     assert re.search(r"^ +100 us \| FAE pp Gen4: win", out, re.M), "100 us of cache machinery a step"
     assert len(_rows(out, "break-even:", "whole step:", dim)) == 2
@@ -82,9 +85,9 @@ def _check_traffic_and_steps(out: str, dim: int, figures: Path, model: str) -> l
     saved = json.loads((figures / "traffic_points.json").read_text())
     assert saved["model"] == model
     assert [(p["dim"], p["world_size"]) for p in saved["points"]] == [(dim, 1), (dim, 2)]
-    assert all(
-        p["caches"]["b LRU"] >= 1 and set(p["fae"]) == {"FAE pp", "FAE", "FAE hot"} for p in saved["points"]
-    )
+    for point in saved["points"]:
+        assert set(point["fae"]) == {"FAE pp", "FAE", "FAE hot"}
+        assert max(n for name, n in point["caches"].items() if not name.startswith("FAE")) >= 1
     again = _run("bench_traffic.py", "--points", str(figures / "traffic_points.json"))
     printed = out[out.index("traffic: GiB moved") : out.index("\nconvergence:") + 1]
     assert again == printed, "the saved points print the same tables again"

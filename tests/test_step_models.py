@@ -6,7 +6,6 @@ from dataclasses import asdict
 import pytest
 
 from benchmarks.common.step_models import (
-    MOVERS,
     PCIE,
     FAEFigures,
     Point,
@@ -19,6 +18,9 @@ from benchmarks.common.step_models import (
     torchrec_best,
 )
 
+#: The plans whose traffic is replayed: FAE's, and TorchRec's configurations by name ("pp": planned for
+#: the prefetch pipeline).
+MOVERS = ("FAE pp", "FAE", "FAE hot", "a", "b LRU", "b LRU pp", "b LFU")
 MS_PER_BYTE_PER_INPUT = 1e3 * 1000 / PCIE["Gen4"]  # ms a step moving 1 byte per input takes over Gen4
 
 
@@ -142,3 +144,52 @@ def test_a_point_where_torchrecs_scale_up_planner_finds_no_plan():
         assert set(steps) == set(partial.plans) and torchrec_best(steps) == steps["a"]
     assert decision(torchrec_best(partial.steps("perf")) / partial.steps("perf")["FAE"]) == "win"  # 3.0 / 1.5
     assert break_even([partial], "FAE", "perf", 1.1, Terms(), top=1.0) == [0.0]
+
+
+def test_a_prefetch_hides_only_the_bytes_it_moves():
+    """The lookup kernels' own host reads (``direct``: conflict misses, lost hits, ``fused_uvm`` rows)
+    stay in a pipelined step; only the prefetched rest overlaps it. Without the pipeline all is in series."""
+    transfer = 1e5 * MS_PER_BYTE_PER_INPUT  # 3.17 ms of transfers a step, 1 ms of compute
+    point = _point(link=dict.fromkeys(MOVERS, 1e5), direct={"b LRU pp": 4e4, "b LRU": 4e4})
+    steps = point.steps("Gen4")
+    assert steps["b LRU pp"] == pytest.approx(max(1.0, 0.6 * transfer) + 0.4 * transfer)
+    assert steps["b LRU"] == pytest.approx(1.0 + transfer), "in series either way"
+    assert _point(link=dict.fromkeys(MOVERS, 1e5)).steps("Gen4")["b LRU pp"] == pytest.approx(transfer)
+    # FAE's pipelined cold steps keep their own direct bytes in series too
+    hidden = _point(fae={"FAE pp": FAEFigures(1, 0.5, 0.5, 0.5, 1.0)}, link=point.link | {"FAE pp": 1e4})
+    both = _point(
+        fae={"FAE pp": FAEFigures(1, 0.5, 0.5, 0.5, 1.0)},
+        link=point.link | {"FAE pp": 1e4},
+        direct={"FAE pp": 1e4},
+    )
+    assert both.step_of("FAE pp", "Gen4") > hidden.step_of("FAE pp", "Gen4")
+    assert both.step_of("FAE pp", "Gen4") == pytest.approx(
+        0.5 * 0.5 + 0.5 * (1.0 + 2 * 1e4 * MS_PER_BYTE_PER_INPUT), rel=0.02
+    )  # over a random order of 2,048 steps, about half of them hot
+
+
+def test_fae_wins_only_with_hot_rows():
+    """A plan without hot rows is one of TorchRec's configurations, the planner's choice: level where it
+    is as fast as TorchRec's best or faster, a loss where slower, never FAE's win."""
+    assert [decision(r, hot_rows=False) for r in (1.5, 1.0, 0.97)] == ["level", "level", "lose"]
+    assert decision(1.5) == "win"
+    point = _point(step=_point().step | {"FAE pp": 0.5})  # FAE pp keeps no hot rows (budget 0)
+    assert not point.figures("FAE pp").hot_rows and point.figures("FAE").hot_rows
+    assert torchrec_best(point.steps("perf")) / point.steps("perf")["FAE pp"] > 1.02
+
+
+def test_torchrecs_best_is_the_fastest_configuration_whatever_its_name():
+    """TorchRec's plans are the point's configurations (its ``in_hbm`` keys), any names."""
+    names = ("default", "default pp tw-all", "scale-up tw-uvm LFU")
+    point = _point(
+        in_hbm=dict.fromkeys(names, 1.0),
+        step=dict(zip(names, (3.0, 0.9, 2.0), strict=True))
+        | {k: _point().step[k] for k in ("FAE pp", "FAE", "FAE hot", "c")},
+        traffic=dict.fromkeys((*MOVERS[:3], *names), 2.0),
+        link=dict.fromkeys((*MOVERS[:3], *names), 1.0),
+    )
+    assert point.torchrec == names
+    assert torchrec_best(point.steps("perf")) == 0.9
+    gen4 = point.steps("Gen4")
+    assert gen4["default pp tw-all"] == pytest.approx(1.0), "pp in the name: its transfers overlap"
+    assert gen4["default"] == pytest.approx(1.0 + MS_PER_BYTE_PER_INPUT)

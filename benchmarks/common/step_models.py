@@ -78,7 +78,8 @@ class FAEFigures:
 class Point:
     """Figures of one grid point at one stream length. Traffic is bytes per input after the warm-up
     (``traffic``: both directions, all ranks; ``link``: the busiest rank's link in its busier
-    direction); ``step`` is TorchRec's perf model (ms), ``in_hbm`` each TorchRec plan's layout priced by
+    direction; ``direct``: the same of the bytes the lookup kernels move themselves, which no prefetch
+    hides: ``fused_uvm`` rows, conflict misses, lost hits); ``step`` is TorchRec's perf model (ms), ``in_hbm`` each TorchRec plan's layout priced by
     it with every row in HBM, ``fae`` FAE's plans, and ``caches`` per plan the most caches on one rank
     (each runs FBGEMM's cache machinery every step it is looked up in)."""
 
@@ -93,6 +94,7 @@ class Point:
     step: dict[str, float]
     in_hbm: dict[str, float]
     caches: dict[str, int] = field(default_factory=dict)
+    direct: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, saved: dict) -> Point:
@@ -154,12 +156,15 @@ class Point:
             return self.step["c"] + terms.dense_ms
         if model == "perf":  # TorchRec's perf model counts a prefetch as blocking, whatever the pipeline
             return self.step[self._replayed(plan)] + terms.dense_ms + machinery * lookups
-        transfer = (
-            1e3 * self.link[self._replayed(plan)] * self.global_batch / (PCIE[model] * terms.bandwidth_share)
-        )
+        ms_per_byte = 1e3 * self.global_batch / (PCIE[model] * terms.bandwidth_share)
+        transfer = self.link[self._replayed(plan)] * ms_per_byte
+        # a prefetch hides only what it moves: the lookup kernels' own host reads stay in the step
+        direct = min(self.direct.get(self._replayed(plan), 0.0) * ms_per_byte, transfer)
         if plan not in FAE_STEPS:
             compute = self.in_hbm[plan] + machinery + terms.dense_ms
-            return max(compute, transfer) if pipelined(plan) else compute + transfer
+            if not pipelined(plan):
+                return compute + transfer
+            return max(compute, transfer - direct) + direct
         fae, share = self.figures(plan), self._share(plan, model)
         hot = fae.hot_step + terms.dense_ms
         cold = fae.cold_step_in_hbm + machinery + terms.dense_ms
@@ -168,15 +173,22 @@ class Point:
         cold_transfer = transfer / (1.0 - share)  # the cold steps carry all of FAE's traffic
         if plan not in FAE_PIPELINED:
             return share * hot + (1.0 - share) * (cold + cold_transfer)
-        return pipelined_step(share, hot, cold, cold_transfer, lookahead=plan == LOOKAHEAD)
+        cold_direct = direct / (1.0 - share)
+        return pipelined_step(
+            share, hot, cold + cold_direct, cold_transfer - cold_direct, plan == LOOKAHEAD, cold_direct
+        )
 
 
-def pipelined_step(share: float, hot: float, cold: float, transfer: float, lookahead: bool) -> float:
+def pipelined_step(
+    share: float, hot: float, cold: float, transfer: float, lookahead: bool, direct: float = 0.0
+) -> float:
     """The mean step (ms) of FAE's steps under a prefetch pipeline, timed over ``ORDER_STEPS`` steps hot
     at random with probability ``share`` (one fixed order): a cold step runs once the step before it has
     ended and its ``transfer`` has; the link moves one transfer at a time. TorchRec's prefetch pipeline
     (one step ahead) starts a cold step's transfer when the step before it starts; ``lookahead`` starts
-    it when the cold step before it has ended if that is earlier, so that the hot steps between hide it."""
+    it when the cold step before it has ended if that is earlier, so that the hot steps between hide it.
+    A cold step's ``direct`` ms (part of ``cold``: the lookup kernels' own host reads) hold the link as
+    the step starts."""
     kinds = np.random.default_rng(0).random(ORDER_STEPS) < share  # True: a hot step
     now = link = previous_start = last_cold_end = 0.0
     for is_hot in kinds.tolist():
@@ -186,6 +198,7 @@ def pipelined_step(share: float, hot: float, cold: float, transfer: float, looka
         trigger = min(previous_start, last_cold_end) if lookahead else previous_start
         link = max(link, trigger) + transfer
         previous_start = max(now, link)
+        link = previous_start + direct
         now = last_cold_end = previous_start + cold
     return now / ORDER_STEPS
 
