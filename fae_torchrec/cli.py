@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,6 +35,9 @@ from fae_torchrec.stats.profiler import AccessProfiler
 from fae_torchrec.threads import share_cores, usable_cores
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:  # the planner is imported when a command plans (it imports torchrec's planner)
+    from planner.report import FAEPlanReport
 
 logger = logging.getLogger("fae_torchrec")
 
@@ -194,8 +198,9 @@ def _check_out_file(out: str) -> None:
 
 def plan(args: argparse.Namespace) -> None:
     from planner import FAEShardingPlanner
-    from planner.baseline import default_planner, dry_run, scaleup_planner
+    from planner.baseline import plan_configs
     from planner.topology import make_topology
+    from planner.torchrec_configs import torchrec_configs
 
     try:
         topology = make_topology(args.world_size, hbm_cap=parse_bytes(args.hbm_cap))
@@ -244,27 +249,31 @@ def plan(args: argparse.Namespace) -> None:
         "together"
     )
     print(fae)
-    pipelined = " with the prefetch pipeline" if args.prefetch_pipeline else ""
-    torchrec = {  # TorchRec's own plans of the unsplit tables, with the same optimizer state
-        "TorchRec default": lambda: default_planner(topology, args.batch_size, tables=stats.tables),
-        f"TorchRec scale-up caches ({args.cache_algorithm.upper()}{pipelined})": lambda: scaleup_planner(
-            topology, stats, args.batch_size, algorithm=algorithm, prefetch_pipeline=args.prefetch_pipeline
-        ),
-    }
+    configs = torchrec_configs(args.prefetch_pipeline, algorithm)
+    optimizer = OPTIMIZERS[args.optimizer]  # TorchRec's plans of the unsplit tables, the same optimizer state
     steps = {}
-    for name, make in torchrec.items():
-        try:
-            result = dry_run(make(), stats.tables, OPTIMIZERS[args.optimizer])
-        except PlannerError:
-            print(f"{name} plan: none fits")
+    for config, result in plan_configs(configs, topology, stats, args.batch_size, optimizer).items():
+        if isinstance(result, PlannerError):
+            print(f"TorchRec {config.name}: none fits")
             continue
-        steps[name] = result.totals.step
+        steps[config.name] = result.totals.step
         print(
-            f"{name} plan: predicted step {result.totals.step:.3f} ms; kernels "
+            f"TorchRec {config.name}: predicted step {result.totals.step:.3f} ms; kernels "
             f"{dict(sorted(result.kernels.items()))}; max HBM per rank {format_bytes(max(result.totals.hbm))}"
         )
-    for name, step in steps.items():
-        print(f"predicted step ratio, {name} / FAE: {step / fae.step:.2f}x")
+    if steps:
+        best = min(steps, key=steps.__getitem__)
+        ratio = steps[best] / fae.step
+        print(f"predicted step ratio, TorchRec's best ({best}) / FAE: {ratio:.2f}x ({_whose(fae)})")
+
+
+def _whose(report: FAEPlanReport) -> str:
+    """Whose plan FAE's is: a gain is FAE's only where it keeps hot rows."""
+    if report.hot_budget_bytes:
+        return "FAE's hot rows"
+    if report.torchrec_config:
+        return f"no hot rows: the planner chose TorchRec's '{report.torchrec_config}', not FAE's gain"
+    return "no hot rows: FAE's cold caches, not FAE's gain"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
