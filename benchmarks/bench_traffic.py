@@ -562,37 +562,42 @@ def _verdict(point: Point, fae: str, model: str, terms: Terms) -> str:
     return f"{ratio:.2f} {decision(ratio)} {deciding_term(point, fae, model, terms)}"
 
 
-def print_decision_table(
-    points: list[Point], dense: dict[int, float], calibration: Calibration | None = None
-) -> None:
+#: A column of the decision table beyond the plain models: its title and each point's terms, priced by
+#: the traffic model at PCIe Gen4 (a GPU's calibration, TorchRec's published runs' fitted bandwidths).
+Column = tuple[str, Callable[[Point], Terms]]
+
+
+def print_decision_table(points: list[Point], dense: dict[int, float], extra: list[Column]) -> None:
     """Per grid point and FAE plan, FAE against TorchRec's best by each model (sparse part only), by the
     traffic model at PCIe Gen4 for the whole step (``dense``: the dense part's ms by embedding
-    dimension; none where empty), and with a GPU's ``calibration`` where given."""
+    dimension; none where empty), and in the ``extra`` columns."""
     columns: list[tuple[str, str, Callable[[Point], Terms]]] = [
         (m, m, lambda p: Terms()) for m in STEP_MODELS
     ]
     if dense:
         columns.append(("Gen4 whole", "Gen4", lambda p: Terms(dense_ms=dense[p.dim])))
-    if calibration is not None:
-        columns.append(("calibrated", "Gen4", lambda p: calibration.terms(p.dim * ELEMENT_BYTES)))
+    columns += [(title, "Gen4", terms_of) for title, terms_of in extra]
     print(
-        "decision: TorchRec's best step / FAE's (best: the shortest of a and the b's), win above 1.02, level "
-        "within 2%, lose below 0.98, and the term that decides it (layout: the plans' steps with every row "
-        "in HBM; offload: what keeping rows in host memory adds, cache pricing or exposed transfers)"
+        "decision: TorchRec's best step / FAE's (best: the shortest of TorchRec's configurations), win above "
+        "1.02 (only with hot rows: a plan without them is TorchRec's configuration, named, level at best), "
+        "level within 2%, lose below 0.98, and the term that decides it (layout: the plans' steps with every "
+        "row in HBM; offload: what keeping rows in host memory adds, cache pricing or exposed transfers)"
     )
     for fae in FAE_STEPS:
-        print(f"{fae:<20} | " + " | ".join(f"{title:>22}" for title, _, _ in columns))
+        print(f"{fae:<20} | " + " | ".join(f"{title:>32}" for title, _, _ in columns))
         for p in points:
             cells = [_verdict(p, fae, model, terms_of(p)) for _, model, terms_of in columns]
-            print(f"{_where(p)} | " + " | ".join(f"{c:>22}" for c in cells))
+            print(f"{_where(p)} | " + " | ".join(f"{c:>32}" for c in cells))
 
 
-def print_calibrated(points: list[Point], calibration: Calibration) -> None:
-    """FAE against TorchRec's best by the traffic model with a GPU's measured bandwidth and machinery."""
-    print(calibration.describe())
-    for fae in FAE_STEPS:
-        tally = _tally(points, fae, "Gen4", lambda p: calibration.terms(p.dim * ELEMENT_BYTES))
-        print(f"  {fae} against TorchRec's best (calibrated): {tally}")
+def print_extra(points: list[Point], extra: list[Column], calibration: Calibration | None) -> None:
+    """FAE against TorchRec's best by the traffic model in each ``extra`` column: with a GPU's measured
+    bandwidth and machinery (``calibration``), with the bandwidths fitted to TorchRec's published runs."""
+    if calibration is not None:
+        print(calibration.describe())
+    for title, terms_of in extra:
+        for fae in FAE_STEPS:
+            print(f"  {fae} against TorchRec's best ({title}): {_tally(points, fae, 'Gen4', terms_of)}")
 
 
 def _tally(points: list[Point], fae: str, model: str, terms_of: Callable[[Point], Terms]) -> str:
@@ -937,6 +942,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "benchmarks/bench_calibrate.py measures and writes them",
     )
     parser.add_argument(
+        "--published",
+        type=Path,
+        help="price the steps also at the lowest and highest effective bandwidths fitted to TorchRec's "
+        "published runs, as benchmarks/bench_published.py writes them (benchmarks/figures/published.json)",
+    )
+    parser.add_argument(
         "--points",
         type=Path,
         help=f"print the tables, decisions and sweeps of a run's {POINTS_FILE} instead of planning and "
@@ -1017,18 +1028,23 @@ def describe_data(args: argparse.Namespace, source: BlockSource) -> str:
     return f"training inputs counted after a warm-up of {args.warmup:,} ({describe(args, source)})"
 
 
-def print_models(points: list[Point], dense: dict[int, float], calibration: Calibration | None) -> None:
+def print_models(points: list[Point], dense: dict[int, float], args: argparse.Namespace) -> None:
     """Every table of the grid's points: traffic, the steps by each model, FAE against TorchRec's best,
     the decision table and the sweeps (``dense``: the dense part's ms by embedding dimension), and the
-    steps priced with a GPU's ``calibration`` where given."""
+    steps priced with ``--calibration`` and ``--published`` where given."""
+    found = calibration(args)
+    extra = [("calibrated", lambda p: found.terms(p.dim * ELEMENT_BYTES))] if found else []
+    extra += [
+        (f"published fit {gbps:.1f} GB/s", lambda p, g=gbps: Terms(bandwidth_share=g * 1e9 / PCIE["Gen4"]))
+        for gbps in published_bandwidths(args)
+    ]
     print_traffic(points)
     print_torchrec_grid(points)
     print_steps(points)
     print_decisions(points)
-    print_decision_table(points, dense, calibration)
+    print_decision_table(points, dense, extra)
     print_sweeps(points, dense)
-    if calibration is not None:
-        print_calibrated(points, calibration)
+    print_extra(points, extra, found)
 
 
 def calibration(args: argparse.Namespace) -> Calibration | None:
@@ -1039,6 +1055,29 @@ def calibration(args: argparse.Namespace) -> Calibration | None:
         return Calibration.load(args.calibration)
     except ValueError as error:
         fail(f"--calibration {error}")
+
+
+def published_bandwidths(args: argparse.Namespace) -> list[float]:
+    """The lowest and highest effective bandwidths (GB/s) that reproduce TorchRec's published training
+    runs (``--published``, as ``bench_published.py`` fits them; its eval run, on another config and
+    another pipeline, left out), none without the option; a file that is not one exits with status 2
+    naming it."""
+    if args.published is None:
+        return []
+    try:
+        saved = json.loads(args.published.read_text())
+        training = {name for name, run in saved["runs"].items() if run["pipeline"] != "eval"}
+        fitted = [
+            float(c["fitted"]["gbps"])
+            for c in saved["comparisons"]
+            if c["variant"] in training and c["fitted"].get("gbps") is not None
+        ]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        fail(f"--published {args.published}: not a file written by bench_published.py ({error!r})")
+    fitted = [gbps for gbps in fitted if np.isfinite(gbps) and gbps > 0]
+    if not fitted:
+        fail(f"--published {args.published}: no fitted bandwidth in it")
+    return sorted({min(fitted), max(fitted)})
 
 
 def load_points(path: Path) -> tuple[str, list[Point]]:
@@ -1060,7 +1099,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
     logger.setLevel(logging.INFO)
     if args.points is not None:
         model, points = load_points(args.points)
-        print_models(points, dense_ms(model, args, points), calibration(args))
+        print_models(points, dense_ms(model, args, points), args)
         return points
     started = time.perf_counter()
     source = open_data(args)
@@ -1096,7 +1135,7 @@ def main(argv: list[str] | None = None) -> list[Point]:
         "the rows it serves best, as the plans' HBM rows are; (b) caches have the sizes TorchRec's scale-up "
         "proposer gives LRU caches, for LRU, LRU with prefetch_pipeline (pp) and LFU alike"
     )
-    print_models(points, dense_ms(args.model, args, points), calibration(args))
+    print_models(points, dense_ms(args.model, args, points), args)
     print_convergence(by_length, args.convergence_points, args.num_samples)
     print_first_uses(stream, args.warmup, sorted(by_length))
     print(f"figures in {args.out}; {time.perf_counter() - started:.0f} s")

@@ -455,3 +455,31 @@ def test_bench_published_prints_every_comparison_and_refuses_bad_options(tmp_pat
     )  # fmt: skip
     assert bad.returncode == 2 and "--large-rows must be at least 2 x --sampling (32), got 3" in bad.stderr
     assert not (tmp_path / "bad.json").exists()
+
+
+@pytest.mark.benchmark
+def test_bench_traffic_prices_the_bandwidths_fitted_to_torchrecs_published_runs(tmp_path):
+    """``--published``: the decision table gets a column at the lowest and at the highest effective
+    bandwidth fitted to TorchRec's published training runs (the eval run on another config left out),
+    with a tally each; a file that is not bench_published.py's exits with status 2 naming it."""
+    points = str(ROOT / "benchmarks" / "figures" / "tbsm" / "traffic_points.json")
+    published = tmp_path / "published.json"
+    runs = {"a": {"pipeline": "sparse"}, "b": {"pipeline": "prefetch"}, "e": {"pipeline": "eval"}}
+    fitted = [("a", 40.0), ("b", 8.0), ("b", None), ("e", 55.0)]
+    comparisons = [{"variant": v, "fitted": {} if g is None else {"gbps": g}} for v, g in fitted]
+    published.write_text(json.dumps({"runs": runs, "comparisons": comparisons}))
+    out = _run("bench_traffic.py", "--points", points, "--published", str(published))
+    header = re.search(r"^FAE pp +\|.*\| +published fit 8\.0 GB/s \| +published fit 40\.0 GB/s$", out, re.M)
+    assert header and "55.0" not in header[0], out
+    for title in ("published fit 8.0 GB/s", "published fit 40.0 GB/s"):
+        assert re.search(rf"^  FAE pp against TorchRec's best \({title}\): win +\d+, level", out, re.M)
+    published.write_text('{"runs": {}}')
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_traffic.py"), "--points", points, "--published",
+         str(published)],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert (
+        bad.returncode == 2
+        and f"--published {published}: not a file written by bench_published" in bad.stderr
+    )

@@ -79,9 +79,11 @@ class Point:
     """Figures of one grid point at one stream length. Traffic is bytes per input after the warm-up
     (``traffic``: both directions, all ranks; ``link``: the busiest rank's link in its busier
     direction; ``direct``: the same of the bytes the lookup kernels move themselves, which no prefetch
-    hides: ``fused_uvm`` rows, conflict misses, lost hits); ``step`` is TorchRec's perf model (ms), ``in_hbm`` each TorchRec plan's layout priced by
-    it with every row in HBM, ``fae`` FAE's plans, and ``caches`` per plan the most caches on one rank
-    (each runs FBGEMM's cache machinery every step it is looked up in)."""
+    hides: ``fused_uvm`` rows, conflict misses, lost hits); ``step`` is TorchRec's perf model (ms),
+    ``in_hbm`` each TorchRec plan's layout priced by it with every row in HBM, ``fae`` FAE's plans, and
+    ``caches`` per plan the most caches on one rank (each runs FBGEMM's cache machinery every step it
+    is looked up in). TorchRec's plans are its configurations that placed, by name
+    (``planner.torchrec_configs``; the keys of ``in_hbm``)."""
 
     dim: int
     world_size: int
