@@ -5,13 +5,17 @@ several ways, each a dry run of TorchRec's planner on a CUDA topology:
 
 - FAE: ``FAEShardingPlanner`` (its knob picks the hot budget), hot rows in HBM, cold rows in
   ``fused_uvm_caching`` with sized caches, two ways: planned for the prefetch pipeline ("FAE pp", the
-  planner's default, whose knob also tries TorchRec's own default and scale-up plans with no hot rows)
-  and without it ("FAE");
-- (a) TorchRec's default ``EmbeddingShardingPlanner``;
-- (b) every table ``fused_uvm_caching`` with ``AccessCacheStatistics`` from the same statistics and
-  ``EmbeddingOffloadScaleupProposer`` sizing the caches, three ways: LRU caches ("b LRU"), LRU caches
-  with ``prefetch_pipeline=True`` ("b LRU pp"; FBGEMM pipelines LRU caches only) and LFU caches ("b
-  LFU"; the proposer sizes them as LRU caches, its only model);
+  planner's default) and without it ("FAE"); with no hot rows each knob also tries TorchRec's
+  configurations that train with its pipeline, and where it keeps one the tables name it ("FAE hot":
+  the hot budget "FAE" chose, its cold caches planned for the prefetch pipeline);
+- TorchRec's 18 configurations a user sets (``planner.torchrec_configs``): its default
+  ``EmbeddingShardingPlanner`` or its scale-up caches (``fused_uvm_caching`` with
+  ``AccessCacheStatistics`` from the same statistics, ``EmbeddingOffloadScaleupProposer`` sizing
+  them), each with and without ``CacheParams(prefetch_pipeline=True)``, with TorchRec's choice of
+  sharding types or table-, column- and table-column-wise only on the tables it offloads ("tw-uvm") or on
+  every table ("tw-all"), with LRU or LFU caches (LFU without the prefetch pipeline, which FBGEMM does not
+  pipeline; the proposer sizes LFU caches as LRU ones, its only model). TorchRec's best is the
+  fastest of those that place, named per point;
 - (c) every table in HBM (the speed limit; step only).
 
 **Profile.** The statistics are FAE's profile of other inputs than the replayed ones (``id_stream``).
@@ -44,8 +48,10 @@ rows are preloaded, and warms and is counted on the same inputs as every cache.
   perf model with every row in HBM, plus the bytes of a step over the busiest rank's link, in its
   busier direction, over PCIe Gen4 x16 (31.5 GB/s) or Gen5 x16 (63.0 GB/s): theoretical bandwidths per
   direction, reads and writes overlapping, so transfers take the least time they can. With the prefetch
-  pipeline ("FAE pp", "b LRU pp") the transfers overlap the step: the larger of the two (generous to
-  both: FBGEMM keeps the backward from overlapping a prefetch). For FAE this is ``share x hot step +
+  pipeline ("FAE pp", TorchRec's "pp" configurations) the prefetched transfers overlap the step: the
+  larger of the two (generous to both: FBGEMM keeps the backward from overlapping a prefetch), plus the
+  bytes the lookup kernels read in host memory themselves (conflict misses, hits lost to a miss,
+  ``fused_uvm`` rows), which no prefetch moves. For FAE this is ``share x hot step +
   (1 - share) x cold step`` with the share measured on the stream: a hot step is its hot part's own
   kernels and collectives (TorchRec prices a data-parallel hot part's all-reduce), a cold step its
   layout in HBM with the transfers of ``1 / (1 - share)`` average steps (its cold steps carry all of its
@@ -53,8 +59,11 @@ rows are preloaded, and warms and is counted on the same inputs as every cache.
   insert kernels) is left out for every plan: no published figure for it was found. Both models leave
   out FAE's own costs (remapping ids, routing inputs).
 
-Each FAE plan is then set against TorchRec's best (the shortest of (a) and the (b)s) by each model:
-a win, level (within 2%) or a loss.
+Each FAE plan is then set against TorchRec's best by each model: a win (only where it keeps hot rows:
+a plan without them is one of TorchRec's configurations or FAE's cold caches alone, the planner's choice
+and not FAE's gain), level (within 2%) or a loss. ``--calibration`` (a GPU's, ``bench_calibrate.py``) and
+``--published`` (the bandwidths fitted to TorchRec's published runs, ``bench_published.py``) add columns
+to the decision table.
 
 **Convergence.** At ``--convergence-points`` (one point per panel) one replay, with the same profile
 and plans, counts traffic on the first 1M, 2M, ... inputs after the warm-up (``--convergence-lengths``),
@@ -163,7 +172,7 @@ POINTS_FILE = "traffic_points.json"
 #: Bytes per input to GiB per million inputs.
 PER_MILLION = 1e6 / (1 << 30)
 #: FAE's plans: its knob with the cold caches planned for the prefetch pipeline (the planner's default)
-#: and without it, as (b) plans LRU caches both ways, and the hot budget the knob chose without it with
+#: and without it, as TorchRec's configurations plan caches both ways, and the hot budget the knob chose without it with
 #: the caches planned for the prefetch pipeline ("FAE hot": FAE's hot rows where the knob, pricing
 #: pipelined caches by TorchRec's perf model, may keep none).
 FAE_PLANS = {
@@ -1132,8 +1141,8 @@ def main(argv: list[str] | None = None) -> list[Point]:
         f"replayed on 1/{args.sampling} of the rows "
         f"(Belady 1/{args.belady_sampling}); every cache, Belady's included, warms on the same inputs; (d) "
         "Belady holds the device memory TorchRec leaves for embeddings and starts the warm-up preloaded with "
-        "the rows it serves best, as the plans' HBM rows are; (b) caches have the sizes TorchRec's scale-up "
-        "proposer gives LRU caches, for LRU, LRU with prefetch_pipeline (pp) and LFU alike"
+        "the rows it serves best, as the plans' HBM rows are; TorchRec's scale-up configurations' caches have "
+        "the sizes its scale-up proposer gives LRU caches, for LFU too (its only model)"
     )
     print_models(points, dense_ms(args.model, args, points), args)
     print_convergence(by_length, args.convergence_points, args.num_samples)
