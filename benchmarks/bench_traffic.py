@@ -172,9 +172,9 @@ POINTS_FILE = "traffic_points.json"
 #: Bytes per input to GiB per million inputs.
 PER_MILLION = 1e6 / (1 << 30)
 #: FAE's plans: its knob with the cold caches planned for the prefetch pipeline (the planner's default)
-#: and without it, as TorchRec's configurations plan caches both ways, and the hot budget the knob chose without it with
-#: the caches planned for the prefetch pipeline ("FAE hot": FAE's hot rows where the knob, pricing
-#: pipelined caches by TorchRec's perf model, may keep none).
+#: and without it, as TorchRec's configurations plan caches both ways, and the hot budget the knob chose
+#: without it with the caches planned for the prefetch pipeline ("FAE hot": FAE's hot rows where the
+#: knob, pricing pipelined caches by TorchRec's perf model, may keep none).
 FAE_PLANS = {
     "FAE pp": CacheParams(prefetch_pipeline=True),
     "FAE": CacheParams(prefetch_pipeline=False),
@@ -1141,8 +1141,8 @@ def main(argv: list[str] | None = None) -> list[Point]:
         f"replayed on 1/{args.sampling} of the rows "
         f"(Belady 1/{args.belady_sampling}); every cache, Belady's included, warms on the same inputs; (d) "
         "Belady holds the device memory TorchRec leaves for embeddings and starts the warm-up preloaded with "
-        "the rows it serves best, as the plans' HBM rows are; TorchRec's scale-up configurations' caches have "
-        "the sizes its scale-up proposer gives LRU caches, for LFU too (its only model)"
+        "the rows it serves best, as the plans' HBM rows are; TorchRec's scale-up configurations' caches "
+        "have the sizes its scale-up proposer gives LRU caches, for LFU too (its only model)"
     )
     print_models(points, dense_ms(args.model, args, points), args)
     print_convergence(by_length, args.convergence_points, args.num_samples)
