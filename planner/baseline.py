@@ -214,7 +214,8 @@ def plan_configs(
     optimizer_class: type[torch.optim.Optimizer] | None = None,
 ) -> dict[TorchRecConfig, BaselinePlan | PlannerError]:
     """Each configuration's dry-run plan of the unsplit tables, or TorchRec's error where it places none
-    (a configuration whose sharding is "offloaded" starts from its unconstrained plan, made once)."""
+    (a default planner's configuration whose sharding is "offloaded" starts from its unconstrained plan,
+    made once)."""
     tables = stats.tables
     names = [config.name for config in tables]
     made: dict[TorchRecConfig, BaselinePlan | PlannerError] = {}
@@ -232,8 +233,10 @@ def plan_configs(
 
         unconstrained = made.get(replace(config, sharding="any"))
         if isinstance(unconstrained, PlannerError):
-            made[config] = unconstrained
-            continue
+            if config.planner == "default" and config.sharding == "offloaded":
+                made[config] = unconstrained  # the tables it offloads are those its plan does: none
+                continue
+            unconstrained = None
         try:
             made[config] = plan_with_sharding(
                 config.sharding,

@@ -450,8 +450,8 @@ class FAEShardingPlanner(ShardingPlanner):
         else:
             given = constraints({}, config.cache_params, torchrec_choice=True)
         first = unconstrained.get(replace(config, sharding="any"))
-        if isinstance(first, PlannerError):  # what limits no sharding type places nothing
-            raise first
+        if isinstance(first, PlannerError) and config.sharding == "offloaded" and not scaleup:
+            raise first  # the offloaded tables are those its plan offloads, and it places none
         try:
             planned = plan_with_sharding(
                 config.sharding,
@@ -459,7 +459,7 @@ class FAEShardingPlanner(ShardingPlanner):
                 list(given),
                 lambda limited: self._torchrec_plan(module, sharders, limited, scaleup),
                 lambda planned: offloaded_tables(planned[0]),
-                first,
+                None if isinstance(first, PlannerError) else first,
             )
         except PlannerError as error:
             if config.sharding == "any":

@@ -8,8 +8,9 @@ A ``TorchRecConfig`` is
 - whether UVM caches are planned for the prefetch pipeline (``CacheParams(prefetch_pipeline=True)``,
   which ``PrefetchTrainPipelineSparseDist`` needs);
 - the sharding types: TorchRec's choice ("any"), ``ParameterConstraints(sharding_types=[table_wise,
-  column_wise, table_column_wise])`` on the tables that TorchRec's own plan of the configuration
-  offloads to UVM ("offloaded"), or on every table ("all"). TorchRec's scale-up proposer keeps one
+  column_wise, table_column_wise])`` on the tables the configuration offloads to UVM ("offloaded": those
+  its constraints cache, for the scale-up planner; those its unconstrained plan offloads, for the
+  default one), or on every table ("all"). TorchRec's scale-up proposer keeps one
   sharding option per table and takes row-wise for every cached table at 8 GPUs, whose step costs 4.5x
   table-wise's even with every row in HBM: one constraint away for a user;
 - the cache algorithm: LRU or LFU (FBGEMM pipelines the prefetches of LRU caches only, so LFU goes
@@ -125,6 +126,16 @@ def not_row_wise(
     return limited
 
 
+def uvm_constrained(constraints: dict[str, ParameterConstraints]) -> set[str]:
+    """The tables whose constraints allow UVM kernels only: those the user put in host memory (as
+    ``scaleup_planner`` caches every table one global batch's rows do not cover)."""
+    return {
+        name
+        for name, constraint in constraints.items()
+        if constraint.compute_kernels and set(constraint.compute_kernels) <= set(UVM_KERNELS)
+    }
+
+
 def plan_with_sharding(
     sharding: str,
     constraints: dict[str, ParameterConstraints],
@@ -134,11 +145,14 @@ def plan_with_sharding(
     unconstrained: T | None = None,
 ) -> T:
     """``plan(constraints)`` with ``sharding``'s types: as given ("any"), limited on every one of
-    ``tables`` ("all"), or limited on the tables that the plan with the constraints as given
-    (``unconstrained`` where already made) offloads ("offloaded", ``offloaded(planned)``; that plan
-    itself where it offloads none). Raises what ``plan`` raises (TorchRec's ``PlannerError``)."""
+    ``tables`` ("all"), or limited on the offloaded tables ("offloaded"): those the constraints put in
+    UVM (``uvm_constrained``) or, where they put none there, those that the plan with the constraints as
+    given (``unconstrained`` where already made) offloads (``offloaded(planned)``; that plan itself where
+    it offloads none). Raises what ``plan`` raises (TorchRec's ``PlannerError``)."""
     if sharding == "all":
         return plan(not_row_wise(constraints, tables))
+    if sharding == "offloaded" and (cached := uvm_constrained(constraints)):
+        return plan(not_row_wise(constraints, cached))
     planned = plan(constraints) if unconstrained is None else unconstrained
     if sharding == "any" or not (moved := offloaded(planned)):
         return planned

@@ -365,12 +365,11 @@ def test_no_cache_sizing_that_asks_more_than_an_unplaced_one_is_planned():
     caching, uvm = EmbeddingComputeKernel.FUSED_UVM_CACHING.value, EmbeddingComputeKernel.FUSED_UVM.value
     # in HBM whole (fails), then in UVM with or without a cache (places), then TorchRec's own
     # configurations: its default planner places, its scale-up caches (whose smallest caches, one global
-    # batch's rows, do not place) are tried once whatever their sharding types; then plan places the
-    # fastest of them in one run
+    # batch's rows, do not place) do not; then plan places the fastest of them in one run
     assert [placed for _, placed in runs[:2]] == [False, True] and runs[-1][1]
     assert kernels[:2] == [{("fused", "dense")}, {(caching, uvm)}], kernels
     assert planner.report.torchrec_config is None or planner.report.torchrec_config.startswith("default")
-    assert sum(not placed for _, placed in runs[2:-1]) == 1, runs
+    assert sum(not placed for _, placed in runs[2:-1]) >= 1, runs
     assert plan.plan["cold"]
     # the full sizing (every cold part cached at the load factors of the uncached run) that was skipped
     full = {name: replace(c, compute_kernels=[caching]) for name, c in runs[1][0].items()}

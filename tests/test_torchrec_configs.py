@@ -2,6 +2,7 @@
 real dry runs of TorchRec's planners with them, by the baselines and by FAE's knob."""
 
 import pytest
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import CacheAlgorithm, ShardingType
@@ -16,6 +17,7 @@ from planner.torchrec_configs import (
     not_row_wise,
     offloaded_tables,
     torchrec_configs,
+    uvm_constrained,
 )
 
 
@@ -47,6 +49,9 @@ def test_not_row_wise_limits_the_named_tables_within_what_they_allow():
     assert limited["c"].sharding_types == NOT_ROW_WISE and limited["b"] is given["b"]
     with pytest.raises(ValueError, match="table d: its constraints allow no sharding type"):
         not_row_wise({"d": ParameterConstraints(sharding_types=[ShardingType.ROW_WISE.value])}, ["d"])
+    caching, fused = EmbeddingComputeKernel.FUSED_UVM_CACHING.value, EmbeddingComputeKernel.FUSED.value
+    kernels = {"a": [caching], "b": [fused, caching], "c": None}
+    assert uvm_constrained({n: ParameterConstraints(compute_kernels=k) for n, k in kernels.items()}) == {"a"}
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +77,10 @@ def test_each_configuration_plans_what_it_names(small_stats):
     made = plan_configs(configs, topology, small_stats, 2048)
     assert list(made) == configs
     default, offloaded, every, pipelined, scaleup, scaleup_offloaded = made.values()
-    assert isinstance(scaleup, PlannerError) and scaleup_offloaded is scaleup
+    assert isinstance(scaleup, PlannerError)
+    if not isinstance(scaleup_offloaded, PlannerError):  # its cached tables are its constraints' own
+        cached = [s for s in scaleup_offloaded.plan.plan[""].values() if s.cache_params is not None]
+        assert all(s.sharding_type in NOT_ROW_WISE for s in cached)
     moved = offloaded_tables(default.plan)
     assert moved, "TorchRec must offload tables here"
     types = {name: s.sharding_type for name, s in offloaded.plan.plan[""].items()}
