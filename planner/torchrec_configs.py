@@ -114,15 +114,14 @@ def not_row_wise(
     constraints: dict[str, ParameterConstraints], tables: Iterable[str]
 ) -> dict[str, ParameterConstraints]:
     """``constraints`` with the sharding types of ``tables`` limited to ``NOT_ROW_WISE`` (within those
-    a constraint already allows); ``ValueError`` naming a table whose constraint allows none of them."""
+    a constraint already allows). A table whose constraint allows none of them keeps it: a user's own
+    choice of sharding types wins, as a user's load factor does."""
     limited = dict(constraints)
     for table in tables:
         given = limited.get(table, ParameterConstraints())
         allowed = NOT_ROW_WISE if given.sharding_types is None else given.sharding_types
-        kept = [t for t in NOT_ROW_WISE if t in allowed]
-        if not kept:
-            raise ValueError(f"table {table}: its constraints allow no sharding type of {NOT_ROW_WISE}")
-        limited[table] = replace(given, sharding_types=kept)
+        if kept := [t for t in NOT_ROW_WISE if t in allowed]:
+            limited[table] = replace(given, sharding_types=kept)
     return limited
 
 

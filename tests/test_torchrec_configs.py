@@ -38,6 +38,7 @@ def test_the_grid_is_every_configuration_a_user_sets():
 
 
 def test_not_row_wise_limits_the_named_tables_within_what_they_allow():
+    """Limited within what each table's constraint allows; a user's own row-wise-only choice is kept."""
     given = {
         "a": ParameterConstraints(
             sharding_types=[ShardingType.ROW_WISE.value, ShardingType.TABLE_WISE.value]
@@ -47,8 +48,8 @@ def test_not_row_wise_limits_the_named_tables_within_what_they_allow():
     limited = not_row_wise(given, ["a", "c"])
     assert limited["a"].sharding_types == [ShardingType.TABLE_WISE.value]
     assert limited["c"].sharding_types == NOT_ROW_WISE and limited["b"] is given["b"]
-    with pytest.raises(ValueError, match="table d: its constraints allow no sharding type"):
-        not_row_wise({"d": ParameterConstraints(sharding_types=[ShardingType.ROW_WISE.value])}, ["d"])
+    pinned = {"d": ParameterConstraints(sharding_types=[ShardingType.ROW_WISE.value])}
+    assert not_row_wise(pinned, ["d"]) == pinned, "a user's own row-wise choice wins"
     caching, fused = EmbeddingComputeKernel.FUSED_UVM_CACHING.value, EmbeddingComputeKernel.FUSED.value
     kernels = {"a": [caching], "b": [fused, caching], "c": None}
     assert uvm_constrained({n: ParameterConstraints(compute_kernels=k) for n, k in kernels.items()}) == {"a"}
