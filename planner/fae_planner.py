@@ -443,12 +443,14 @@ class FAEShardingPlanner(ShardingPlanner):
         plans (or errors) made with TorchRec's choice of sharding types, for the configurations that
         start from one."""
         scaleup = config.planner == "scale-up"
+        # the configuration's algorithm and pipeline over the planner's other cache settings
+        params = replace(
+            self.cache_params, algorithm=config.algorithm, prefetch_pipeline=config.prefetch_pipeline
+        )
         if scaleup:
-            given = constraints(
-                self._with_user_load_factors(smallest_load_factors(caches)), config.cache_params
-            )
+            given = constraints(self._with_user_load_factors(smallest_load_factors(caches)), params)
         else:
-            given = constraints({}, config.cache_params, torchrec_choice=True)
+            given = constraints({}, params, torchrec_choice=True)
         first = unconstrained.get(replace(config, sharding="any"))
         if isinstance(first, PlannerError) and config.sharding == "offloaded" and not scaleup:
             raise first  # the offloaded tables are those its plan offloads, and it places none
