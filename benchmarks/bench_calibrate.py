@@ -60,7 +60,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common.arguments import fail
-from benchmarks.common.cache_model import WAYS, SetAssociativeLRU, host_access
+from benchmarks.common.cache_model import WAYS, SetAssociativeLRU, cache_sets, host_access
 from benchmarks.common.calibration import (
     ELEMENT_BYTES,
     Calibration,
@@ -165,10 +165,10 @@ def linear_rows(stream: list[np.ndarray], rows: list[int]) -> list[np.ndarray]:
     return [np.unique(batch.astype(np.int64) + offsets) for batch in stream]
 
 
-def cache_sets(slots: float, total_rows: int) -> tuple[int, float]:
-    """The sets of an FBGEMM cache of ``slots`` rows (at most the TBE's ``total_rows``) and the load
-    factor that makes FBGEMM allocate exactly them."""
-    sets = max(1, int(np.ceil(min(slots, total_rows) / WAYS)))
+def cache_size(slots: float, total_rows: int) -> tuple[int, float]:
+    """The sets of an FBGEMM cache of ``slots`` rows (at most the TBE's ``total_rows``;
+    ``cache_model.cache_sets``) and the load factor that makes FBGEMM allocate exactly them."""
+    sets = cache_sets(min(slots, total_rows))
     return sets, sets * WAYS / total_rows
 
 
@@ -442,8 +442,8 @@ def prepare(args: argparse.Namespace) -> tuple[list, list[int], dict, dict[str, 
     seen = len(np.unique(np.concatenate(linear)))
     timed_rows = len(np.unique(np.concatenate(linear[args.warmup_steps :])))
     caches = {
-        "hit": cache_sets(HIT_SLOTS_PER_ROW * seen, sum(rows)),
-        "miss": cache_sets(args.miss_share * timed_rows, sum(rows)),
+        "hit": cache_size(HIT_SLOTS_PER_ROW * seen, sum(rows)),
+        "miss": cache_size(args.miss_share * timed_rows, sum(rows)),
     }
     passes = {
         p: schedule(p, args.warmup_steps, args.steps, args.repeats) for p in ("hbm", "uvm", "hit", "miss")

@@ -140,6 +140,7 @@ from benchmarks.common.step_models import (
     deciding_term,
     decision,
     dlrm_training_flops,
+    pipelined,
     torchrec_best,
 )
 from benchmarks.common.training_data import NUM_USERS, describe, model_parser
@@ -156,7 +157,7 @@ from planner import FAEShardingPlanner
 from planner.baseline import BaselinePlan, default_planner, dry_run, hbm_planner, plan_configs
 from planner.report import FAEPlanReport
 from planner.topology import make_topology
-from planner.torchrec_configs import torchrec_configs
+from planner.torchrec_configs import TorchRecConfig, torchrec_configs
 
 logger = logging.getLogger("bench_traffic")
 #: HBM per GPU of "all in HBM" (c): enough for any model here.
@@ -251,7 +252,8 @@ def measure_point(
     topology = make_topology(world_size, hbm_cap=hbm_cap)
     batch = args.batch_size
     plans: dict[str, BaselinePlan] = {}
-    for config, planned in plan_configs(torchrec_configs(), topology, stats, batch).items():
+    default = {TorchRecConfig(): fixed.default(dim, world_size, hbm_cap)}  # planned already for the grid
+    for config, planned in plan_configs(torchrec_configs(), topology, stats, batch, known=default).items():
         if isinstance(planned, PlannerError):  # the point keeps the configurations that place
             where = f"dim {dim}, {world_size} GPUs x {format_bytes(hbm_cap)}"
             logger.info("%s: TorchRec's %s places no plan", where, config.name)
@@ -438,7 +440,7 @@ def traffic_of(p: Point) -> dict[str, float]:
     """The point's traffic per plan, with TorchRec's least (of all its configurations, and of those
     planned for the prefetch pipeline)."""
     least = {}
-    for name, names in ((LEAST, p.torchrec), (LEAST_PP, [n for n in p.torchrec if "pp" in n.split()])):
+    for name, names in ((LEAST, p.torchrec), (LEAST_PP, [n for n in p.torchrec if pipelined(n)])):
         if names:
             least[name] = min(p.traffic[n] for n in names)
     return p.traffic | least

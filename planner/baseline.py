@@ -212,14 +212,17 @@ def plan_configs(
     stats: AccessStats,
     batch_size: int,
     optimizer_class: type[torch.optim.Optimizer] | None = None,
+    known: dict[TorchRecConfig, BaselinePlan] | None = None,
 ) -> dict[TorchRecConfig, BaselinePlan | PlannerError]:
     """Each configuration's dry-run plan of the unsplit tables, or TorchRec's error where it places none
-    (a default planner's configuration whose sharding is "offloaded" starts from its unconstrained plan,
-    made once)."""
+    (a configuration whose sharding is "offloaded" starts from its unconstrained plan, made once);
+    ``known``: configurations already planned so, not planned again."""
     tables = stats.tables
     names = [config.name for config in tables]
-    made: dict[TorchRecConfig, BaselinePlan | PlannerError] = {}
+    made: dict[TorchRecConfig, BaselinePlan | PlannerError] = dict(known or {})
     for config in sorted(configs, key=lambda c: c.sharding != "any"):  # unconstrained plans first
+        if config in made:
+            continue
         if config.planner == "default":
             base = default_constraints(tables, config.cache_params)
 
@@ -231,12 +234,6 @@ def plan_configs(
             def make(constraints: dict) -> EmbeddingShardingPlanner:
                 return scaleup_planner(topology, stats, batch_size, constraints=constraints)
 
-        unconstrained = made.get(replace(config, sharding="any"))
-        if isinstance(unconstrained, PlannerError):
-            if config.planner == "default" and config.sharding == "offloaded":
-                made[config] = unconstrained  # the tables it offloads are those its plan does: none
-                continue
-            unconstrained = None
         try:
             made[config] = plan_with_sharding(
                 config.sharding,
@@ -244,7 +241,7 @@ def plan_configs(
                 names,
                 lambda constraints, make=make: dry_run(make(constraints), tables, optimizer_class),
                 lambda planned: offloaded_tables(planned.plan),
-                unconstrained,
+                made.get(replace(config, sharding="any")),
             )
         except PlannerError as error:
             made[config] = error

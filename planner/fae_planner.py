@@ -451,9 +451,6 @@ class FAEShardingPlanner(ShardingPlanner):
             given = constraints(self._with_user_load_factors(smallest_load_factors(caches)), params)
         else:
             given = constraints({}, params, torchrec_choice=True)
-        first = unconstrained.get(replace(config, sharding="any"))
-        if isinstance(first, PlannerError) and config.sharding == "offloaded" and not scaleup:
-            raise first  # the offloaded tables are those its plan offloads, and it places none
         try:
             planned = plan_with_sharding(
                 config.sharding,
@@ -461,7 +458,7 @@ class FAEShardingPlanner(ShardingPlanner):
                 list(given),
                 lambda limited: self._torchrec_plan(module, sharders, limited, scaleup),
                 lambda planned: offloaded_tables(planned[0]),
-                None if isinstance(first, PlannerError) else first,
+                unconstrained.get(replace(config, sharding="any")),
             )
         except PlannerError as error:
             if config.sharding == "any":

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import TypeVar
 
-from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError
 from torchrec.distributed.types import CacheAlgorithm, CacheParams, ShardingPlan, ShardingType
 
 from planner.report import UVM_KERNELS
@@ -141,17 +141,20 @@ def plan_with_sharding(
     tables: Iterable[str],
     plan: Callable[[dict[str, ParameterConstraints]], T],
     offloaded: Callable[[T], set[str]],
-    unconstrained: T | None = None,
+    unconstrained: T | PlannerError | None = None,
 ) -> T:
     """``plan(constraints)`` with ``sharding``'s types: as given ("any"), limited on every one of
     ``tables`` ("all"), or limited on the offloaded tables ("offloaded"): those the constraints put in
     UVM (``uvm_constrained``) or, where they put none there, those that the plan with the constraints as
-    given (``unconstrained`` where already made) offloads (``offloaded(planned)``; that plan itself where
-    it offloads none). Raises what ``plan`` raises (TorchRec's ``PlannerError``)."""
+    given offloads (``offloaded(planned)``; that plan itself where it offloads none). ``unconstrained``
+    is that plan, or TorchRec's error for it, where already made: an error is raised again for
+    "offloaded" (no plan, no offloaded tables), as ``plan`` raises TorchRec's ``PlannerError``."""
     if sharding == "all":
         return plan(not_row_wise(constraints, tables))
     if sharding == "offloaded" and (cached := uvm_constrained(constraints)):
         return plan(not_row_wise(constraints, cached))
+    if isinstance(unconstrained, PlannerError):
+        raise unconstrained
     planned = plan(constraints) if unconstrained is None else unconstrained
     if sharding == "any" or not (moved := offloaded(planned)):
         return planned

@@ -13,7 +13,7 @@ from benchmarks.bench_calibrate import (
     COLLECTIVES,
     CollectivePlan,
     batches,
-    cache_sets,
+    cache_size,
     calibrate,
     count_misses,
     fit_collectives,
@@ -65,7 +65,7 @@ def test_the_caches_misses_are_counted_as_fbgemms_lru_takes_them():
     linear = linear_rows(stream, rows)
     assert all(len(np.unique(b)) == len(b) for b in linear) and max(b.max() for b in linear) < sum(rows)
     seen = len(np.unique(np.concatenate(linear)))
-    sets, load_factor = cache_sets(4 * seen, sum(rows))
+    sets, load_factor = cache_size(4 * seen, sum(rows))
     assert sets == -(-4 * seen // 32) and int(sum(rows) * load_factor + 31) // 32 == sets, "FBGEMM's sets"
     counts = count_misses(linear, sets, schedule("hit", 3, 6, 2))
     assert counts["cold"].shape == counts["hit"].shape == (2, 2, 6)
@@ -73,11 +73,11 @@ def test_the_caches_misses_are_counted_as_fbgemms_lru_takes_them():
     new_rows = [len(np.setdiff1d(linear[b], np.concatenate(linear[:b]))) for b in range(3, 9)]
     assert counts["cold"][0, 0].tolist() == new_rows
     timed_rows = len(np.unique(np.concatenate(linear[3:])))
-    small, _ = cache_sets(0.25 * timed_rows, sum(rows))
+    small, _ = cache_size(0.25 * timed_rows, sum(rows))
     missed, evicted = count_misses(linear, small, schedule("miss", 3, 6, 3))["miss"]
     assert (missed > np.array(new_rows)).all() and evicted.sum() > 0
     assert (missed == missed[0]).all() and (evicted == evicted[0]).all(), "the same every repeat"
-    assert cache_sets(10 * sum(rows), sum(rows))[0] == -(-sum(rows) // 32), "at most the table's rows"
+    assert cache_size(10 * sum(rows), sum(rows))[0] == -(-sum(rows) // 32), "at most the table's rows"
 
 
 def test_a_run_prepares_the_same_batches_and_caches_that_hit_and_miss_on_the_stream(capsys):
