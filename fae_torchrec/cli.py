@@ -1,4 +1,5 @@
-"""The ``fae-torchrec`` command line: ``fae-torchrec profile ...`` and ``fae-torchrec plan ...``."""
+"""The ``fae-torchrec`` command line: ``fae-torchrec profile ...`` and ``fae-torchrec plan ...``, with the
+examples' defaults; ``plan --out`` writes a plan the examples train on (``--stats``, ``--plan``)."""
 
 from __future__ import annotations
 
@@ -135,7 +136,9 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         "train pipelines (default: with LRU caches, which FBGEMM pipelines, and not with LFU ones)",
     )
     plan.add_argument(
-        "--out", help="write the plan to this file, for the examples' --plan (with --stats the same file)"
+        "--out",
+        metavar="FILE",
+        help="write the plan to FILE: the examples train on it with --stats STATS --plan FILE",
     )
     return parser
 
