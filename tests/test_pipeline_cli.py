@@ -10,7 +10,7 @@ from fae_torchrec import AccessStats, HotColdPartition
 from fae_torchrec.cli import _parser
 from fae_torchrec.cli import main as cli_main
 from fae_torchrec.defaults import DEFAULTS
-from fae_torchrec.recipes import DLRM, parse_args, run
+from fae_torchrec.recipes import DLRM, TBSM, parse_args, run
 from fae_torchrec.recipes import main as train_main
 from fae_torchrec.recipes.build import kernels
 from planner.plan_file import PlanFile
@@ -120,3 +120,18 @@ def test_statistics_of_other_data_and_a_plan_without_them_exit_2(planned, tmp_pa
             run(DLRM)
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_tbsm_trains_on_the_plan_it_was_given(tmp_path):
+    """The same pipeline for TBSM, whose split module sits elsewhere in its model (``--model tbsm``)."""
+    data, stats, plan = ["--num-users", "1500"], tmp_path / "stats.npz", tmp_path / "plan.pt"
+    cli_main(["profile", "--model", "tbsm", *data, "--out", str(stats)])
+    cli_main(["plan", "--model", "tbsm", "--stats", str(stats), "--budget", "64KiB", "--out", str(plan)])
+    plan_file = PlanFile.load(plan)
+    assert plan_file.made_for["batch_size"] == DEFAULTS["tbsm"].batch_size
+    metrics = train_main(
+        TBSM, [*data, "--stats", str(stats), "--plan", str(plan), "--out", str(tmp_path / "run")]
+    )
+    assert metrics["model"] == "TBSM" and metrics["plan_file"] == str(plan)
+    assert metrics["plan_kernels"] == dict(kernels(plan_file.plan))
+    assert metrics["cold_steps"] > 0
