@@ -93,18 +93,18 @@ def prepare(
     args: argparse.Namespace,
     family: ModelFamily,
     plan_file: PlanFile | None = None,
-    where: dict | None = None,
+    device: torch.device | None = None,
 ) -> tuple[list[EmbeddingBagConfig], PreparedData]:
     """The tables of ``args``' data and the data prepared for them (collective): FAE's partition, or the
     baseline's, all cold, in ``--out``, profiled here (:func:`prepare_data`) or, with ``--stats``, the
-    hot set chosen from its statistics (:func:`_prepare_from_stats`; ``plan_file`` and ``where`` as
-    there); the statistics saved there too."""
+    hot set chosen from its statistics (:func:`_prepare_from_stats`; ``plan_file`` and this rank's
+    ``device`` as there); the statistics saved there too."""
     source = family.open_source(args)
     tables = source.table_configs(args.dim)
     out = Path(args.out)
     directory = out / f"partition-{'baseline' if args.baseline else 'fae'}"
     if args.stats:
-        data = _prepare_from_stats(args, family, source, tables, directory, plan_file, where or {})
+        data = _prepare_from_stats(args, family, source, tables, directory, plan_file, device)
     else:
         data = prepare_data(
             source, tables, directory, sample=args.sample, batch_size=args.batch_size,
@@ -124,18 +124,19 @@ def _prepare_from_stats(
     tables: list[EmbeddingBagConfig],
     directory: Path,
     plan_file: PlanFile | None,
-    where: dict,
+    device: torch.device | None,
 ) -> PreparedData:
     """:func:`prepare_data` with ``--stats``' statistics instead of a profile (collective): the hot set
     of ``--budget`` (the baseline's: none), or with ``plan_file`` the one the plan was made for, checked
-    against it and the run (``where``: ``device`` and ``world_size``) before anything is written; rank 0
-    holds the validation inputs out and writes the partition, every rank opens it. Raises ``ValueError``
-    naming the option when the statistics are not of the training inputs of ``--data``."""
+    against it and the run (on ``device``) before anything is written; rank 0 holds the validation
+    inputs out and writes the partition, every rank opens it. Raises ``ValueError`` naming the option
+    when the statistics are not of the training inputs of ``--data``."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
 
     def write() -> tuple[AccessStats, SampleBlock, HotSet]:
-        run = {**where, "dim": args.dim, "tables": TableLayout.of(tables).describe()}
+        run = {"world_size": world, "dim": args.dim, "tables": TableLayout.of(tables).describe()}
         if plan_file is not None:
-            run |= {"optimizer": args.optimizer, "stats": file_digest(args.stats)}
+            run |= {"device": device.type, "optimizer": args.optimizer, "stats": file_digest(args.stats)}
             _check_plan(args, plan_file, run)
         try:  # counted at any dim: the counts do not depend on it
             stats = AccessStats.load(args.stats).with_embedding_dim(args.dim)
@@ -169,9 +170,9 @@ def _prepare_from_stats(
                 f"--stats {args.stats}: statistics of {stats.num_inputs:,} training inputs, but {data} has "
                 f"{num_train:,} (other data, or another --num-samples, --seed or --val-every?)"
             )
-        if num_train < args.batch_size * where["world_size"]:
+        if num_train < args.batch_size * world:
             raise ValueError(
-                f"--batch-size {args.batch_size} on {where['world_size']} rank(s) is larger than the "
+                f"--batch-size {args.batch_size} on {world} rank(s) is larger than the "
                 f"training data: {data} has {num_train:,} training inputs"
             )
         return stats, SampleBlock.concat(validation), hot_set
@@ -203,12 +204,14 @@ def build_training(
     if args.hbm_cap is not None and device.type == "cpu":
         logger.warning("--hbm-cap %s ignored: there is no device memory to cap on CPU", args.hbm_cap)
     plan_file = _plan_file(args, device) if args.plan else None
-    tables, data = prepare(args, family, plan_file, {"device": device.type, "world_size": world})
+    tables, data = prepare(args, family, plan_file, device)
     stats, partition, hot_set = data.stats, data.partition, None if args.baseline else data.hot_set
     if replanned is not None:
         stats = AccessStats.load(replanned.folder / "stats.npz", tables)
         partition = HotColdPartition.open(replanned.folder / replanned.partition)
         hot_set = stats.hot_set(parse_bytes(args.budget))
+    # a resumed re-plan's hot set is not the plan's: planned again, as the re-plan was
+    plan_file = plan_file if replanned is None else None
     plan, dmp, dense = shard_model(args, family, tables, stats, hot_set, world, device, plan_file)
     # the same initial tables on every rank and in both layouts, made a block at a time in the shards
     load_initial_tables(dmp.module.get_submodule(family.sparse_path), tables, args.seed)
@@ -247,9 +250,11 @@ def shard_model(
         if hot_set is None
         else FAEEmbeddingBagCollection(tables, hot_set, device=meta)
     )
-    planner = _planner(
-        mode, world, device, hbm_cap, stats, args.batch_size, budget, args.pipeline == "prefetch"
-    )
+    planner = None
+    if plan_file is None:
+        planner = _planner(
+            mode, world, device, hbm_cap, stats, args.batch_size, budget, args.pipeline == "prefetch"
+        )
     model = family.build_model(sparse, args)
     embedding_optimizer(args).apply(sparse)
     del sparse  # DMP replaces it (or its parts) by sharded modules
@@ -281,9 +286,8 @@ def _check_plan(args: argparse.Namespace, plan_file: PlanFile, run: dict) -> Non
 
 def _plan_file(args: argparse.Namespace, device: torch.device) -> PlanFile:
     """``--plan``'s file, refused when made for another train pipeline on CUDA (whether its caches
-    prefetch);
-    logs where it departs from the run's options without harm (the batch size it was priced for, the
-    hot budget in place of ``--budget``)."""
+    prefetch); logs where it departs from the run's options without harm (the batch size it was priced
+    for, the hot budget in place of ``--budget``)."""
     try:
         plan_file = PlanFile.load(args.plan)
     except (ValueError, OSError) as error:
