@@ -319,6 +319,7 @@ def plan(args: argparse.Namespace) -> None:
             "cache_algorithm": args.cache_algorithm,
             "stats_file": os.path.abspath(args.stats),
         }
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         PlanFile(sharding_plan, made_for).save(args.out)
         print(f"wrote {args.out}; train on it with --stats {args.stats} --plan {args.out}")
 

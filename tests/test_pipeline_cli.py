@@ -7,13 +7,14 @@ import sys
 import pytest
 
 from fae_torchrec import AccessStats, HotColdPartition
-from fae_torchrec.cli import _parser
+from fae_torchrec.cli import _parser, _planned_devices
 from fae_torchrec.cli import main as cli_main
 from fae_torchrec.defaults import DEFAULTS
 from fae_torchrec.recipes import DLRM, TBSM, parse_args, run
 from fae_torchrec.recipes import main as train_main
 from fae_torchrec.recipes.build import kernels
 from planner.plan_file import PlanFile
+from planner.topology import local_devices
 
 #: Tiny synthetic data, the same for every command: 3,600 training inputs, small tables, small batches.
 DATA = ["--num-samples", "4000", "--scale", "0.001", "--batch-size", "64"]
@@ -60,8 +61,8 @@ def test_the_commands_share_the_examples_defaults():
 def test_profile_plan_train_trains_on_the_plan_it_was_given(planned, tmp_path):
     folder, plan_file = planned
     made_for = plan_file.made_for
-    assert (made_for["device"], made_for["world_size"], made_for["hbm_cap"]) == ("cpu", 1, None), (
-        "plan defaults to this machine's devices: no GPU here, its CPU as one rank"
+    assert (made_for["device"], made_for["world_size"], made_for["hbm_cap"]) == local_devices(), (
+        "plan defaults to this machine's devices (without a GPU, its CPU as one rank)"
     )
     assert made_for["optimizer"] == "rowwise_adagrad" and made_for["batch_size"] == 64
     assert set(plan_file.plan.plan) == {"hot", "cold"}, "keyed relative to the split module"
@@ -135,3 +136,24 @@ def test_tbsm_trains_on_the_plan_it_was_given(tmp_path):
     assert metrics["model"] == "TBSM" and metrics["plan_file"] == str(plan)
     assert metrics["plan_kernels"] == dict(kernels(plan_file.plan))
     assert metrics["cold_steps"] > 0
+
+
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("local", "options", "planned"),
+    [
+        (("cuda", 4, 80 * GIB), [], ("cuda", 4, 80 * GIB)),  # this machine's GPUs and their memory
+        (("cpu", 1, None), [], ("cpu", 1, None)),  # no GPU: its CPU as one rank
+        (("cuda", 4, 80 * GIB), ["--world-size", "16"], ("cuda", 16, 80 * GIB)),
+        (("cuda", 4, 80 * GIB), ["--device", "cpu"], ("cpu", 1, None)),
+        (("cpu", 1, None), ["--world-size", "2"], ("cuda", 2, 16 * GIB)),  # a dry run of GPUs
+        (("cpu", 1, None), ["--hbm-cap", "1GiB"], ("cuda", 1, GIB)),
+        (("cpu", 1, None), ["--device", "cuda"], ("cuda", 1, 16 * GIB)),
+        (("cpu", 1, None), ["--device", "cpu", "--world-size", "2"], ("cpu", 2, None)),  # 2 CPU ranks
+    ],
+)
+def test_plan_defaults_to_this_machines_devices(local, options, planned):
+    args = _parser(["plan"]).parse_args(["plan", "--stats", "s.npz", *options])
+    assert _planned_devices(args, local) == planned
