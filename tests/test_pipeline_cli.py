@@ -125,7 +125,7 @@ def test_statistics_of_other_data_and_a_plan_without_them_exit_2(planned, tmp_pa
 
 def test_tbsm_trains_on_the_plan_it_was_given(tmp_path):
     """The same pipeline for TBSM, whose split module sits elsewhere in its model (``--model tbsm``)."""
-    data, stats, plan = ["--num-users", "1500"], tmp_path / "stats.npz", tmp_path / "plan.pt"
+    data, stats, plan = ["--num-users", "600"], tmp_path / "stats.npz", tmp_path / "plan.pt"
     cli_main(["profile", "--model", "tbsm", *data, "--out", str(stats)])
     cli_main(["plan", "--model", "tbsm", "--stats", str(stats), "--budget", "64KiB", "--out", str(plan)])
     plan_file = PlanFile.load(plan)
