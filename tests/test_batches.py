@@ -154,7 +154,7 @@ def test_prepare_data_reads_batches_as_it_reads_the_same_data_as_a_source(tmp_pa
 
 def test_the_hot_budget_counts_the_embedding_optimizers_state(tmp_path):
     data = SyntheticCriteo(3000, batch_size=500, scale=0.0005, seed=2)
-    tables = data.table_configs(4)  # RowWiseAdagrad's float a row is a fifth of a 4-float row
+    tables = data.table_configs(4)  # RowWiseAdagrad's float a row: a quarter more
     budget = 2 << 10
     sgd = prepare_data(data, tables, tmp_path / "sgd", sample=0.3, batch_size=64, hot_budget=budget)
     adagrad = prepare_data(
