@@ -40,15 +40,16 @@ def _batches(small_tables, count: int, seed: int = 0, ids_per_feature=(1, 1, 1, 
 
 
 def test_batches_spool_to_the_same_inputs_in_the_tables_feature_order(tmp_path, small_tables):
-    """Multi-hot features of a fixed length are kept; keys in another order are put in the tables'."""
-    blocks = [_block(small_tables, BATCH, i, (2, 1, 3, 1)) for i in range(3)]
+    """Multi-hot features of a fixed length are kept; keys in another order are put in the tables'; an
+    empty batch adds nothing."""
+    blocks = [_block(small_tables, n, i, (2, 1, 3, 1)) for i, n in enumerate([0, BATCH, BATCH, BATCH])]
     batches = [block.to_batch(["a", "b", "c1", "c2"]) for block in blocks]
     reordered = [Batch(b.dense_features, b.sparse_features.permute([3, 2, 0, 1]), b.labels) for b in batches]
     assert reordered[0].sparse_features.keys() == ["c2", "c1", "a", "b"]
-    assert spool_batches(iter(reordered), small_tables, tmp_path / "spool", num_batches=2) == 2 * BATCH
+    assert spool_batches(iter(reordered), small_tables, tmp_path / "spool", num_batches=3) == 2 * BATCH
     source = BatchSource([tmp_path / "spool"], small_tables)
     read = SampleBlock.concat(list(source.raw_blocks()))
-    expected = SampleBlock.concat(blocks[:2])
+    expected = SampleBlock.concat(blocks[1:3])
     for field in ("dense", "ids", "labels"):
         np.testing.assert_array_equal(getattr(read, field), getattr(expected, field))
     assert read.ids_per_feature == (2, 1, 3, 1) and source.num_dense == 2

@@ -120,7 +120,9 @@ def spool_batches(
     try:
         for index, batch in enumerate(read):
             block = batch_block(batch, layout, index)
-            first = first or block
+            if not len(block):  # an empty batch: no input, and no number of ids to hold the others to
+                continue
+            first = block if first is None else first
             _check_like_first(block, first, layout, index)
             for field, dtype in SPOOL_FIELDS.items():
                 array = getattr(block, field)

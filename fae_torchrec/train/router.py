@@ -143,11 +143,8 @@ class BatchRouter:
         (None), as a TorchRec loop reads a dataset: ``it = router.batches(); for _ in range(N):
         pipeline.progress(it)``. Whether a step is hot travels with its batch (``split``)."""
         for epoch in count(start_epoch) if epochs is None else range(start_epoch, start_epoch + epochs):
-            routed = None
             for routed in self.epoch(epoch):
                 yield routed.batch
-            if routed is None:
-                raise ValueError(f"epoch {epoch} has no step: the partition holds fewer inputs than a step")
 
     def report_validation_loss(self, loss: float) -> None:
         """Adaptive order: a validation loss worse than the best so far halves the hot run length
