@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from fae_torchrec import BatchRouter, FAEEmbeddingBagCollection, FAETrainPipeline, prepare_data
 
-NUM_EMBEDDINGS, EMBEDDING_DIM, BATCH_SIZE, ITERATIONS, LEARNING_RATE = 100, 16, 32, 200, 0.1
+NUM_EMBEDDINGS, EMBEDDING_DIM, BATCH_SIZE, ITERATIONS, LEARNING_RATE = 100, 16, 32, 100, 0.1
 HOT = 140_000  # bytes of hot rows, RowWiseAdagrad's state included
 
 
@@ -51,7 +51,7 @@ def main() -> None:
         keys=DEFAULT_CAT_NAMES, batch_size=BATCH_SIZE, hash_size=NUM_EMBEDDINGS, ids_per_feature=1,
         num_dense=len(DEFAULT_INT_NAMES), manual_seed=rank,
     )  # fmt: skip
-    prepared = prepare_data(dataset, tables, "partition", num_batches=100, sample=0.2, batch_size=BATCH_SIZE,
+    prepared = prepare_data(dataset, tables, "partition", num_batches=50, sample=0.2, batch_size=BATCH_SIZE,
                             hot_budget=HOT, optimizer_class=RowWiseAdagrad)  # fmt: skip
     model = DLRMTrain(
         DLRM(

@@ -27,7 +27,7 @@ from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from tqdm import tqdm
 
-NUM_EMBEDDINGS, EMBEDDING_DIM, BATCH_SIZE, ITERATIONS, LEARNING_RATE = 100, 16, 32, 200, 0.1
+NUM_EMBEDDINGS, EMBEDDING_DIM, BATCH_SIZE, ITERATIONS, LEARNING_RATE = 100, 16, 32, 100, 0.1
 
 
 def main() -> None:
