@@ -89,10 +89,13 @@ def run_launched(
     return run
 
 
-def run_ranks(command: Sequence[str], world_size: int, timeout: float) -> list[subprocess.CompletedProcess]:
+def run_ranks(
+    command: Sequence[str], world_size: int, timeout: float, cwd: Path | None = None
+) -> list[subprocess.CompletedProcess]:
     """Run ``command`` as ``world_size`` ranks started as torchrun starts them (its environment variables,
-    the group's store on a free local port): each rank's own exit status and stderr, which torchrun, as it
-    ends the other ranks once one exits, does not give. ``timeout`` (seconds) fails the test where a rank
+    the group's store on a free local port), in ``cwd``: each rank's own exit status, stdout and stderr,
+    which torchrun, as it ends the other ranks once one exits, does not give (nor does it spend a process
+    on torchrun). ``timeout`` (seconds) fails the test where a rank
     hangs; a group with a rank killed by SIGABRT runs once more."""
 
     def launch() -> list[subprocess.CompletedProcess]:
@@ -102,10 +105,11 @@ def run_ranks(command: Sequence[str], world_size: int, timeout: float) -> list[s
                      "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size)}  # fmt: skip
         with ExitStack() as files:
             errors = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(world_size)]
+            outputs = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(world_size)]
             ranks = [
-                subprocess.Popen(list(command), stdout=subprocess.DEVNULL, stderr=error,
+                subprocess.Popen(list(command), stdout=output, stderr=error, cwd=cwd,
                                  env={**os.environ, **group, "RANK": str(rank), "LOCAL_RANK": str(rank)})
-                for rank, error in enumerate(errors)
+                for rank, (output, error) in enumerate(zip(outputs, errors, strict=True))
             ]  # fmt: skip
             try:
                 for rank in ranks:
@@ -113,11 +117,13 @@ def run_ranks(command: Sequence[str], world_size: int, timeout: float) -> list[s
             finally:
                 for rank in ranks:
                     rank.kill()  # those still running, after a timeout
-            for error in errors:
-                error.seek(0)
+            for file in (*outputs, *errors):
+                file.seek(0)
             return [
-                subprocess.CompletedProcess(rank.args, rank.returncode, stderr=error.read())
-                for rank, error in zip(ranks, errors, strict=True)
+                subprocess.CompletedProcess(
+                    rank.args, rank.returncode, stdout=output.read(), stderr=error.read()
+                )
+                for rank, output, error in zip(ranks, outputs, errors, strict=True)
             ]
 
     runs = launch()

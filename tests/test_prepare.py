@@ -16,11 +16,17 @@ from tests.distributed import run_on_ranks
 BATCH = 64
 
 
-def test_a_torchrec_dataset_is_refused_naming_what_prepare_data_reads(tmp_path, small_tables):
-    dataset = RandomRecDataset(["a", "b"], batch_size=BATCH, hash_size=10, ids_per_feature=1, num_dense=2)
+def test_a_path_is_refused_naming_what_prepare_data_reads(tmp_path, small_tables):
     with pytest.raises(
-        TypeError, match=r"BlockSource, not from a torchrec\.datasets\.random\.RandomRecDataset"
+        TypeError, match=r"BlockSource or an iterable of TorchRec Batches, not a builtins\.str"
     ):
+        prepare_data("train.txt", small_tables, tmp_path, sample=0.1, batch_size=BATCH, hot_budget=1 << 10)
+    assert not any(tmp_path.iterdir()), "nothing written"
+
+
+def test_an_endless_torchrec_dataset_needs_a_number_of_batches(tmp_path, small_tables):
+    dataset = RandomRecDataset(["a", "b"], batch_size=BATCH, hash_size=10, ids_per_feature=1, num_dense=2)
+    with pytest.raises(ValueError, match=r"RandomRecDataset is endless .*give prepare_data num_batches="):
         prepare_data(dataset, small_tables, tmp_path, sample=0.1, batch_size=BATCH, hot_budget=1 << 10)
     assert not any(tmp_path.iterdir()), "nothing written"
 

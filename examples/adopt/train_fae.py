@@ -9,6 +9,7 @@ FAE's pipeline on the batch router's batches.
 import os
 import tempfile
 from collections.abc import Callable, Iterable
+from itertools import islice
 
 import torch
 import torch.distributed as dist
@@ -27,7 +28,6 @@ from fae_torchrec.data import SyntheticCriteo
 from planner import FAEShardingPlanner
 
 BATCH_SIZE = 512
-HOT = 256 << 10  # bytes of hot rows
 
 
 class Batches(IterableDataset):
@@ -51,7 +51,8 @@ def main() -> float:
 
     data = SyntheticCriteo(100_000, batch_size=BATCH_SIZE, scale=0.002)
     tables = data.table_configs(embedding_dim=16)
-    prepared = prepare_data(data, tables, "partition", sample=0.05, batch_size=BATCH_SIZE, hot_budget=HOT)
+    loader = DataLoader(Batches(lambda: islice(data, rank, None, world_size)), batch_size=None)
+    prepared = prepare_data(loader, tables, "partition", batch_size=BATCH_SIZE, hot_budget=256 << 10)
 
     ebc = FAEEmbeddingBagCollection(tables, prepared.hot_set)
     model = DLRMTrain(
@@ -67,10 +68,9 @@ def main() -> float:
     dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
     optimizer = KeyedOptimizerWrapper(dense, lambda params: torch.optim.Adagrad(params, lr=0.05))
 
-    router = BatchRouter(prepared.partition, BATCH_SIZE, world_size, rank, split=ebc.split)
-    loader = DataLoader(Batches(lambda: (routed.batch for routed in router.epoch(0))), batch_size=None)
     pipeline = FAETrainPipeline(dmp, optimizer, device)
-    batches, losses = iter(loader), []
+    router = BatchRouter(prepared.partition, BATCH_SIZE, world_size, rank, split=ebc.split)
+    batches, losses = router.batches(epochs=1), []
     while True:
         try:
             losses.append(float(pipeline.progress(batches)[0]))

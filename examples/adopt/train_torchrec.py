@@ -51,6 +51,7 @@ def main() -> float:
 
     data = SyntheticCriteo(100_000, batch_size=BATCH_SIZE, scale=0.002)
     tables = data.table_configs(embedding_dim=16)
+    loader = DataLoader(Batches(lambda: islice(data, rank, None, world_size)), batch_size=None)
 
     ebc = EmbeddingBagCollection(tables)
     model = DLRMTrain(
@@ -66,7 +67,6 @@ def main() -> float:
     dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
     optimizer = KeyedOptimizerWrapper(dense, lambda params: torch.optim.Adagrad(params, lr=0.05))
 
-    loader = DataLoader(Batches(lambda: islice(data, rank, None, world_size)), batch_size=None)
     pipeline = TrainPipelineSparseDist(dmp, optimizer, device)
     batches, losses = iter(loader), []
     while True:

@@ -1,6 +1,8 @@
 """Data as TorchRec ``Batch``es: Criteo-format (synthetic, raw TSV, TorchRec's binary npy layout) and
-TBSM's Taobao layout (synthetic, ``UserBehavior.csv``)."""
+TBSM's Taobao layout (synthetic, ``UserBehavior.csv``); and a TorchRec script's own ``Batch``es, read
+once into a spool (``batches``)."""
 
+from fae_torchrec.data.batches import BatchSource, spool_batches
 from fae_torchrec.data.block import SampleBlock, rebatch
 from fae_torchrec.data.criteo import (
     KAGGLE_TABLE_SIZES,
@@ -27,6 +29,7 @@ __all__ = [
     "KAGGLE_TABLE_SIZES",
     "REFERENCE_TABLE_SIZES",
     "TS_LENGTH",
+    "BatchSource",
     "CriteoNpyReader",
     "CriteoTsvReader",
     "Events",
@@ -40,6 +43,7 @@ __all__ = [
     "read_user_behavior",
     "rebatch",
     "scaled_table_sizes",
+    "spool_batches",
     "taobao_like_events",
     "tbsm_feature_names",
     "tbsm_samples",

@@ -19,7 +19,6 @@ hot steps.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -31,11 +30,11 @@ from tqdm import tqdm
 
 from fae_torchrec.arguments import check_share
 from fae_torchrec.data.block import SampleBlock
+from fae_torchrec.data.npy_append import NpyAppender
 from fae_torchrec.seeds import generator
 from fae_torchrec.stats.hot_set import COLD, HOT, PARTS, HotSet
 
 _FIELDS = ("dense", "ids", "labels", "part_ids")
-_HEADER_BYTES = 128
 
 
 @dataclass(frozen=True)
@@ -140,8 +139,8 @@ class HotColdPartition:
         check_share(balance, "label balance")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        writers: dict[tuple[str, str], _NpyAppender] = {}
-        is_hot = _NpyAppender(directory / "is_hot.npy", np.dtype(bool), ())
+        writers: dict[tuple[str, str], NpyAppender] = {}
+        is_hot = NpyAppender(directory / "is_hot.npy", np.dtype(bool), ())
         ids_per_feature = None
         blocks = tqdm(
             blocks, total=total, desc="partitioning", unit="block", leave=False, disable=not progress
@@ -155,7 +154,7 @@ class HotColdPartition:
                     array = getattr(chosen, field)
                     key = (part, field)
                     if key not in writers:
-                        writers[key] = _NpyAppender(
+                        writers[key] = NpyAppender(
                             directory / f"{part}_{field}.npy", array.dtype, array.shape[1:]
                         )
                     writers[key].append(array)
@@ -239,31 +238,3 @@ def _with_part_ids(
     )
     block = SampleBlock(block.dense, block.ids, block.labels, block.ids_per_feature, part_ids)
     return block, balanced((part_ids >= 0).all(axis=1), block.labels, balance, rng)
-
-
-class _NpyAppender:
-    """An ``.npy`` file grown by appending rows; its header is rewritten with the row count at the end."""
-
-    def __init__(self, path: Path, dtype: np.dtype, row_shape: tuple[int, ...]) -> None:
-        self.path, self.dtype, self.row_shape, self.rows = path, np.dtype(dtype), row_shape, 0
-        self.file = open(path, "wb")  # closed in close()
-        self._write_header()
-
-    def append(self, array: np.ndarray) -> None:
-        self.file.write(np.ascontiguousarray(array, dtype=self.dtype).tobytes())
-        self.rows += len(array)
-
-    def close(self) -> None:
-        self.file.seek(0)
-        self._write_header()
-        self.file.close()
-
-    def _write_header(self) -> None:
-        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
-                  "shape": (self.rows, *self.row_shape)}  # fmt: skip
-        text = repr(header).encode("latin1")
-        padding = _HEADER_BYTES - 10 - len(text) - 1
-        if padding < 0 or ast.literal_eval(text.decode("latin1")) != header:
-            raise ValueError(f"{self.path}: header does not fit {_HEADER_BYTES} bytes")
-        self.file.write(b"\x93NUMPY\x01\x00" + (_HEADER_BYTES - 10).to_bytes(2, "little"))
-        self.file.write(text + b" " * padding + b"\n")

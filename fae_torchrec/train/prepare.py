@@ -6,21 +6,32 @@ Profiling and partitioning stream the whole data set once; doing it on every ran
 statistics and the validation inputs, and every rank memory-maps the partition (it reads only its own
 batches). A problem found on rank 0 is raised on every rank, so no rank waits for a collective that the
 others left.
+
+The data is a ``BlockSource`` (read by rank 0 alone), or what a TorchRec script trains on: an iterable of
+``Batch``es, which each rank reads once into a spool beside the partition (``fae_torchrec.data.batches``),
+so that rank 0 profiles and partitions the inputs of every rank, in rank order. Either way the
+partition's directory must be one that every rank reads and writes: on several nodes, a shared file
+system.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import shutil
+import socket
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+import torch
 import torch.distributed as dist
+from torchrec.datasets.utils import Batch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from tqdm import tqdm
 
+from fae_torchrec.data.batches import BatchSource, spool_batches
 from fae_torchrec.data.block import SampleBlock, rebatch
 from fae_torchrec.data.source import BlockSource
 from fae_torchrec.stats.access_stats import AccessStats
@@ -30,6 +41,9 @@ from fae_torchrec.train.partition import HotColdPartition
 
 #: Inputs per block while the data streams past.
 BLOCK = 4096
+#: The folder of ``prepare_data``'s directory where each rank spools its ``Batch``es (removed once the
+#: partition is written).
+SPOOLS = "batches"
 T = TypeVar("T")
 #: The parameters of :func:`prepare_data` its messages name (``names`` may rename them).
 NAMED_PARAMETERS = ("sample", "batch_size", "val_every", "exclude_profiled")
@@ -49,13 +63,16 @@ class PreparedData:
 
 
 def prepare_data(
-    source: BlockSource,
+    source: BlockSource | Iterable[Batch],
     tables: Sequence[EmbeddingBagConfig],
     directory: str | os.PathLike,
     *,
-    sample: float,
+    sample: float = 0.05,
     batch_size: int,
     hot_budget: int | None,
+    optimizer_class: type[torch.optim.Optimizer] | None = None,
+    num_batches: int | None = None,
+    each_rank: bool | None = None,
     val_every: int | None = 0,
     balance: float = 0.0,
     seed: int = 0,
@@ -63,9 +80,28 @@ def prepare_data(
     names: Mapping[str, str] | None = None,
     progress: bool = False,
 ) -> PreparedData:
-    """Profile ``sample`` of ``source``'s training inputs, choose the hot set of ``hot_budget`` bytes
-    (None: no hot row, a baseline's partition, all cold) and write the partition of the training inputs
-    to ``directory``; collective over the default process group when one is initialised.
+    """Profile ``sample`` of ``source``'s training inputs (5% by default, as FAE does for DLRM), choose
+    the hot set of ``hot_budget`` bytes (None: no hot row, a baseline's partition, all cold) and write
+    the partition of the training inputs to ``directory``; collective over the default process group
+    when one is initialised.
+
+    ``source`` is a ``BlockSource``, read on rank 0 alone, or an iterable of TorchRec ``Batch``es (a
+    ``DataLoader``, a ``RandomRecDataset``), read once, its first ``num_batches`` batches (None: until it
+    ends; an endless dataset needs it), into ``directory/batches/rank-R`` (removed once the partition is
+    written): on every rank, each rank's batches its own share of the data (``each_rank``, the default for
+    batches), or on rank 0 alone (``each_rank=False``: the other ranks' iterables are not read). Rank 0
+    profiles and partitions the inputs of the ranks read, in rank order. ``directory`` must be readable
+    and writable by every rank (on several nodes, a shared file system): a rank that cannot open the
+    partition (or, for rank 0, another rank's batches) raises ``ValueError`` on every rank naming the
+    rank, its host and the path. A ``Batch`` that does not fit (jagged or weighted features, other keys
+    than ``tables``' feature names, labels other than 0 and 1, dense values that are not finite) raises
+    ``ValueError`` on every rank naming the rank, the batch and the feature or column
+    (``fae_torchrec.data.batches``).
+
+    A hot row costs its weights and its ``optimizer_class`` state (``AccessStats.hot_set``; None: SGD's,
+    none): give the embedding optimizer the model trains with (``torchrec.optim.RowWiseAdagrad``, a
+    ``torch.optim`` class, a value of ``fae_torchrec.train.EMBEDDING_OPTIMIZERS``), as to
+    ``FAEShardingPlanner``, so that the budget counts what the planner counts.
 
     Every ``val_every``-th input is held out for validation (0, the default: none, every input trains;
     None: the source's own split, such as TBSM's by time). With ``exclude_profiled`` the partition holds
@@ -76,26 +112,110 @@ def prepare_data(
     every rank (a smaller batch would train, but not the batch that was planned); nothing is written
     then. The messages name the data and these parameters as ``names`` says (such as
     ``{"data": "--data train.txt", "batch_size": "--batch-size"}``), else as "the data" and by their own
-    names. ``progress`` draws bars while profiling and partitioning. Raises ``TypeError``, on every rank
-    before any collective, when ``source`` is not a ``BlockSource`` (such as a TorchRec dataset)."""
-    if not isinstance(source, BlockSource):
+    names. ``progress`` draws bars while reading, profiling and partitioning. Raises ``TypeError``, on
+    every rank before any collective, when ``source`` is neither (such as a path)."""
+    if isinstance(source, str | bytes | os.PathLike) or not isinstance(source, BlockSource | Iterable):
         raise TypeError(
-            "prepare_data reads its data twice (the profile, then the partition) from a "
-            f"fae_torchrec.data.source.BlockSource, not from a {type(source).__module__}."
-            f"{type(source).__qualname__}: open your files with one (fae_torchrec.data.columnar."
-            "ColumnarSource for Parquet or CSV files and a schema, fae_torchrec.data's CriteoTsvReader, "
-            "CriteoNpyReader or "
-            "TaobaoCsvReader; docs/data.md), or subclass BlockSource with a raw_blocks() that yields your "
-            "data as fae_torchrec.data.SampleBlock's"
+            "prepare_data reads a fae_torchrec.data.source.BlockSource or an iterable of TorchRec Batches, "
+            f"not a {type(source).__module__}.{type(source).__qualname__}: open your files with a "
+            "BlockSource (fae_torchrec.data.columnar.ColumnarSource for Parquet or CSV files and a schema, "
+            "fae_torchrec.data's CriteoTsvReader, CriteoNpyReader or TaobaoCsvReader; docs/data.md), or "
+            "give the DataLoader or dataset your training loop iterates"
+        )
+    if isinstance(source, BlockSource) and (num_batches is not None or each_rank):
+        raise ValueError(
+            "num_batches and each_rank are for an iterable of Batches; a BlockSource is read whole, on "
+            "rank 0 (give each rank's share of the data as its Batches to read every rank's)"
+        )
+    if num_batches is None and getattr(source, "num_batches", 0) is None:
+        raise ValueError(
+            f"the {type(source).__name__} is endless (its num_batches is None): give prepare_data "
+            "num_batches=, the number of its batches to profile and train on"
         )
     names = {"data": "the data", **{key: key for key in NAMED_PARAMETERS}, **(names or {})}
+    spools = []
+    if not isinstance(source, BlockSource):
+        spools = _spool(source, tables, Path(directory), num_batches, each_rank is not False, progress)
     stats, validation, hot_set = on_rank_zero(
         lambda: _profile_and_partition(
-            source, tables, Path(directory), sample, batch_size, hot_budget, val_every, balance, seed,
-            exclude_profiled, names, progress,
+            source if isinstance(source, BlockSource) else _read_spools(spools, tables), tables,
+            Path(directory), sample, batch_size, hot_budget, optimizer_class, val_every, balance, seed,
+            exclude_profiled, names, progress, spools,
         )
     )  # fmt: skip
-    return PreparedData(stats, validation, HotColdPartition.open(directory), hot_set)
+    return PreparedData(stats, validation, _open_on_every_rank(Path(directory)), hot_set)
+
+
+def _rank() -> tuple[int, int]:
+    """This rank and the number of ranks (0 and 1 without a process group)."""
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def _where(rank: int) -> str:
+    return f"rank {rank} (host {socket.gethostname()})"
+
+
+def _raise_on_every_rank(problem: str | None) -> None:
+    """Raise ``ValueError`` on every rank with the first problem any rank met (collective when a
+    process group is initialised), so that none goes on into a collective the others left."""
+    problems = [problem]
+    if dist.is_initialized():
+        problems = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+    found = [found for found in problems if found is not None]
+    if found:
+        raise ValueError(found[0])
+
+
+def _spool(
+    batches: Iterable[Batch],
+    tables: Sequence[EmbeddingBagConfig],
+    directory: Path,
+    num_batches: int | None,
+    each_rank: bool,
+    progress: bool,
+) -> list[Path]:
+    """Each reading rank's ``batches`` spooled to ``directory/batches/rank-R``; the spools of the ranks
+    read, in rank order. A problem on any rank is raised on every rank."""
+    rank, world_size = _rank()
+    readers = range(world_size) if each_rank else range(1)
+    spools = [directory / SPOOLS / f"rank-{reader}" for reader in readers]
+    problem = None
+    if rank in readers:
+        try:
+            spool_batches(batches, tables, spools[rank], num_batches, progress=progress and rank == 0)
+        except (ValueError, OSError) as error:
+            problem = f"{_where(rank)}: {error}" if world_size > 1 else str(error)
+    _raise_on_every_rank(problem)
+    return spools
+
+
+def _read_spools(spools: Sequence[Path], tables: Sequence[EmbeddingBagConfig]) -> BatchSource:
+    """Rank 0's view of every rank's spooled batches; ``ValueError`` saying that ``prepare_data``'s
+    directory must be shared where another rank's spool is not there."""
+    try:
+        return BatchSource(spools, tables)
+    except FileNotFoundError as error:
+        raise ValueError(
+            f"{_where(0)} cannot read the batches another rank spooled: {error}; prepare_data's directory "
+            "must be on a file system every rank shares (on several nodes, a shared one)"
+        ) from error
+
+
+def _open_on_every_rank(directory: Path) -> HotColdPartition:
+    """The partition rank 0 wrote, opened on every rank; ``ValueError`` on every rank naming the rank
+    and host that cannot open it."""
+    partition, problem = None, None
+    try:
+        partition = HotColdPartition.open(directory)
+    except (OSError, ValueError) as error:
+        problem = (
+            f"{_where(_rank()[0])} cannot open the partition rank 0 wrote to {directory.resolve()}: "
+            f"{error}; the directory must be on a file system every rank reads (on several nodes, a "
+            "shared one)"
+        )
+    _raise_on_every_rank(problem)
+    return partition
 
 
 def repartition(
@@ -154,15 +274,17 @@ def _profile_and_partition(
     sample: float,
     batch_size: int,
     hot_budget: int | None,
+    optimizer_class: type[torch.optim.Optimizer] | None,
     val_every: int | None,
     balance: float,
     seed: int,
     exclude_profiled: bool,
     names: Mapping[str, str],
     progress: bool,
+    spools: Sequence[Path],
 ) -> tuple[AccessStats, SampleBlock | None, HotSet]:
     """Rank 0's part of :func:`prepare_data`: the statistics, the validation set and the hot set; the
-    partition is written to ``directory``."""
+    partition is written to ``directory``, and the ``spools`` read are removed."""
     profiler = AccessProfiler(tables, sample, seed=seed)
     profiled = []  # with exclude_profiled, per training block, the inputs the profile counted
     blocks = _split(source, False, val_every)
@@ -194,7 +316,7 @@ def _profile_and_partition(
     hot_set = (
         HotSet(tuple(tables), tuple(np.empty(0, dtype=np.int64) for _ in tables))
         if hot_budget is None
-        else stats.hot_set(hot_budget)
+        else stats.hot_set(hot_budget, optimizer_class)
     )
     training = _split(source, False, val_every)
     if exclude_profiled:
@@ -205,6 +327,8 @@ def _profile_and_partition(
     HotColdPartition.write(
         training, hot_set, source.feature_names, directory, balance=balance, seed=seed, progress=progress
     )
+    if spools:
+        shutil.rmtree(directory / SPOOLS)
     return stats, SampleBlock.concat(held_out) if held_out else None, hot_set
 
 

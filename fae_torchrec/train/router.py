@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import count
 
+from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -12,6 +14,7 @@ from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.modules.split_features import SplitFeatures
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.schedule import Step, check_warmup, initial_run, interleave, make_schedule
+from fae_torchrec.train.step import find_fae_module
 
 
 @dataclass(frozen=True)
@@ -39,8 +42,9 @@ class BatchRouter:
         split: makes each batch's ``sparse_features`` a ``SplitFeatures`` before the step, given the
             features, whether the step is hot and the digest of the hot set whose part ids the
             features carry (an ``FAEEmbeddingBagCollection``'s ``split``; under DMP the split module is
-            still there, around its sharded parts). None keeps the original ``KeyedJaggedTensor``, for
-            the model to remap. Raises ``ValueError`` here, alike on every rank, when the split module
+            still there, around its sharded parts), or a model holding that module (such as a DMP model:
+            for a module built inline). None keeps the original ``KeyedJaggedTensor``, for the model to
+            remap. Raises ``ValueError`` here, alike on every rank, when the split module
             was built from another hot set than the partition (the split of its first input checks it).
     """
 
@@ -54,7 +58,7 @@ class BatchRouter:
         seed: int = 0,
         warmup: float = 0.0,
         keys: Sequence[str] | None = None,
-        split: Callable[[KeyedJaggedTensor, bool, str | None], SplitFeatures] | None = None,
+        split: Callable[[KeyedJaggedTensor, bool, str | None], SplitFeatures] | nn.Module | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range [0, {world_size})")
@@ -70,6 +74,11 @@ class BatchRouter:
         self.order = order
         self.seed = seed
         self.warmup = warmup
+        if isinstance(split, nn.Module):
+            module = find_fae_module(split)
+            if module is None:
+                raise ValueError(f"split: the {type(split).__name__} holds no FAEEmbeddingBagCollection")
+            split = module.split
         self.split = split
         self._position: dict = {}
         self._relayout = False
@@ -128,6 +137,14 @@ class BatchRouter:
                 yield self._batch(epoch, index, step)
                 if self._relayout:
                     break
+
+    def batches(self, epochs: int | None = None, start_epoch: int = 0) -> Iterator[Batch]:
+        """This rank's batches, epoch after epoch from ``start_epoch``: ``epochs`` of them, or without end
+        (None), as a TorchRec loop reads a dataset: ``it = router.batches(); for _ in range(N):
+        pipeline.progress(it)``. Whether a step is hot travels with its batch (``split``)."""
+        for epoch in count(start_epoch) if epochs is None else range(start_epoch, start_epoch + epochs):
+            for routed in self.epoch(epoch):
+                yield routed.batch
 
     def report_validation_loss(self, loss: float) -> None:
         """Adaptive order: a validation loss worse than the best so far halves the hot run length

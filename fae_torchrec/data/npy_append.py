@@ -1,0 +1,39 @@
+"""An ``.npy`` file written row block by row block, for data streamed to disk (partitions, spools)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+
+#: Bytes of the header: room for any row count, so that it is rewritten in place at the end.
+HEADER_BYTES = 128
+
+
+class NpyAppender:
+    """An ``.npy`` file grown by appending rows; its header is rewritten with the row count at the end."""
+
+    def __init__(self, path: Path, dtype: np.dtype, row_shape: tuple[int, ...]) -> None:
+        self.path, self.dtype, self.row_shape, self.rows = path, np.dtype(dtype), row_shape, 0
+        self.file = open(path, "wb")  # closed in close()
+        self._write_header()
+
+    def append(self, array: np.ndarray) -> None:
+        self.file.write(np.ascontiguousarray(array, dtype=self.dtype).tobytes())
+        self.rows += len(array)
+
+    def close(self) -> None:
+        self.file.seek(0)
+        self._write_header()
+        self.file.close()
+
+    def _write_header(self) -> None:
+        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+                  "shape": (self.rows, *self.row_shape)}  # fmt: skip
+        text = repr(header).encode("latin1")
+        padding = HEADER_BYTES - 10 - len(text) - 1
+        if padding < 0 or ast.literal_eval(text.decode("latin1")) != header:
+            raise ValueError(f"{self.path}: header does not fit {HEADER_BYTES} bytes")
+        self.file.write(b"\x93NUMPY\x01\x00" + (HEADER_BYTES - 10).to_bytes(2, "little"))
+        self.file.write(text + b" " * padding + b"\n")
