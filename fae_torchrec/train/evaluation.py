@@ -51,6 +51,36 @@ def validation_batches(
     return [routed.batch for routed in router.epoch(0)]
 
 
+def repeated_inputs(validation: SampleBlock, training: HotColdPartition, chunk: int = 1 << 18) -> int:
+    """How many ``validation`` inputs repeat a training input's features (every id and dense value
+    alike; labels aside): a validation set that repeats its training set measures memory, not
+    generalisation. Exact (rows compared as bytes); reads ``training``'s parts ``chunk`` inputs at a
+    time, so a memory-mapped partition pages through once."""
+    if validation is None or not len(validation):
+        return 0
+    seen, where = np.unique(_feature_rows(validation.ids, validation.dense), return_inverse=True)
+    found = np.zeros(len(seen), dtype=bool)
+    for part in (training.hot, training.cold):
+        for start in range(0, len(part), chunk):
+            rows = _feature_rows(part.ids[start : start + chunk], part.dense[start : start + chunk])
+            at = np.minimum(np.searchsorted(seen, rows), len(seen) - 1)
+            found[at[seen[at] == rows]] = True
+    return int(np.count_nonzero(found[where]))
+
+
+def _feature_rows(ids: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    """One opaque value per input holding its ids' and dense values' bytes: rows that compare, sort and
+    search as wholes."""
+    parts = [
+        np.ascontiguousarray(a, dtype=dtype)
+        .view(np.uint8)
+        .reshape(len(a), np.dtype(dtype).itemsize * a[0].size)
+        for a, dtype in ((ids, np.int64), (dense, np.float32))
+    ]
+    data = np.ascontiguousarray(np.concatenate(parts, axis=1))
+    return data.view(np.dtype((np.void, data.shape[1]))).ravel()
+
+
 def _gathered(values: torch.Tensor) -> torch.Tensor:
     """Every rank's ``values``, in rank order, made by ``all_reduce`` into a zero buffer rather than
     ``all_gather``: on gloo (CPU) the first ``all_gather`` slows every later training step of the
