@@ -199,7 +199,7 @@ def profile(args: argparse.Namespace) -> None:
     else:
         print("estimated hot-input share: n/a (no holdout inputs: --holdout 0 or --sample 1)")
     if everything_hot:
-        logger.warning(EVERYTHING_HOT, f"--budget {format_bytes(ranking.total_bytes)}")
+        logger.warning(EVERYTHING_HOT, f"the tables' {format_bytes(ranking.total_bytes)}")
     print(f"wrote {', '.join(written)}")
 
 

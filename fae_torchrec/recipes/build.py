@@ -113,7 +113,7 @@ def _describe(args: argparse.Namespace, folder: Path, data: PreparedData) -> Non
     makes every input hot, and validation inputs that repeat training inputs (rank 0's part)."""
     logger.info("wrote the partition %s (%s on disk)", folder, format_bytes(disk_bytes(folder)))
     if not args.baseline and (data.hot_set.holds_every_row or not len(data.partition.cold)):
-        logger.warning(EVERYTHING_HOT, f"--budget {args.budget}")
+        logger.warning(EVERYTHING_HOT, f"the hot set's {format_bytes(data.hot_set.hot_bytes())}")
     if data.validation is None:
         return
     repeats = repeated_inputs(data.validation, data.partition)

@@ -143,14 +143,14 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
     args = parser.parse_args(argv)
     if args.warmup is None:
         args.warmup = family.warmup if args.order in STREAM_ORDERS else 0.0
-    problem = _invalid_combination(args)
-    if problem:
-        parser.error(problem)
     if args.compare is not None:
         try:
             compared_run(args.compare)  # refused before the run, not after it
         except ValueError as error:
             parser.error(str(error))
+    problem = _invalid_combination(args)
+    if problem:
+        parser.error(problem)
     try:
         args.replan = replan_policy(args.replan, args.replan_window)
     except ValueError as error:
