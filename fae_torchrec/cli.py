@@ -291,7 +291,9 @@ def plan(args: argparse.Namespace) -> None:
     configs = torchrec_configs(args.prefetch_pipeline, algorithm)
     optimizer = _optimizer(args.optimizer)  # TorchRec's plans of the unsplit tables, the same optimizer state
     steps = {}
-    for config, result in plan_configs(configs, topology, stats, args.batch_size, optimizer).items():
+    for config, result in plan_configs(
+        configs, topology, stats, args.batch_size, optimizer, progress=True
+    ).items():
         if isinstance(result, PlannerError):
             print(f"TorchRec {config.name}: none fits")
             continue
