@@ -14,8 +14,9 @@ plan TorchRec's CPU kernels.
     torchrun --nproc_per_node 2 examples/train_dlrm_fae.py   # 2 ranks (gloo on CPU, NCCL on GPU)
     python examples/train_dlrm_fae.py --data criteo-tsv train.txt --scale 1.0
 
-Writes ``metrics.json`` (with throughput, hot and cold step times), ``curves.png`` (train loss,
-validation AUC) and the profiled statistics ``stats.npz`` to ``--out``.
+Writes ``metrics.json`` (with throughput, hot and cold step times), ``curves.png`` (train loss with its hot
+and cold steps, validation AUC; ``--compare RUN`` draws a baseline run beside it) and the profiled
+statistics ``stats.npz`` to ``--out``, and ends by naming them.
 
 The recipe it runs (``fae_torchrec.recipes``) builds the run in TorchRec's order: the data prepared on
 every rank (``fae_torchrec.train.prepare_data``), the model planned by ``FAEShardingPlanner`` and
