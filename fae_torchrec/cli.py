@@ -204,18 +204,18 @@ def profile(args: argparse.Namespace) -> None:
 
 
 def _profiled_batches(args: argparse.Namespace) -> tuple[list[EmbeddingBagConfig], Iterable, int | None]:
-    """The tables, the batches ``profile`` reads and how many there are (None when unknown): every input
-    of Criteo-layout data; the training windows of Taobao-layout data (TBSM's validation users are held
-    out, as ``train_tbsm_fae.py`` holds them out)."""
+    """The tables, the batches ``profile`` reads and how many inputs they hold (None when unknown): every
+    input of Criteo-layout data; the training windows of Taobao-layout data (TBSM's validation users are
+    held out, as ``train_tbsm_fae.py`` holds them out)."""
     from fae_torchrec.data.sources import open_source, open_taobao_source
 
     if args.model == "tbsm":
         source = open_taobao_source(args, args.batch_size)
         blocks = source.split_blocks(validation=False, every=None, block_size=args.batch_size)
         batches = (block.to_batch(source.feature_names) for block in blocks)
-        return source.table_configs(args.dim), batches, -(-source.num_train // args.batch_size)
-    data, total = open_source(args, args.batch_size)
-    return data.table_configs(args.dim), data, total
+        return source.table_configs(args.dim), batches, source.num_train
+    data = open_source(args, args.batch_size)[0]
+    return data.table_configs(args.dim), data, getattr(data, "num_samples", None)  # known before reading
 
 
 def _check_out_file(out: str) -> None:
