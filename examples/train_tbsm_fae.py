@@ -9,6 +9,8 @@ is hot. The profile samples 20% of the inputs by default (FAE's TBSM setting; DL
     python examples/train_tbsm_fae.py --baseline               # the same model and data, TorchRec alone
     torchrun --nproc_per_node 2 examples/train_tbsm_fae.py     # 2 ranks
     python examples/train_tbsm_fae.py --data taobao-csv UserBehavior.csv
+    fae-torchrec profile --model tbsm --out s.npz && fae-torchrec plan --model tbsm --stats s.npz --out p.pt
+    python examples/train_tbsm_fae.py --stats s.npz --plan p.pt   # trains on that plan
 
 Validation takes one window per test user (users whose last event is after the 70th percentile of
 last events, as the reference's split).

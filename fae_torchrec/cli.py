@@ -1,4 +1,5 @@
-"""The ``fae-torchrec`` command line: ``fae-torchrec profile ...`` and ``fae-torchrec plan ...``."""
+"""The ``fae-torchrec`` command line: ``fae-torchrec profile ...`` and ``fae-torchrec plan ...``, with the
+examples' defaults; ``plan --out`` writes a plan the examples train on (``--stats``, ``--plan``)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from fae_torchrec.arguments import byte_size, fraction, non_negative_int, positi
 from fae_torchrec.command_line import (
     CACHE_ALGORITHM_NAMES,
     OPTIMIZER_NAMES,
-    PROFILE_SAMPLE,
     HelpFormatter,
     add_data_arguments,
     add_taobao_arguments,
     model_chooser,
 )
+from fae_torchrec.defaults import DEFAULTS, add_val_every_argument
 from fae_torchrec.logs import logger_level, torchrec_quiet
 from fae_torchrec.threads import share_cores, usable_cores
 from fae_torchrec.units import format_bytes, parse_bytes
@@ -36,14 +37,18 @@ logger = logging.getLogger("fae_torchrec")
 
 #: The ``fae-torchrec --help`` text (the module docstring carries reST markup).
 DESCRIPTION = (
-    "FAE's offline steps: profile a data set's accesses (profile), then plan it for CUDA GPUs (plan)."
+    "FAE's offline steps: profile a data set's accesses (profile), then plan it for this machine's devices "
+    "or CUDA GPUs (plan)."
 )
+#: HBM per GPU of a dry run of CUDA GPUs on a machine without any.
+DRY_RUN_HBM = "16GiB"
 #: The embedding optimizers by CLI name ("none": weights only).
 OPTIMIZERS = ("none", *OPTIMIZER_NAMES)
 
 
 def _optimizer(name: str) -> type[torch.optim.Optimizer] | None:
-    """The embedding optimizer class ``--optimizer`` names (None for ``none``)."""
+    """The embedding optimizer class ``--optimizer`` names (None for ``none``); each row's state counted
+    as TorchRec counts it."""
     from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 
     return None if name == "none" else EMBEDDING_OPTIMIZERS[name]
@@ -52,6 +57,7 @@ def _optimizer(name: str) -> type[torch.optim.Optimizer] | None:
 def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
     """The command line; ``profile`` takes the data options of the ``--model`` that ``argv`` names."""
     chooser, model = model_chooser(argv, default="dlrm")
+    defaults = DEFAULTS[model]  # the examples' too
     parser = argparse.ArgumentParser(
         prog="fae-torchrec", description=DESCRIPTION, formatter_class=HelpFormatter
     )
@@ -63,37 +69,61 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         help="count row accesses on a sample, choose the hot set, estimate the hot-input share",
     )
     if model == "tbsm":
-        add_taobao_arguments(profile, num_users=100_000, scale=1.0)
+        add_taobao_arguments(profile, num_users=defaults.inputs, scale=defaults.scale)
     else:
-        add_data_arguments(profile, num_samples=2_000_000, scale=1.0)
-    profile.add_argument("--dim", type=positive_int, default=16, help="embedding dimension")
+        add_data_arguments(profile, num_samples=defaults.inputs, scale=defaults.scale)
+        add_val_every_argument(profile)
+    profile.add_argument("--dim", type=positive_int, default=defaults.dim, help="embedding dimension")
     profile.add_argument(
         "--sample",
         type=fraction,
-        default=PROFILE_SAMPLE[model],
-        help=f"fraction of inputs counted (default {PROFILE_SAMPLE[model]}, FAE's for {model})",
+        default=defaults.sample,
+        help=f"fraction of training inputs counted (default {defaults.sample}, FAE's for {model})",
     )
     profile.add_argument("--sample-seed", type=non_negative_int, default=0, help="seed of the sample's draws")
     profile.add_argument(
         "--holdout", type=non_negative_int, default=100_000, help="inputs kept for estimates"
     )
-    profile.add_argument("--budget", type=byte_size, default="256MiB", help="hot-row budget, e.g. 256MiB")
     profile.add_argument(
-        "--optimizer", choices=sorted(OPTIMIZERS), default="sgd", help="whose row state the budget holds"
+        "--budget", type=byte_size, default=defaults.budget, help="hot-row budget, e.g. 256MiB"
     )
-    profile.add_argument("--batch-size", type=positive_int, default=8192, help="inputs read at a time")
+    profile.add_argument(
+        "--optimizer", choices=sorted(OPTIMIZERS), default=defaults.optimizer,
+        help="whose row state the budget holds",
+    )  # fmt: skip
+    profile.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=defaults.batch_size,
+        help="per-rank batch size (inputs read at a time)",
+    )
     profile.add_argument("--out", default="stats.npz", help="statistics file; PNGs go beside it")
     plan = commands.add_parser(
         "plan",
-        help="dry-run FAE plan for a CUDA topology beside TorchRec's default plan",
+        parents=[chooser],
+        help="FAE's plan of this machine's devices (or a dry run of CUDA GPUs) beside TorchRec's plans",
         formatter_class=HelpFormatter,
     )
     plan.add_argument("--stats", required=True, help="statistics file written by `profile`")
     plan.add_argument(
-        "--world-size", type=positive_int, default=8, help="GPUs, all on one host as in TorchRec's topology"
+        "--device",
+        choices=("cuda", "cpu"),
+        help="what to plan: cuda GPUs or the cpu (default: this machine's GPUs, else its CPU as one rank, "
+        "as the examples train here; cuda when --world-size or --hbm-cap is given, a dry run on any machine)",
     )
-    plan.add_argument("--hbm-cap", type=byte_size, default="16GiB", help="HBM per GPU")
-    plan.add_argument("--batch-size", type=positive_int, default=2048, help="per-rank batch size")
+    plan.add_argument(
+        "--world-size",
+        type=positive_int,
+        help="ranks, all on one host as in TorchRec's topology (default: this machine's GPUs, else 1)",
+    )
+    plan.add_argument(
+        "--hbm-cap",
+        type=byte_size,
+        help=f"HBM per GPU (default: this machine's GPU memory, {DRY_RUN_HBM} in a dry run)",
+    )
+    plan.add_argument(
+        "--batch-size", type=positive_int, default=defaults.batch_size, help="per-rank batch size"
+    )
     plan.add_argument("--dim", type=positive_int, help="embedding dimension (default: the stats file's)")
     plan.add_argument(
         "--budget", type=byte_size, help="fix the hot-row budget instead of letting the knob choose"
@@ -108,8 +138,9 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         "this process may use; 1 plans them one after another here)",
     )
     plan.add_argument(
-        "--optimizer", choices=sorted(OPTIMIZERS), default="sgd", help="whose row state the plan holds"
-    )
+        "--optimizer", choices=sorted(OPTIMIZERS), default=defaults.optimizer,
+        help="whose row state the plan holds",
+    )  # fmt: skip
     plan.add_argument(
         "--cache-algorithm",
         choices=CACHE_ALGORITHM_NAMES,
@@ -122,6 +153,11 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         help="plan every UVM cache for TorchRec's prefetch pipeline (PrefetchTrainPipelineSparseDist, "
         "FAEPrefetchTrainPipeline), as TorchRec's strongest offload; --no-prefetch-pipeline for the other "
         "train pipelines (default: with LRU caches, which FBGEMM pipelines, and not with LFU ones)",
+    )
+    plan.add_argument(
+        "--out",
+        metavar="FILE",
+        help="write the plan to FILE: the examples train on it with --stats STATS --plan FILE",
     )
     return parser
 
@@ -204,9 +240,10 @@ def profile(args: argparse.Namespace) -> None:
 
 
 def _profiled_batches(args: argparse.Namespace) -> tuple[list[EmbeddingBagConfig], Iterable, int | None]:
-    """The tables, the batches ``profile`` reads and how many inputs they hold (None when unknown): every
-    input of Criteo-layout data; the training windows of Taobao-layout data (TBSM's validation users are
-    held out, as ``train_tbsm_fae.py`` holds them out)."""
+    """The tables, the batches ``profile`` reads and about how many there are (None when unknown): the
+    training inputs as the examples hold them out, every ``--val-every``-th input of Criteo-layout data
+    left out (as ``train_dlrm_fae.py`` leaves it out), TBSM's validation users of Taobao-layout data (as
+    ``train_tbsm_fae.py``)."""
     from fae_torchrec.data.sources import open_source, open_taobao_source
 
     if args.model == "tbsm":
@@ -215,16 +252,21 @@ def _profiled_batches(args: argparse.Namespace) -> tuple[list[EmbeddingBagConfig
         batches = (block.to_batch(source.feature_names) for block in blocks)
         return source.table_configs(args.dim), batches, source.num_train
     data = open_source(args, args.batch_size)[0]
-    return data.table_configs(args.dim), data, getattr(data, "num_samples", None)  # known before reading
+    blocks = data.split_blocks(validation=False, every=args.val_every, block_size=args.batch_size)
+    batches = (block.to_batch(data.feature_names) for block in blocks)
+    inputs = getattr(data, "num_samples", None)  # known before reading: synthetic data, npy files
+    return (
+        data.table_configs(args.dim),
+        batches,
+        None if inputs is None else inputs - inputs // args.val_every,
+    )
 
 
-def _check_out_file(out: str) -> None:
+def _check_out_file(out: str, example: str = "stats.npz") -> None:
     """Raise ``ValueError`` naming ``--out`` unless a file can be written there (checked before the
-    data is read)."""
+    data is read or planned); ``example``: a file name to suggest for a directory."""
     if os.path.isdir(out):
-        raise ValueError(
-            f"--out {out}: is a directory; give a file path, e.g. {os.path.join(out, 'stats.npz')}"
-        )
+        raise ValueError(f"--out {out}: is a directory; give a file path, e.g. {os.path.join(out, example)}")
     problem = unwritable_directory(os.path.dirname(os.path.abspath(out)))
     if problem is not None:
         raise ValueError(f"--out {out}: {problem}")
@@ -238,13 +280,17 @@ def plan(args: argparse.Namespace) -> None:
     from fae_torchrec.stats.access_stats import AccessStats
     from planner import FAEShardingPlanner
     from planner.baseline import plan_configs
-    from planner.topology import make_topology
-    from planner.torchrec_configs import torchrec_configs
+    from planner.plan_file import PlanFile, file_digest
+    from planner.topology import local_devices, make_topology
+    from planner.torchrec_configs import TorchRecConfig, torchrec_configs
 
+    device, world, hbm_cap = _planned_devices(args, local_devices())
+    if args.out is not None:
+        _check_out_file(args.out, "plan.pt")
     try:
-        topology = make_topology(args.world_size, hbm_cap=parse_bytes(args.hbm_cap))
+        topology = make_topology(world, device, hbm_cap)
     except ValueError as error:
-        raise ValueError(f"--world-size {args.world_size}: {error}") from error
+        raise ValueError(f"--world-size {world}: {error}") from error
     stats = AccessStats.load(args.stats)
     if args.dim is not None:
         stats = stats.with_embedding_dim(args.dim)
@@ -256,6 +302,7 @@ def plan(args: argparse.Namespace) -> None:
             f"--cache-algorithm {args.cache_algorithm} --prefetch-pipeline: FBGEMM pipelines the prefetches "
             "of LRU caches only; use --no-prefetch-pipeline or --cache-algorithm lru"
         )
+    optimizer = _optimizer(args.optimizer)
     start = time.perf_counter()
     try:
         planner = FAEShardingPlanner(
@@ -263,33 +310,36 @@ def plan(args: argparse.Namespace) -> None:
             stats,
             batch_size=args.batch_size,
             hot_budget_bytes=None if args.budget is None else parse_bytes(args.budget),
-            optimizer_class=_optimizer(args.optimizer),
+            optimizer_class=optimizer,
             num_candidates=args.candidates,
             processes=args.processes,
             cache_params=CacheParams(algorithm=algorithm, prefetch_pipeline=args.prefetch_pipeline),
         )
     except ValueError as error:
         raise ValueError(f"--stats {args.stats}: {error}") from error
-    where = f"--world-size {args.world_size} --hbm-cap {args.hbm_cap}"
+    devices = f"{world} x {device.upper()}" + (f", HBM {format_bytes(hbm_cap)} per GPU" if hbm_cap else "")
+    where = f"--device {device} --world-size {world}" + (
+        f" --hbm-cap {format_bytes(hbm_cap)}" if hbm_cap else ""
+    )
     try:
         # the knob logs each budget it tries as it goes: its search takes minutes at 128 GPUs
         with logger_level("planner", logging.INFO):
             hot_set = planner.choose_hot_set()
-        planner.plan(planner.meta_module(hot_set), get_default_sharders())
+        sharding_plan = planner.plan(planner.meta_module(hot_set), get_default_sharders())
     except PlannerError as error:
         raise PlannerError(f"{where}: {error}", error.error_type) from error
     seconds = time.perf_counter() - start
     fae = planner.report
     runs = planner.torchrec_runs
     print(
-        f"{args.world_size} x CUDA, HBM {args.hbm_cap} per GPU, batch {args.batch_size} per rank, "
-        f"model {format_bytes(stats.ranking().total_bytes)}; FAE planning took {seconds:.1f} s in "
+        f"{devices}, batch {args.batch_size} per rank, {args.optimizer}, model "
+        f"{format_bytes(stats.ranking(optimizer).total_bytes)}; FAE planning took {seconds:.1f} s in "
         f"{args.processes} process(es), {len(runs)} runs of TorchRec's planner taking {sum(runs):.1f} s "
         "together"
     )
     print(fae)
-    configs = torchrec_configs(args.prefetch_pipeline, algorithm)
-    optimizer = _optimizer(args.optimizer)  # TorchRec's plans of the unsplit tables, the same optimizer state
+    # TorchRec's plans of the unsplit tables, the same optimizer state; a CPU has no cache to configure
+    configs = torchrec_configs(args.prefetch_pipeline, algorithm) if device == "cuda" else [TorchRecConfig()]
     steps = {}
     for config, result in plan_configs(
         configs, topology, stats, args.batch_size, optimizer, progress=True
@@ -306,6 +356,46 @@ def plan(args: argparse.Namespace) -> None:
         best = min(steps, key=steps.__getitem__)
         ratio = steps[best] / fae.step
         print(f"predicted step ratio, TorchRec's best ({best}) / FAE: {ratio:.2f}x ({_whose(fae)})")
+    if args.out is not None:
+        made_for = {
+            "device": device,
+            "world_size": world,
+            "tables": stats.layout.describe(),
+            "dim": stats.tables[0].embedding_dim,
+            "optimizer": args.optimizer,
+            "stats": file_digest(args.stats),
+            "hot_set": hot_set.digest,
+            "hot_bytes": hot_set.hot_bytes(optimizer),
+            "hot_rows": int(sum(len(ids) for ids in hot_set.hot_ids)),
+            "batch_size": args.batch_size,
+            "hbm_cap": hbm_cap,
+            "prefetch_pipeline": args.prefetch_pipeline,
+            "cache_algorithm": args.cache_algorithm,
+            "stats_file": os.path.abspath(args.stats),
+        }
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        PlanFile(sharding_plan, made_for).save(args.out)
+        print(f"wrote {args.out}; train on it with --stats {args.stats} --plan {args.out}")
+
+
+def _planned_devices(
+    args: argparse.Namespace, local: tuple[str, int, int | None]
+) -> tuple[str, int, int | None]:
+    """The device type, world size and HBM per GPU (None on a CPU) that ``plan`` plans, ``local`` being
+    this machine's (``planner.topology.local_devices``): by default this machine's devices; with
+    ``--world-size`` or ``--hbm-cap`` on a machine without GPUs, a dry run of CUDA GPUs unless
+    ``--device cpu`` says otherwise."""
+    here, count, memory = local
+    dry_run = args.world_size is not None or args.hbm_cap is not None
+    device = args.device or ("cuda" if dry_run else here)
+    world = args.world_size or (count if device == here else 1)
+    if device == "cpu":
+        if args.hbm_cap is not None:
+            logger.warning("--hbm-cap %s ignored: --device cpu has no HBM to cap", args.hbm_cap)
+        return device, world, None
+    if args.hbm_cap is not None:
+        return device, world, parse_bytes(args.hbm_cap)
+    return device, world, memory if here == "cuda" else parse_bytes(DRY_RUN_HBM)
 
 
 def _whose(report: FAEPlanReport) -> str:

@@ -6,6 +6,7 @@ the command line, the examples and the benchmarks build theirs here.
 
 from __future__ import annotations
 
+import torch
 from torchrec.distributed.planner.types import KernelConfig, Topology, TopologyFactory, TrainerConfig
 
 #: The most CUDA devices a topology may have. TorchRec's topology puts them all on one host (its
@@ -28,3 +29,11 @@ def make_topology(world_size: int, compute_device: str = "cuda", hbm_cap: int | 
         TrainerConfig(world_size=world_size, hbm_cap_bytes=hbm_cap),
         kernel_config=KernelConfig(compute_device=compute_device),
     )
+
+
+def local_devices() -> tuple[str, int, int | None]:
+    """This machine's devices as the examples train on them: its CUDA GPUs (``cuda``, how many, the
+    first one's memory in bytes) or, without any, its CPU as one rank (``cpu``, 1, None)."""
+    if torch.cuda.is_available():
+        return "cuda", torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory
+    return "cpu", 1, None

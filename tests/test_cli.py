@@ -21,7 +21,8 @@ def test_profile_synthetic_prints_table_and_writes_stats_and_pictures(tmp_path, 
     assert "t_cat_25" in printed and "total" in printed
     assert "estimated hot-input share:" in printed and "95% CI" in printed
     stats = AccessStats.load(out)
-    assert stats.num_inputs == 40_000 and len(stats.tables) == 26
+    assert stats.num_inputs == 36_000, "the training inputs: every 10th is held out, as the example does"
+    assert len(stats.tables) == 26
     for png in ("stats_access_cdf.png", "stats_hot_share.png"):
         assert (tmp_path / "run" / png).read_bytes()[:4] == b"\x89PNG"
 
@@ -32,8 +33,8 @@ def test_profile_real_criteo_tsv(tmp_path, capsys):
     main(["profile", "--data", "criteo-tsv", str(path), "--sample", "0.5", "--holdout", "2000",
           "--budget", "1MiB", "--out", str(out)])  # fmt: skip
     stats = AccessStats.load(out)
-    assert stats.num_inputs == 10_000
-    assert 4500 < stats.num_sampled < 5500
+    assert stats.num_inputs == 9_000, "the training inputs (--val-every 10)"
+    assert 4000 < stats.num_sampled < 5000
     assert sum(int(c.sum()) for c in stats.counts) == 26 * stats.num_sampled
     assert np.count_nonzero(stats.counts[8]) <= 3, "C9 takes 3 values in this sample"
     assert "estimated hot-input share" in capsys.readouterr().out
@@ -139,7 +140,7 @@ def test_profile_without_holdout_writes_no_share_picture(tmp_path, capsys):
     assert "n/a (no holdout inputs" in printed
     assert f"wrote {out}, {tmp_path / 'counts'}_access_cdf.png\n" in printed
     assert not (tmp_path / "counts_hot_share.png").exists()
-    assert AccessStats.load(out).num_inputs == 20_000, "saved at exactly the given path"
+    assert AccessStats.load(out).num_inputs == 18_000, "saved at exactly the given path"
 
 
 #: Runs the CLI in a fresh process and prints how much its peak RSS grew after the imports (KiB).

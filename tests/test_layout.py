@@ -27,6 +27,7 @@ STAGES = (
         "fae_torchrec.tables",
         "fae_torchrec.arguments",
         "fae_torchrec.command_line",
+        "fae_torchrec.defaults",
         "fae_torchrec.logs",
         "fae_torchrec.threads",
         "fae_torchrec.data",

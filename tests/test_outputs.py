@@ -38,7 +38,7 @@ def _help(*command: str) -> str:
 @pytest.mark.parametrize(
     ("command", "shown"),
     [
-        (["-m", "fae_torchrec.cli", "profile"], ["synthetic inputs (default: 2000000)", "(default: 256MiB)"]),
+        (["-m", "fae_torchrec.cli", "profile"], ["synthetic inputs (default: 300000)", "(default: 256KiB)"]),
         (["-m", "fae_torchrec.cli", "plan"], ["budgets the knob tries (default: 6)", "(default: lru)"]),
         ([str(EXAMPLE)], ["passes over the training inputs (default: 1)", "(default: rowwise_adagrad)"]),
     ],
@@ -74,7 +74,7 @@ def test_profile_says_what_its_shares_count_and_warns_when_every_input_is_hot(tm
     assert "hot accesses" in printed and PROFILE_LEGEND in printed
     assert EVERYTHING_HOT not in caplog.text
     cli_main(["profile", *data, "--budget", "1GiB"])
-    assert EVERYTHING_HOT in caplog.text and "choose a budget below the tables' 211.8 KiB" in caplog.text
+    assert EVERYTHING_HOT in caplog.text and "choose a budget below the tables' 225.1 KiB" in caplog.text
 
 
 def test_the_recipe_warns_when_every_input_is_hot(tmp_path, caplog):

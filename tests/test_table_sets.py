@@ -106,7 +106,7 @@ def test_profile_a_terabyte_day_with_terabyte_tables(tmp_path, capsys):
           "--holdout", "200", "--budget", "64KiB", "--out", str(out)])  # fmt: skip
     stats = AccessStats.load(out)
     assert [t.num_embeddings for t in stats.tables] == list(scaled_table_sizes(0.01, TERABYTE_TABLE_SIZES))
-    assert stats.num_inputs == 1000
+    assert stats.num_inputs == 900, "the training inputs (--val-every 10)"
     assert "489,375" in capsys.readouterr().out, "C20's table, 0.01 x 48,937,457 rows, is printed"
 
 
@@ -118,7 +118,7 @@ def test_unlabelled_tsv_is_refused_for_training_but_profiled(tmp_path):
     with pytest.raises(ValueError, match="training and evaluation need labelled lines"):
         next(iter(source))
     main(["profile", "--data", "criteo-tsv", str(path), "--scale", "0.01", "--out", str(tmp_path / "s.npz")])
-    assert AccessStats.load(tmp_path / "s.npz").num_inputs == 10_000
+    assert AccessStats.load(tmp_path / "s.npz").num_inputs == 9_000, "every 10th held out (--val-every)"
 
 
 def test_npy_labels_other_than_0_or_1_are_refused_for_training(tmp_path):

@@ -8,7 +8,7 @@ import logging
 import os
 import tempfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -22,19 +22,23 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.keyed import CombinedOptimizer
 
+from fae_torchrec.data.block import SampleBlock
+from fae_torchrec.data.source import BlockSource
 from fae_torchrec.modules import FAEEmbeddingBagCollection, load_initial_tables
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import EVERYTHING_HOT, HotSet
+from fae_torchrec.tables import TableLayout
 from fae_torchrec.train.evaluation import repeated_inputs
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS, EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
-from fae_torchrec.train.prepare import NAMED_PARAMETERS, PreparedData, on_rank_zero, prepare_data
+from fae_torchrec.train.prepare import BLOCK, NAMED_PARAMETERS, PreparedData, on_rank_zero, prepare_data
 from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.step import find_fae_module
 from fae_torchrec.units import format_bytes, parse_bytes
 from planner import FAEShardingPlanner
 from planner.baseline import default_planner, hbm_planner, scaleup_planner
+from planner.plan_file import PlanFile, difference, file_digest
 from planner.topology import make_topology
 
 logger = logging.getLogger("fae_torchrec.recipes")
@@ -89,23 +93,98 @@ class Replanned:
     partition: str
 
 
-def prepare(args: argparse.Namespace, family: ModelFamily) -> tuple[list[EmbeddingBagConfig], PreparedData]:
-    """The tables of ``args``' data and the data prepared for them (:func:`prepare_data`, collective):
-    FAE's partition, or the baseline's, all cold, in ``--out``; the statistics saved there too."""
+def prepare(
+    args: argparse.Namespace,
+    family: ModelFamily,
+    plan_file: PlanFile | None = None,
+    device: torch.device | None = None,
+) -> tuple[list[EmbeddingBagConfig], PreparedData]:
+    """The tables of ``args``' data and the data prepared for them (collective): FAE's partition, or the
+    baseline's, all cold, in ``--out``, profiled here (:func:`prepare_data`) or, with ``--stats``, the
+    hot set chosen from its statistics (:func:`_prepare_from_stats`; ``plan_file`` and this rank's
+    ``device`` as there); the statistics saved there too."""
     source = family.open_source(args)
     tables = source.table_configs(args.dim)
     out = Path(args.out)
-    data = prepare_data(
-        source, tables, out / f"partition-{'baseline' if args.baseline else 'fae'}",
-        sample=args.sample, batch_size=args.batch_size,
-        hot_budget=None if args.baseline else parse_bytes(args.budget), val_every=family.val_every(args),
-        balance=args.balance, seed=args.seed, exclude_profiled=args.exclude_profiled,
-        names={"data": f"--data {' '.join(args.data)}", **_OPTIONS}, progress=True,
-    )  # fmt: skip
-    on_rank_zero(lambda: data.stats.save(out / "stats.npz"))  # a failure ends every rank's run
+    directory = out / f"partition-{'baseline' if args.baseline else 'fae'}"
+    if args.stats:
+        data = _prepare_from_stats(args, family, source, tables, directory, plan_file, device)
+    else:
+        data = prepare_data(
+            source, tables, directory, sample=args.sample, batch_size=args.batch_size,
+            hot_budget=None if args.baseline else parse_bytes(args.budget), val_every=family.val_every(args),
+            balance=args.balance, seed=args.seed, exclude_profiled=args.exclude_profiled,
+            names={"data": f"--data {' '.join(args.data)}", **_OPTIONS}, progress=True,
+        )  # fmt: skip
+    if not (args.stats and Path(args.stats).resolve() == (out / "stats.npz").resolve()):
+        on_rank_zero(lambda: data.stats.save(out / "stats.npz"))  # a failure ends every rank's run
     if not dist.is_initialized() or dist.get_rank() == 0:
-        _describe(args, out / f"partition-{'baseline' if args.baseline else 'fae'}", data)
+        _describe(args, directory, data)
     return tables, data
+
+
+def _prepare_from_stats(
+    args: argparse.Namespace,
+    family: ModelFamily,
+    source: BlockSource,
+    tables: list[EmbeddingBagConfig],
+    directory: Path,
+    plan_file: PlanFile | None,
+    device: torch.device | None,
+) -> PreparedData:
+    """:func:`prepare_data` with ``--stats``' statistics instead of a profile (collective): the hot set
+    of ``--budget`` (the baseline's: none), or with ``plan_file`` the one the plan was made for, checked
+    against it and the run (on ``device``) before anything is written; rank 0 holds the validation
+    inputs out and writes the partition, every rank opens it. Raises ``ValueError`` naming the option
+    when the statistics are not of the training inputs of ``--data``."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+
+    def write() -> tuple[AccessStats, SampleBlock, HotSet]:
+        run = {"world_size": world, "dim": args.dim, "tables": TableLayout.of(tables).describe()}
+        if plan_file is not None:
+            run |= {"device": device.type, "optimizer": args.optimizer, "stats": file_digest(args.stats)}
+            _check_plan(args, plan_file, run)
+        try:  # counted at any dim: the counts do not depend on it
+            stats = AccessStats.load(args.stats).with_embedding_dim(args.dim)
+        except (ValueError, OSError) as error:
+            raise ValueError(f"--stats {args.stats}: {getattr(error, 'strerror', None) or error}") from error
+        if stats.layout.describe() != run["tables"]:
+            raise ValueError(
+                f"--stats {args.stats}: statistics of other tables than --data's, tables "
+                f"{difference(stats.layout.describe(), run['tables'])}"
+            )
+        stats = replace(stats, tables=tuple(tables))
+        ranking = stats.ranking(EMBEDDING_OPTIMIZERS[args.optimizer])
+        if plan_file is None:
+            hot_set = ranking.hot_set(0 if args.baseline else parse_bytes(args.budget))
+        else:
+            hot_set = ranking.hot_set(plan_file.made_for["hot_bytes"])
+            _check_plan(args, plan_file, {"hot_set": hot_set.digest})
+        every = family.val_every(args)
+        data = f"--data {' '.join(args.data)}"
+        validation = list(source.split_blocks(True, every, BLOCK))
+        if not validation:
+            raise ValueError(f"no validation input: {data} holds none out")
+        training = source.split_blocks(False, every, BLOCK)
+        partition = HotColdPartition.write(
+            training, hot_set, source.feature_names, directory, balance=args.balance, seed=args.seed,
+            progress=True, total=stats.num_inputs,
+        )  # fmt: skip
+        num_train = len(partition.hot) + len(partition.cold)
+        if num_train != stats.num_inputs:
+            raise ValueError(
+                f"--stats {args.stats}: statistics of {stats.num_inputs:,} training inputs, but {data} has "
+                f"{num_train:,} (other data, or another --num-samples, --seed or --val-every?)"
+            )
+        if num_train < args.batch_size * world:
+            raise ValueError(
+                f"--batch-size {args.batch_size} on {world} rank(s) is larger than the "
+                f"training data: {data} has {num_train:,} training inputs"
+            )
+        return stats, SampleBlock.concat(validation), hot_set
+
+    stats, validation, hot_set = on_rank_zero(write)
+    return PreparedData(stats, validation, HotColdPartition.open(directory), hot_set)
 
 
 def _describe(args: argparse.Namespace, folder: Path, data: PreparedData) -> None:
@@ -154,13 +233,16 @@ def build_training(
     args.pipeline = args.pipeline or ("prefetch" if device.type == "cuda" else "sparse")
     if args.hbm_cap is not None and device.type == "cpu":
         logger.warning("--hbm-cap %s ignored: there is no device memory to cap on CPU", args.hbm_cap)
-    tables, data = prepare(args, family)
+    plan_file = _plan_file(args, device) if args.plan else None
+    tables, data = prepare(args, family, plan_file, device)
     stats, partition, hot_set = data.stats, data.partition, None if args.baseline else data.hot_set
     if replanned is not None:
         stats = AccessStats.load(replanned.folder / "stats.npz", tables)
         partition = HotColdPartition.open(replanned.folder / replanned.partition)
         hot_set = stats.hot_set(parse_bytes(args.budget))
-    plan, dmp, dense = shard_model(args, family, tables, stats, hot_set, world, device)
+    # a resumed re-plan's hot set is not the plan's: planned again, as the re-plan was
+    plan_file = plan_file if replanned is None else None
+    plan, dmp, dense = shard_model(args, family, tables, stats, hot_set, world, device, plan_file)
     # the same initial tables on every rank and in both layouts, made a block at a time in the shards
     load_initial_tables(dmp.module.get_submodule(family.sparse_path), tables, args.seed)
     router = make_router(args, partition, world, rank, dmp, warmup=args.warmup if replanned is None else 0.0)
@@ -182,9 +264,11 @@ def shard_model(
     hot_set: HotSet | None,
     world: int,
     device: torch.device,
+    plan_file: PlanFile | None = None,
 ) -> tuple[ShardingPlan, DistributedModelParallel, CombinedOptimizer]:
-    """``args``' model, split by ``hot_set`` (None: the baseline's, unsplit), planned from ``stats`` and
-    sharded by DMP with its tables not yet set, and its unfused optimizer (collective)."""
+    """``args``' model, split by ``hot_set`` (None: the baseline's, unsplit), planned from ``stats`` (or
+    with ``plan_file``'s plan, made for ``hot_set``) and sharded by DMP with its tables not yet set, and
+    its unfused optimizer (collective)."""
     mode = args.baseline or "fae"
     hbm_cap = parse_bytes(args.hbm_cap) if args.hbm_cap is not None and device.type != "cpu" else None
     budget = parse_bytes(args.budget)
@@ -196,24 +280,61 @@ def shard_model(
         if hot_set is None
         else FAEEmbeddingBagCollection(tables, hot_set, device=meta)
     )
-    planner = _planner(
-        mode, world, device, hbm_cap, stats, args.batch_size, budget, args.pipeline == "prefetch"
-    )
+    planner = None
+    if plan_file is None:
+        planner = _planner(
+            mode, world, device, hbm_cap, stats, args.batch_size, budget, args.pipeline == "prefetch"
+        )
     model = family.build_model(sparse, args)
     embedding_optimizer(args).apply(sparse)
     del sparse  # DMP replaces it (or its parts) by sharded modules
     sharders = get_default_sharders()
-    try:
-        plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-    except PlannerError as error:
-        raise PlannerError(f"--hbm-cap {args.hbm_cap or 'default'}: {error}", error.error_type) from error
-    logger.info("%s: plan kernels %s", mode, dict(kernels(plan)))
+    if plan_file is not None:
+        plan = plan_file.at(family.sparse_path)
+    else:
+        try:
+            plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+        except PlannerError as error:
+            raise PlannerError(f"--hbm-cap {args.hbm_cap or 'default'}: {error}", error.error_type) from error
+    given = f" (--plan {args.plan})" if plan_file is not None else ""
+    logger.info("%s: plan kernels %s%s", mode, dict(kernels(plan)), given)
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
     # data-parallel tables by the embedding optimizer's dense form, the dense layers by Adagrad
     dense = unfused_optimizer(
         dmp, embedding_optimizer(args), lambda params: torch.optim.Adagrad(params, lr=args.dense_lr)
     )
     return plan, dmp, dense
+
+
+def _check_plan(args: argparse.Namespace, plan_file: PlanFile, run: dict) -> None:
+    """Raise ``ValueError`` naming ``--plan`` and the field where ``run`` is not what the plan was made
+    for."""
+    mismatch = plan_file.mismatch(run)
+    if mismatch:
+        raise ValueError(f"--plan {args.plan}: made for another run, {mismatch}")
+
+
+def _plan_file(args: argparse.Namespace, device: torch.device) -> PlanFile:
+    """``--plan``'s file, refused when made for another train pipeline on CUDA (whether its caches
+    prefetch); logs where it departs from the run's options without harm (the batch size it was priced
+    for, the hot budget in place of ``--budget``)."""
+    try:
+        plan_file = PlanFile.load(args.plan)
+    except (ValueError, OSError) as error:
+        raise ValueError(f"--plan {args.plan}: {getattr(error, 'strerror', None) or error}") from error
+    made_for = plan_file.made_for
+    if device.type == "cuda":  # FBGEMM's caches of a plan made for another pipeline
+        _check_plan(args, plan_file, {"prefetch_pipeline": args.pipeline == "prefetch"})
+    if made_for["batch_size"] != args.batch_size:
+        logger.warning(
+            "--plan %s: priced for batch size %d, this run has --batch-size %d",
+            args.plan, made_for["batch_size"], args.batch_size,
+        )  # fmt: skip
+    logger.info(
+        "--plan %s: its hot set, %s (%d rows), not --budget %s",
+        args.plan, format_bytes(made_for["hot_bytes"]), made_for["hot_rows"], args.budget,
+    )  # fmt: skip
+    return plan_file
 
 
 def embedding_optimizer(args: argparse.Namespace) -> EmbeddingOptimizer:

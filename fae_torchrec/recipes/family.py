@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fae_torchrec.arguments import int_at_least
-from fae_torchrec.command_line import PROFILE_SAMPLE, add_data_arguments, add_taobao_arguments
+from fae_torchrec.command_line import add_data_arguments, add_taobao_arguments
+from fae_torchrec.defaults import DEFAULTS, add_val_every_argument
 
 if TYPE_CHECKING:  # the models and sources import torch when a run builds them, not for --help
     from torch import nn
@@ -34,7 +34,8 @@ class ModelFamily:
         val_every: the option that holds out every N-th input for validation, or None when the source
             splits its own (TBSM's, by time).
         named_defaults: option values a resume must match that are defaults computed from others.
-        defaults: the family's own defaults of the recipe's options (such as ``batch_size``).
+        defaults: the family's defaults of the recipe's options (``fae_torchrec.defaults``' shared with
+            ``profile`` and ``plan``, and its own such as ``balance``).
         warmup: the default ``--warmup`` of the stream order (other orders take none).
     """
 
@@ -51,13 +52,8 @@ class ModelFamily:
 
 
 def _dlrm_arguments(parser: argparse.ArgumentParser) -> None:
-    add_data_arguments(parser, num_samples=300_000, scale=0.02)
-    parser.add_argument(
-        "--val-every",
-        type=int_at_least(2, " (1 would hold out every input, leaving none to train on)"),
-        default=10,
-        help="hold out every N-th input (N >= 2) for validation",
-    )
+    add_data_arguments(parser, num_samples=DEFAULTS["dlrm"].inputs, scale=DEFAULTS["dlrm"].scale)
+    add_val_every_argument(parser)
 
 
 def _dlrm_source(args: argparse.Namespace) -> BlockSource:
@@ -122,19 +118,22 @@ DLRM = ModelFamily(
     sparse_path="model.sparse_arch.embedding_bag_collection",
     val_every=lambda args: args.val_every,
     named_defaults=_dlrm_named_defaults,
+    defaults=DEFAULTS["dlrm"].options(),
 )
 
 TBSM = ModelFamily(
     name="TBSM",
     description="Train TBSM (the time-based sequence model) with FAE on DistributedModelParallel, or a "
     "baseline.",
-    add_arguments=lambda parser: add_taobao_arguments(parser, num_users=20_000, scale=0.01),
+    add_arguments=lambda parser: add_taobao_arguments(
+        parser, num_users=DEFAULTS["tbsm"].inputs, scale=DEFAULTS["tbsm"].scale
+    ),
     open_source=_tbsm_source,
     build_model=_tbsm,
     sparse_path="model.embedding_bag_collection",
     # label balance and warm-up: without them FAE's hot steps, 60% positive against 40% for the other
     # inputs, cost TBSM accuracy, and can keep it at a constant prediction (BENCHMARKS.md, section 6)
-    defaults={"batch_size": 256, "sample": PROFILE_SAMPLE["tbsm"], "budget": "2MiB", "balance": 0.5},
+    defaults={**DEFAULTS["tbsm"].options(), "balance": 0.5},
     warmup=0.1,
 )
 

@@ -237,6 +237,9 @@ def _train(
         "hot_input_share": len(partition.hot) / num_train,
         **counts,
         "plan_kernels": dict(kernels(training.plan)),
+        # what the run trained from: profile's statistics and plan's plan (None: profiled and planned here)
+        "stats_file": args.stats,
+        "plan_file": args.plan,
         # training steps only (not evaluation), of this run (after a resume: since it; None when a
         # resume found nothing left to train)
         "samples_per_second": seen / sum(all_steps) if all_steps else None,

@@ -16,14 +16,7 @@ from fae_torchrec.arguments import (
     share,
     unwritable_directory,
 )
-from fae_torchrec.command_line import (
-    OPTIMIZER_NAMES,
-    ORDERS,
-    PIPELINES,
-    PROFILE_SAMPLE,
-    STREAM_ORDERS,
-    HelpFormatter,
-)
+from fae_torchrec.command_line import OPTIMIZER_NAMES, ORDERS, PIPELINES, STREAM_ORDERS, HelpFormatter
 from fae_torchrec.recipes.curves import compared_run
 from fae_torchrec.recipes.family import ModelFamily
 
@@ -54,19 +47,30 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
         type=byte_size,
         help="device memory per GPU the planners may use (FAE, torchrec, scaleup; CUDA only)",
     )
-    parser.add_argument("--dim", type=positive_int, default=16, help="embedding dimension")
-    parser.add_argument("--batch-size", type=positive_int, default=512, help="per-rank batch size")
+    parser.add_argument("--dim", type=positive_int, help="embedding dimension")
+    parser.add_argument("--batch-size", type=positive_int, help="per-rank batch size")
     parser.add_argument("--epochs", type=positive_int, default=1, help="passes over the training inputs")
-    parser.add_argument(
-        "--sample", type=fraction, default=PROFILE_SAMPLE["dlrm"], help="profiled fraction of inputs"
-    )
+    parser.add_argument("--sample", type=fraction, help="profiled fraction of inputs")
     parser.add_argument(
         "--exclude-profiled",
         action="store_true",
         help="train (either mode) on the training inputs the profile did not sample only, so that what "
         "the run measures comes from inputs disjoint from those that chose the hot set (benchmarks)",
     )
-    parser.add_argument("--budget", type=byte_size, default="256KiB", help="hot-row budget (FAE)")
+    parser.add_argument("--budget", type=byte_size, help="hot-row budget (FAE)")
+    parser.add_argument(
+        "--stats",
+        metavar="FILE",
+        help="the statistics `fae-torchrec profile` wrote for this data: choose the hot set from them "
+        "(--budget, rows with their --optimizer state) instead of profiling again",
+    )
+    parser.add_argument(
+        "--plan",
+        metavar="FILE",
+        help="FAE: shard with the plan `fae-torchrec plan --out` wrote from --stats instead of planning, "
+        "on the hot set it was made for (its budget, not --budget); refused when made for other devices, "
+        "world size, tables, --dim, --optimizer, statistics or hot set",
+    )
     parser.add_argument(
         "--order",
         choices=ORDERS,
@@ -101,9 +105,7 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
         "batch's cache misses, with every UVM cache planned for it (CacheParams(prefetch_pipeline=True)); "
         "none: a plain loop (default: prefetch on CUDA, sparse on CPU)",
     )
-    parser.add_argument(
-        "--optimizer", choices=sorted(OPTIMIZER_NAMES), default="rowwise_adagrad", help="embedding optimizer"
-    )
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES), help="embedding optimizer")
     parser.add_argument("--lr", type=positive_float, default=0.05, help="embedding learning rate")
     parser.add_argument("--dense-lr", type=positive_float, default=0.05, help="dense (Adagrad) learning rate")
     parser.add_argument(
@@ -139,7 +141,7 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
         "--checkpoint-every", type=non_negative_int, default=0, help="steps between checkpoints"
     )
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
-    parser.set_defaults(**family.defaults)
+    parser.set_defaults(**family.defaults)  # fae_torchrec.defaults: those of profile and plan too
     args = parser.parse_args(argv)
     if args.warmup is None:
         args.warmup = family.warmup if args.order in STREAM_ORDERS else 0.0
@@ -174,6 +176,12 @@ def _invalid_combination(args: argparse.Namespace) -> str | None:
     ``--resume`` without a checkpoint), or None."""
     if args.resume and not args.checkpoint_dir:
         return "--resume needs --checkpoint-dir"
+    if args.plan and not args.stats:
+        return "--plan needs --stats, the statistics file the plan was made from"
+    if args.plan and args.baseline:
+        return "--plan: a plan of FAE's split tables; a --baseline plans its unsplit tables itself"
+    if args.stats and args.exclude_profiled:
+        return "--exclude-profiled: which inputs --stats sampled is not in the statistics file; profile here"
     from fae_torchrec.train.schedule import check_warmup
 
     try:
