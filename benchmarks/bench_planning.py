@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
 
     data = SyntheticCriteo(args.num_samples, batch_size=1 << 16, scale=args.scale)
     stats = AccessProfiler(data.table_configs(), 0.05, seed=0, holdout_size=100_000).profile(
-        data, total=len(data), progress=True
+        data, total=args.num_samples, progress=True
     )
     print(
         f"profile: {stats.num_sampled:,} of {stats.num_inputs:,} synthetic inputs (Kaggle table sizes x "

@@ -15,8 +15,9 @@ plan TorchRec's CPU kernels.
     python examples/train_dlrm_fae.py --data criteo-tsv train.txt --scale 1.0
     python examples/train_dlrm_fae.py --stats stats.npz --plan plan.pt   # `fae-torchrec profile`'s, `plan`'s
 
-Writes ``metrics.json`` (with throughput, hot and cold step times), ``curves.png`` (train loss,
-validation AUC) and the profiled statistics ``stats.npz`` to ``--out``. Its defaults are those of
+Writes ``metrics.json`` (with throughput, hot and cold step times), ``curves.png`` (train loss with its hot
+and cold steps, validation AUC; ``--compare RUN`` draws a baseline run beside it) and the profiled
+statistics ``stats.npz`` to ``--out``, and ends by naming them. Its defaults are those of
 ``fae-torchrec profile`` and ``plan`` (``fae_torchrec/defaults.py``): with ``--stats`` it takes the hot set
 from ``profile``'s statistics instead of profiling again, with ``--plan`` it shards with the plan ``plan
 --out`` wrote from them, and refuses one made for another run.

@@ -11,8 +11,9 @@
 
 Here are the names a TorchRec training script needs (docs/adopt.md); the others live in their stage's
 package (``fae_torchrec.stats``, ``fae_torchrec.modules``, ``fae_torchrec.train``, ``fae_torchrec.data``).
-Importing the package draws nothing and configures nothing (no plotting backend, no logging), but for
-one thing, and only where torch is not loaded yet and no wait policy is set: OpenMP's idle threads spin
+Importing the package loads no torch (each name is imported where first used: a command's ``--help``
+answers at once), draws nothing and configures nothing (no plotting backend, no logging), but for one
+thing, and only where torch is not loaded yet and no wait policy is set: OpenMP's idle threads spin
 for about 0.1 ms instead of 3 ms before they sleep (``fae_torchrec.threads``: a spinning pool slows every
 process of a busy machine).
 """
@@ -25,37 +26,18 @@ bound_spinning()  # before anything loads torch, and with it OpenMP
 import importlib
 import warnings
 
-from fae_torchrec.modules import FAEEmbeddingBagCollection
-from fae_torchrec.stats import AccessProfiler, AccessStats, HotSet
-from fae_torchrec.train import (
-    BatchRouter,
-    Checkpoints,
-    EmbeddingOptimizer,
-    FAEPrefetchTrainPipeline,
-    FAETrainPipeline,
-    HotColdPartition,
-    evaluate,
-    prepare_data,
-    train_step,
-    unfused_optimizer,
-)
-
-__all__ = [
-    "AccessProfiler",
-    "AccessStats",
-    "BatchRouter",
-    "Checkpoints",
-    "EmbeddingOptimizer",
-    "FAEEmbeddingBagCollection",
-    "FAEPrefetchTrainPipeline",
-    "FAETrainPipeline",
-    "HotColdPartition",
-    "HotSet",
-    "evaluate",
-    "prepare_data",
-    "train_step",
-    "unfused_optimizer",
-]
+#: The names a TorchRec training script needs, by the package that holds them, imported when first
+#: used: a command's ``--help`` (``fae_torchrec.cli``, the examples) then answers without loading torch.
+_EXPORTED = {
+    "fae_torchrec.modules": ("FAEEmbeddingBagCollection",),
+    "fae_torchrec.stats": ("AccessProfiler", "AccessStats", "HotSet"),
+    "fae_torchrec.train": (
+        "BatchRouter", "Checkpoints", "EmbeddingOptimizer", "FAEPrefetchTrainPipeline", "FAETrainPipeline",
+        "HotColdPartition", "evaluate", "prepare_data", "train_step", "unfused_optimizer",
+    ),
+}  # fmt: skip
+_HOME = {name: package for package, names in _EXPORTED.items() for name in names}
+__all__ = sorted(_HOME)
 
 #: Names release 0.1 exported here, by the package that holds them now.
 _MOVED = {
@@ -74,7 +56,10 @@ _MOVED = {
 
 
 def __getattr__(name: str):
-    """Release 0.1's names, from their package, with a ``DeprecationWarning`` that says where."""
+    """The names above, from their package; release 0.1's names, with a ``DeprecationWarning`` that says
+    where they moved."""
+    if name in _HOME:
+        return getattr(importlib.import_module(_HOME[name]), name)
     if name not in _MOVED:
         raise AttributeError(f"module 'fae_torchrec' has no attribute {name!r}")
     warnings.warn(

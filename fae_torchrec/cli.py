@@ -11,54 +11,61 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-from torchrec.distributed.planner.types import PlannerError
-from torchrec.distributed.sharding_plan import get_default_sharders
-from torchrec.distributed.types import CacheAlgorithm, CacheParams
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
-
 from fae_torchrec.arguments import byte_size, fraction, non_negative_int, positive_int, unwritable_directory
-from fae_torchrec.data.sources import (
+from fae_torchrec.command_line import (
+    CACHE_ALGORITHM_NAMES,
+    OPTIMIZER_NAMES,
+    HelpFormatter,
     add_data_arguments,
     add_taobao_arguments,
     model_chooser,
-    open_source,
-    open_taobao_source,
 )
 from fae_torchrec.defaults import DEFAULTS, add_val_every_argument
 from fae_torchrec.logs import logger_level, torchrec_quiet
-from fae_torchrec.stats.access_stats import AccessStats
-from fae_torchrec.stats.hot_set import HotSet
-from fae_torchrec.stats.hot_share import estimate_hot_share, hot_share_curve
-from fae_torchrec.stats.plots import plot_access_cdf, plot_hot_share
-from fae_torchrec.stats.profiler import AccessProfiler
 from fae_torchrec.threads import share_cores, usable_cores
-from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.units import format_bytes, parse_bytes
 
-if TYPE_CHECKING:  # the planner is imported when a command plans (it imports torchrec's planner)
+if TYPE_CHECKING:  # torch, TorchRec and the planner are imported when a command runs, not for --help
+    import torch
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+    from fae_torchrec.stats.access_stats import AccessStats
+    from fae_torchrec.stats.hot_set import HotSet
     from planner.report import FAEPlanReport
 
 logger = logging.getLogger("fae_torchrec")
 
-#: FBGEMM's cache replacement policies by CLI name.
-CACHE_ALGORITHMS = {"lru": CacheAlgorithm.LRU, "lfu": CacheAlgorithm.LFU}
+#: The ``fae-torchrec --help`` text (the module docstring carries reST markup).
+DESCRIPTION = (
+    "FAE's offline steps: profile a data set's accesses (profile), then plan it for this machine's devices "
+    "or CUDA GPUs (plan)."
+)
 #: HBM per GPU of a dry run of CUDA GPUs on a machine without any.
 DRY_RUN_HBM = "16GiB"
-#: Embedding optimizers by CLI name ("none": weights only); each row's state counted as TorchRec counts it.
-OPTIMIZERS: dict[str, type[torch.optim.Optimizer] | None] = {"none": None, **EMBEDDING_OPTIMIZERS}
+#: The embedding optimizers by CLI name ("none": weights only).
+OPTIMIZERS = ("none", *OPTIMIZER_NAMES)
+
+
+def _optimizer(name: str) -> type[torch.optim.Optimizer] | None:
+    """The embedding optimizer class ``--optimizer`` names (None for ``none``); each row's state counted
+    as TorchRec counts it."""
+    from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
+
+    return None if name == "none" else EMBEDDING_OPTIMIZERS[name]
 
 
 def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
     """The command line; ``profile`` takes the data options of the ``--model`` that ``argv`` names."""
     chooser, model = model_chooser(argv, default="dlrm")
     defaults = DEFAULTS[model]  # the examples' too
-    parser = argparse.ArgumentParser(prog="fae-torchrec", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="fae-torchrec", description=DESCRIPTION, formatter_class=HelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     profile = commands.add_parser(
         "profile",
         parents=[chooser],
+        formatter_class=HelpFormatter,
         help="count row accesses on a sample, choose the hot set, estimate the hot-input share",
     )
     if model == "tbsm":
@@ -73,20 +80,29 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         default=defaults.sample,
         help=f"fraction of training inputs counted (default {defaults.sample}, FAE's for {model})",
     )
-    profile.add_argument("--sample-seed", type=non_negative_int, default=0)
+    profile.add_argument("--sample-seed", type=non_negative_int, default=0, help="seed of the sample's draws")
     profile.add_argument(
         "--holdout", type=non_negative_int, default=100_000, help="inputs kept for estimates"
     )
     profile.add_argument(
         "--budget", type=byte_size, default=defaults.budget, help="hot-row budget, e.g. 256MiB"
     )
-    profile.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=defaults.optimizer)
-    profile.add_argument("--batch-size", type=positive_int, default=defaults.batch_size)
+    profile.add_argument(
+        "--optimizer", choices=sorted(OPTIMIZERS), default=defaults.optimizer,
+        help="whose row state the budget holds",
+    )  # fmt: skip
+    profile.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=defaults.batch_size,
+        help="per-rank batch size (inputs read at a time)",
+    )
     profile.add_argument("--out", default="stats.npz", help="statistics file; PNGs go beside it")
     plan = commands.add_parser(
         "plan",
         parents=[chooser],
         help="FAE's plan of this machine's devices (or a dry run of CUDA GPUs) beside TorchRec's plans",
+        formatter_class=HelpFormatter,
     )
     plan.add_argument("--stats", required=True, help="statistics file written by `profile`")
     plan.add_argument(
@@ -121,10 +137,13 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         help=f"budgets the knob plans at once, each in a forked worker process (default: the {cores} cores "
         "this process may use; 1 plans them one after another here)",
     )
-    plan.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=defaults.optimizer)
+    plan.add_argument(
+        "--optimizer", choices=sorted(OPTIMIZERS), default=defaults.optimizer,
+        help="whose row state the plan holds",
+    )  # fmt: skip
     plan.add_argument(
         "--cache-algorithm",
-        choices=sorted(CACHE_ALGORITHMS),
+        choices=CACHE_ALGORITHM_NAMES,
         default="lru",
         help="replacement policy of the UVM caches (FBGEMM pipelines prefetches of LRU caches only)",
     )
@@ -143,10 +162,18 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
     return parser
 
 
+#: What ``profile``'s two shares count: they differ by far (every id of an input must be hot for it to be).
+PROFILE_LEGEND = (
+    "hot accesses: the share of the sampled accesses (ids looked up) that fall on hot rows; "
+    "hot-input share: the estimated share of inputs whose every id is hot (they train in hot steps)"
+)
+
+
 def _table_report(stats: AccessStats, hot_set: HotSet, optimizer: type | None) -> str:
+    """Per table: rows, hot rows, their bytes and the share of the sampled accesses they take."""
     row_bytes = stats.layout.row_bytes(optimizer)
     width = max(12, *(len(config.name) + 2 for config in stats.tables))  # a schema's names may be long
-    lines = [f"{'table':<{width}}{'rows':>12}{'hot rows':>12}{'hot bytes':>12}{'accesses covered':>18}"]
+    lines = [f"{'table':<{width}}{'rows':>12}{'hot rows':>12}{'hot bytes':>12}{'hot accesses':>18}"]
     total_hot = total_covered = 0
     for config, counts, ids, size in zip(stats.tables, stats.counts, hot_set.hot_ids, row_bytes, strict=True):
         covered = int(counts.sum() if len(ids) == len(counts) else counts[ids].sum())  # all hot: no gather
@@ -164,12 +191,20 @@ def _table_report(stats: AccessStats, hot_set: HotSet, optimizer: type | None) -
         f"{format_bytes(hot_set.hot_bytes(optimizer)):>12}"
         f"{100 * total_covered / all_accesses:>17.2f}%"
     )
+    lines.append(PROFILE_LEGEND)
     return "\n".join(lines)
 
 
 def profile(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from fae_torchrec.stats.hot_set import EVERYTHING_HOT
+    from fae_torchrec.stats.hot_share import estimate_hot_share, hot_share_curve
+    from fae_torchrec.stats.plots import plot_access_cdf, plot_hot_share
+    from fae_torchrec.stats.profiler import AccessProfiler
+
     budget = parse_bytes(args.budget)
-    optimizer = OPTIMIZERS[args.optimizer]
+    optimizer = _optimizer(args.optimizer)
     _check_out_file(args.out)
     tables, batches, total = _profiled_batches(args)
     profiler = AccessProfiler(tables, args.sample, args.sample_seed, args.holdout)
@@ -188,14 +223,19 @@ def profile(args: argparse.Namespace) -> None:
     stem = os.path.splitext(args.out)[0]
     written = [args.out, f"{stem}_access_cdf.png"]
     plot_access_cdf(stats, written[-1])
+    everything_hot = hot_set.holds_every_row
     if len(stats.holdout):
-        print(f"estimated hot-input share: {estimate_hot_share(stats, hot_set)}")
+        share = estimate_hot_share(stats, hot_set)
+        everything_hot = everything_hot or share.share == 1.0
+        print(f"estimated hot-input share: {share}")
         smallest = max(int(ranking.cumulative_bytes[0]), 1) if len(ranking.rows) else 1
         budgets = np.unique(np.geomspace(smallest, ranking.total_bytes, 48).astype(np.int64))
         written.append(f"{stem}_hot_share.png")
         plot_hot_share(hot_share_curve(ranking, budgets), written[-1], budget)
     else:
         print("estimated hot-input share: n/a (no holdout inputs: --holdout 0 or --sample 1)")
+    if everything_hot:
+        logger.warning(EVERYTHING_HOT, f"the tables' {format_bytes(ranking.total_bytes)}")
     print(f"wrote {', '.join(written)}")
 
 
@@ -204,15 +244,22 @@ def _profiled_batches(args: argparse.Namespace) -> tuple[list[EmbeddingBagConfig
     training inputs as the examples hold them out, every ``--val-every``-th input of Criteo-layout data
     left out (as ``train_dlrm_fae.py`` leaves it out), TBSM's validation users of Taobao-layout data (as
     ``train_tbsm_fae.py``)."""
+    from fae_torchrec.data.sources import open_source, open_taobao_source
+
     if args.model == "tbsm":
         source = open_taobao_source(args, args.batch_size)
         blocks = source.split_blocks(validation=False, every=None, block_size=args.batch_size)
         batches = (block.to_batch(source.feature_names) for block in blocks)
-        return source.table_configs(args.dim), batches, -(-source.num_train // args.batch_size)
-    data, total = open_source(args, args.batch_size)
+        return source.table_configs(args.dim), batches, source.num_train
+    data = open_source(args, args.batch_size)[0]
     blocks = data.split_blocks(validation=False, every=args.val_every, block_size=args.batch_size)
     batches = (block.to_batch(data.feature_names) for block in blocks)
-    return data.table_configs(args.dim), batches, None if total is None else total - total // args.val_every
+    inputs = getattr(data, "num_samples", None)  # known before reading: synthetic data, npy files
+    return (
+        data.table_configs(args.dim),
+        batches,
+        None if inputs is None else inputs - inputs // args.val_every,
+    )
 
 
 def _check_out_file(out: str, example: str = "stats.npz") -> None:
@@ -226,6 +273,11 @@ def _check_out_file(out: str, example: str = "stats.npz") -> None:
 
 
 def plan(args: argparse.Namespace) -> None:
+    from torchrec.distributed.planner.types import PlannerError
+    from torchrec.distributed.sharding_plan import get_default_sharders
+    from torchrec.distributed.types import CacheAlgorithm, CacheParams
+
+    from fae_torchrec.stats.access_stats import AccessStats
     from planner import FAEShardingPlanner
     from planner.baseline import plan_configs
     from planner.plan_file import PlanFile, file_digest
@@ -242,7 +294,7 @@ def plan(args: argparse.Namespace) -> None:
     stats = AccessStats.load(args.stats)
     if args.dim is not None:
         stats = stats.with_embedding_dim(args.dim)
-    algorithm = CACHE_ALGORITHMS[args.cache_algorithm]
+    algorithm = CacheAlgorithm[args.cache_algorithm.upper()]
     if args.prefetch_pipeline is None:
         args.prefetch_pipeline = algorithm == CacheAlgorithm.LRU
     elif args.prefetch_pipeline and algorithm != CacheAlgorithm.LRU:
@@ -250,7 +302,7 @@ def plan(args: argparse.Namespace) -> None:
             f"--cache-algorithm {args.cache_algorithm} --prefetch-pipeline: FBGEMM pipelines the prefetches "
             "of LRU caches only; use --no-prefetch-pipeline or --cache-algorithm lru"
         )
-    optimizer = OPTIMIZERS[args.optimizer]
+    optimizer = _optimizer(args.optimizer)
     start = time.perf_counter()
     try:
         planner = FAEShardingPlanner(
@@ -289,7 +341,9 @@ def plan(args: argparse.Namespace) -> None:
     # TorchRec's plans of the unsplit tables, the same optimizer state; a CPU has no cache to configure
     configs = torchrec_configs(args.prefetch_pipeline, algorithm) if device == "cuda" else [TorchRecConfig()]
     steps = {}
-    for config, result in plan_configs(configs, topology, stats, args.batch_size, optimizer).items():
+    for config, result in plan_configs(
+        configs, topology, stats, args.batch_size, optimizer, progress=True
+    ).items():
         if isinstance(result, PlannerError):
             print(f"TorchRec {config.name}: none fits")
             continue
@@ -357,6 +411,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logger.setLevel(logging.INFO)
     args = _parser(argv).parse_args(argv)
+    from torchrec.distributed.planner.types import PlannerError  # after --help, which needs no torch
+
     threads = share_cores()
     if threads:
         logger.info("%s", threads)

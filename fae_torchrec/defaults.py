@@ -13,7 +13,7 @@ import argparse
 from dataclasses import asdict, dataclass
 
 from fae_torchrec.arguments import int_at_least
-from fae_torchrec.data.sources import PROFILE_SAMPLE
+from fae_torchrec.command_line import PROFILE_SAMPLE
 
 
 @dataclass(frozen=True)

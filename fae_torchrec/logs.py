@@ -69,7 +69,12 @@ def logger_level(name: str, level: int) -> Iterator[None]:
 @contextmanager
 def torchrec_quiet() -> Iterator[None]:
     """Inside the block, the log records in ``CHECKED_RECORDS`` and the warnings in ``CHECKED_WARNINGS``
-    are dropped; FAE's own records and every other record or warning show as before."""
+    are dropped; FAE's own records and every other record or warning show as before.
+
+    What keeps the commands' and examples' consoles readable: TorchRec repeats these notices on every
+    run of its planner (FAE's knob runs it once or more per budget it tries) and on every sharded model.
+    Wrap a script's planning, sharding and training in it (docs/setup.md, "A quiet console"); outside
+    the block nothing is filtered, so a test or another library still sees every warning."""
     checked = _CheckedRecords()
     loggers = [logging.getLogger(name) for name in dict.fromkeys(name for name, _ in CHECKED_RECORDS)]
     for named in loggers:

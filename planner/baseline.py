@@ -30,6 +30,7 @@ from torchrec.distributed.types import CacheAlgorithm, CacheParams, ShardingPlan
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from tqdm import tqdm
 
 from fae_torchrec.stats import AccessStats
 from fae_torchrec.stats.hot_set import COLD
@@ -213,14 +214,19 @@ def plan_configs(
     batch_size: int,
     optimizer_class: type[torch.optim.Optimizer] | None = None,
     known: dict[TorchRecConfig, BaselinePlan] | None = None,
+    progress: bool = False,
 ) -> dict[TorchRecConfig, BaselinePlan | PlannerError]:
     """Each configuration's dry-run plan of the unsplit tables, or TorchRec's error where it places none
     (a configuration whose sharding is "offloaded" starts from its unconstrained plan, made once);
-    ``known``: configurations already planned so, not planned again."""
+    ``known``: configurations already planned so, not planned again; ``progress`` draws a bar over
+    the configurations."""
     tables = stats.tables
     names = [config.name for config in tables]
     made: dict[TorchRecConfig, BaselinePlan | PlannerError] = dict(known or {})
-    for config in sorted(configs, key=lambda c: c.sharding != "any"):  # unconstrained plans first
+    ordered = sorted(configs, key=lambda c: c.sharding != "any")  # unconstrained plans first
+    for config in tqdm(
+        ordered, desc="TorchRec's configurations", unit="plan", leave=False, disable=not progress
+    ):
         if config in made:
             continue
         if config.planner == "default":

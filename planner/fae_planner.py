@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from copy import deepcopy
@@ -72,6 +73,18 @@ SMALLER_CACHE_SHARES = (0.75, 0.5, 0.25, 0.125, 0.0625, 0.03125)
 Sizing = tuple[dict[str, float], dict[str, bool]]
 #: What the knob's plan at one budget came to: its report and sizing, or TorchRec's error.
 BudgetOutcome = tuple[FAEPlanReport, Sizing] | PlannerError
+
+
+def default_reservation() -> HeuristicalStorageReservation:
+    """TorchRec's default storage reservation, the one ``EmbeddingShardingPlanner`` makes when given none,
+    so that FAE's plans and TorchRec's reserve alike. Made without the ``FutureWarning`` TorchRec raises
+    on every construction (it recommends a fixed percentage for dry runs): the choice is deliberate here,
+    and the warning would name this module on every plan."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", "HeuristicalStorageReservation is known to cause issues", FutureWarning
+        )
+        return HeuristicalStorageReservation(percentage=RESERVED_PERCENTAGE)
 
 
 #: In a knob worker, the planner whose budgets it plans (the parent's, inherited at the fork).
@@ -407,7 +420,7 @@ class FAEShardingPlanner(ShardingPlanner):
             batch_size=self.batch_size,
             constraints=constraints,
             enumerator=enumerator,
-            storage_reservation=HeuristicalStorageReservation(percentage=RESERVED_PERCENTAGE),
+            storage_reservation=default_reservation(),
             proposer=[EmbeddingOffloadScaleupProposer()] if scaleup else None,
             stats=[],
             debug=False,
@@ -551,7 +564,7 @@ class FAEShardingPlanner(ShardingPlanner):
         """
         kind = "hbm" if self.topology.compute_device == "cuda" else "ddr"
         try:
-            reserved = HeuristicalStorageReservation(percentage=RESERVED_PERCENTAGE).reserve(
+            reserved = default_reservation().reserve(
                 self.topology, self.batch_size, module, get_default_sharders()
             )
         except PlannerError as error:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import bench_published
+from benchmarks import bench_cli, bench_published
 from benchmarks.bench_hot_share import budget_ladder
 from benchmarks.common.calibration import Calibration, Estimate
 from benchmarks.common.id_stream import taobao_stream
@@ -483,3 +483,11 @@ def test_bench_traffic_prices_the_bandwidths_fitted_to_torchrecs_published_runs(
         bad.returncode == 2
         and f"--published {published}: not a file written by bench_published" in bad.stderr
     )
+
+
+@pytest.mark.benchmark
+def test_bench_cli_times_every_help_in_fresh_processes():
+    out = _run("bench_cli.py", "--runs", "1")
+    rows = re.findall(r"^(.+?) +(\d+\.\d\d) +(\d+\.\d\d)$", out, re.M)
+    assert [name for name, _, _ in rows] == list(bench_cli.COMMANDS), out
+    assert all(float(median) >= float(least) > 0 for _, median, least in rows), out

@@ -26,6 +26,8 @@ STAGES = (
         "fae_torchrec.seeds",
         "fae_torchrec.tables",
         "fae_torchrec.arguments",
+        "fae_torchrec.command_line",
+        "fae_torchrec.defaults",
         "fae_torchrec.logs",
         "fae_torchrec.threads",
         "fae_torchrec.data",

@@ -76,8 +76,11 @@ def test_checked_warnings_are_dropped_and_others_shown():
 
 @pytest.mark.slow
 def test_the_example_prints_its_own_lines_and_no_checked_notice(tmp_path):
+    """Its lines: what it wrote (the partition and its size as written, every output at the end), each
+    evaluation as it happens, how many validation inputs repeat training inputs."""
+    out = tmp_path / "out"
     run = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--num-samples", "30000", "--out", str(tmp_path / "out")],
+        [sys.executable, str(EXAMPLE), "--num-samples", "30000", "--out", str(out), "--eval-every", "20"],
         check=False, capture_output=True, text=True,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-4000:]
@@ -86,4 +89,14 @@ def test_the_example_prints_its_own_lines_and_no_checked_notice(tmp_path):
     assert not re.search(r"\w+Warning: ", run.stderr), run.stderr[-4000:]
     # log lines carry a timestamp; tqdm's progress bars, rewritten with \r, do not
     lines = [line for line in re.split(r"[\r\n]", run.stderr) if re.match(r"\d{4}-\d\d-\d\d \d\d:", line)]
-    assert 0 < len(lines) <= 8, lines
+    assert 0 < len(lines) <= 12, lines
+    assert f"wrote the partition {out / 'partition-fae'} (" in run.stderr
+    assert re.search(
+        r"[\r\n]\S+ \S+ DLRM fae_torchrec.recipes: step 20: validation AUC 0\.\d{4}, log loss", run.stderr
+    )
+    assert "0 of 3000 validation inputs (0.0%) repeat a training input's features" in run.stderr
+    written = re.search(r"outputs in (\S+): (.*)\n", run.stderr)
+    assert written and written[1] == str(out), run.stderr[-2000:]
+    assert re.fullmatch(r"curves\.png, metrics\.json, partition-fae/ \(\d+\.\d MiB\), stats\.npz", written[2])
+    # the training bar's figures beside the loss, from the first evaluation on
+    assert re.search(r"loss \d\.\d{4}, hot \d+, cold \d+, AUC 0\.\d{4}\]", run.stderr)

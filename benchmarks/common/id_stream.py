@@ -100,7 +100,7 @@ def synthetic_stream(
     profiler = AccessProfiler(
         data.table_configs(), sampled / len(profiled), seed=seed, holdout_size=holdout_size
     )
-    stats = profiler.profile(_columns(data, profiled), total=-(-len(profiled) // CHUNK_SIZE), progress=True)
+    stats = profiler.profile(_columns(data, profiled), total=len(profiled), progress=True)
     replayed = range(num_inputs)
     blocks = _blocks(data, replayed)
     return _stream(stats, DEFAULT_CAT_NAMES, blocks, replay_chunks, sampling, replayed, profiled)

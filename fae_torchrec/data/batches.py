@@ -199,6 +199,7 @@ class BatchSource(BlockSource):
                     f"{first.dense.shape[1]}: every rank's batches must have the same features"
                 )
         self.num_dense = self.spools[0].dense.shape[1] if self.spools else 0
+        self.num_samples = sum(map(len, self.spools))  # known before reading: bars show a total
         batch_size = spooled[0][1]["batch_size"] if spooled else 1
         super().__init__(batch_size, TableLayout.of(tables).features)
 

@@ -10,7 +10,13 @@ import os
 import re
 from collections.abc import Sequence
 
-from fae_torchrec.arguments import fraction, non_negative_int, positive_float, positive_int, share
+# the options themselves live where building a parser imports no torch (re-exported here)
+from fae_torchrec.command_line import (  # noqa: F401
+    PROFILE_SAMPLE,
+    add_data_arguments,
+    add_taobao_arguments,
+    model_chooser,
+)
 from fae_torchrec.data.columnar import ColumnarSource
 from fae_torchrec.data.columnar_files import FORMATS
 from fae_torchrec.data.criteo import (
@@ -26,84 +32,13 @@ from fae_torchrec.data.schema import load_schema
 from fae_torchrec.data.source import BlockSource
 from fae_torchrec.data.synthetic import SyntheticCriteo
 from fae_torchrec.data.synthetic_taobao import SyntheticTaobao
-from fae_torchrec.data.taobao import (
-    POINTS_PER_USER,
-    REFERENCE_TABLE_SIZES,
-    TABLES,
-    TEST_SHARE,
-    TS_LENGTH,
-    TaobaoSource,
-)
+from fae_torchrec.data.taobao import REFERENCE_TABLE_SIZES, TABLES, TaobaoSource
 from fae_torchrec.data.taobao_csv import TaobaoCsvReader
 
-#: FAE's profiled fraction of the training inputs, per model whose data a command line reads (DLRM's
-#: Criteo layout, TBSM's Taobao layout): the ``--sample`` defaults of the examples and of ``profile``.
-PROFILE_SAMPLE = {"dlrm": 0.05, "tbsm": 0.2}
 DATA_KINDS = ("synthetic", "criteo-tsv", "criteo-npy", *FORMATS)
 TAOBAO_DATA_KINDS = ("synthetic", "taobao-csv")
 #: A Criteo Terabyte day as Criteo names it: ``day_0`` .. ``day_23`` (an npy prefix or a TSV file).
 _TERABYTE_DAY = re.compile(r"^day_\d+$")
-
-
-def model_chooser(argv: Sequence[str] | None, default: str) -> tuple[argparse.ArgumentParser, str]:
-    """A parent parser with ``--model`` (one of ``PROFILE_SAMPLE``'s) and the model ``argv`` names,
-    ``default`` when none: the caller adds that model's data options (``add_data_arguments`` or
-    ``add_taobao_arguments``, which share names such as ``--scale``, so one parser cannot hold both)."""
-    chooser = argparse.ArgumentParser(add_help=False)
-    chooser.add_argument(
-        "--model",
-        choices=sorted(PROFILE_SAMPLE),
-        default=default,
-        help=f"whose data: dlrm (Criteo layout) or tbsm (Taobao layout); its data options follow (default "
-        f"{default})",
-    )
-    return chooser, chooser.parse_known_args(argv)[0].model
-
-
-def add_data_arguments(parser: argparse.ArgumentParser, num_samples: int, scale: float) -> None:
-    """The options of :func:`open_source`."""
-    _add_data_option(
-        parser,
-        "synthetic (built-in, default), criteo-tsv FILE..., criteo-npy PREFIX... "
-        "(PREFIX_dense.npy, PREFIX_sparse.npy, PREFIX_labels.npy), or parquet FILE... or csv FILE... "
-        "with --schema",
-    )
-    parser.add_argument(
-        "--schema",
-        metavar="TOML",
-        help="parquet and csv data: the label, dense and sparse columns and their tables (docs/data.md)",
-    )
-    parser.add_argument("--num-samples", type=positive_int, default=num_samples, help="synthetic inputs")
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="synthetic data seed")
-    parser.add_argument("--ids-per-feature", type=positive_int, default=1, help="synthetic multi-hot")
-    parser.add_argument(
-        "--label-gap",
-        type=float,
-        default=0.0,
-        help="synthetic: logit added to inputs whose every id is among its table's 10,000 most popular "
-        "rows (the inputs FAE makes hot click at another rate, as on real Criteo rows; default 0)",
-    )
-    parser.add_argument(
-        "--days", type=positive_int, default=1, help="synthetic: days the inputs span, in order"
-    )
-    parser.add_argument(
-        "--drift",
-        type=share,
-        default=0.0,
-        help="synthetic: share of each table's rows its popularity rotates by a day (default 0: stationary)",
-    )
-    parser.add_argument(
-        "--tables",
-        metavar="|".join(TABLE_SETS) + "|FILE",
-        help="table sizes: Criteo Kaggle's (kaggle), TorchRec's Criteo Terabyte sizes (terabyte), the "
-        "same capped at MLPerf's 40M rows (terabyte-40m), or a FILE of 26 sizes; default: terabyte "
-        "when every criteo-tsv/criteo-npy path is named day_N (a Terabyte day), else kaggle (not with "
-        "parquet or csv, whose tables are --schema's)",
-    )
-    parser.add_argument(
-        "--scale", type=positive_float, help=f"table sizes = the --tables sizes x scale (default {scale})"
-    )
-    parser.set_defaults(criteo_scale=scale)
 
 
 def default_tables(data: Sequence[str]) -> str:
@@ -179,40 +114,6 @@ def _columnar_source(
     return ColumnarSource(kind, paths, load_schema(args.schema), batch_size)
 
 
-def add_taobao_arguments(parser: argparse.ArgumentParser, num_users: int, scale: float) -> None:
-    """The options of :func:`open_taobao_source`; synthetic tables are scaled by ``scale`` unless
-    ``--scale`` is given."""
-    _add_data_option(
-        parser, "synthetic (built-in Taobao-like events, default) or taobao-csv FILE... (UserBehavior.csv)"
-    )
-    parser.add_argument("--num-users", type=positive_int, default=num_users, help="synthetic users")
-    parser.add_argument(
-        "--seed", type=non_negative_int, default=0, help="synthetic events and the sample draws"
-    )
-    parser.add_argument(
-        "--tables",
-        metavar="reference|FILE",
-        help="synthetic table sizes (users, items, categories, padding row not counted): the TBSM "
-        "reference run's (reference, default) or a FILE of 3 sizes",
-    )
-    parser.add_argument(
-        "--scale",
-        type=positive_float,
-        help=f"synthetic table sizes = --tables x scale (default {scale}; not with taobao-csv)",
-    )
-    parser.set_defaults(synthetic_scale=scale)
-    parser.add_argument("--ts-length", type=positive_int, default=TS_LENGTH, help="past events a sample")
-    parser.add_argument(
-        "--points-per-user", type=positive_int, default=POINTS_PER_USER, help="training samples a user"
-    )
-    parser.add_argument(
-        "--test-share",
-        type=fraction,
-        default=TEST_SHARE,
-        help="share of users (the last active) held out for validation, below 1",
-    )
-
-
 def open_taobao_source(args: argparse.Namespace, batch_size: int) -> TaobaoSource:
     """The TBSM Taobao source ``args.data`` names, its samples built.
 
@@ -247,10 +148,6 @@ def open_taobao_source(args: argparse.Namespace, batch_size: int) -> TaobaoSourc
     except ValueError as error:
         raise ValueError(f"--scale: {error}") from error
     return SyntheticTaobao(args.num_users, batch_size, table_sizes=sizes, **samples)
-
-
-def _add_data_option(parser: argparse.ArgumentParser, kinds_help: str) -> None:
-    parser.add_argument("--data", nargs="+", default=["synthetic"], metavar="SOURCE", help=kinds_help)
 
 
 def _kind_and_paths(data: Sequence[str], kinds: Sequence[str]) -> tuple[str, list[str]]:

@@ -20,19 +20,16 @@ from dataclasses import dataclass
 import numpy as np
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+# TS_LENGTH (past events a sample), POINTS_PER_USER (training windows a user at most, TBSM's
+# --points-per-user), TEST_SHARE (users held out for validation, the last active): the options' defaults
+from fae_torchrec.command_line import POINTS_PER_USER, TEST_SHARE, TS_LENGTH
 from fae_torchrec.data.block import SampleBlock, rebatch
 from fae_torchrec.data.source import BlockSource
 
-#: Past events per sample in the reference (the sample has one more step, the target).
-TS_LENGTH = 20
 #: The tables, in feature order; table ``t_user`` reads features ``user_00`` .. ``user_20``.
 TABLES = ("user", "item", "category")
 #: Users, items and categories of the reference run (TBSM's ``--arch-embedding-size``).
 REFERENCE_TABLE_SIZES = (987_994, 4_162_024, 9_439)
-#: Training windows drawn per training user at most (TBSM's ``--points-per-user``).
-POINTS_PER_USER = 10
-#: Share of users held out for validation: those whose last event is latest.
-TEST_SHARE = 0.3
 #: Behaviour codes of :class:`Events` (``UserBehavior.csv``'s ``behavior_type``), in code order.
 BEHAVIORS = ("pv", "buy", "cart", "fav")
 #: Samples per block of :meth:`TaobaoSource.raw_blocks`.

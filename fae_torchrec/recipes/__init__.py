@@ -1,10 +1,13 @@
 """The training recipe the examples run: a model family (``family``: DLRM, TBSM) trained with FAE or a
 TorchRec baseline from the command line (``options``), built in TorchRec's order (``build``: data,
-planner, DMP, optimizers, router) and trained with evaluations, checkpoints and outputs (``loop``)."""
+planner, DMP, optimizers, router) and trained with evaluations, checkpoints and outputs (``loop``).
 
-from fae_torchrec.recipes.build import Training, build_training, init_distributed
+The command line is parsed before torch is imported, so that ``--help`` and a bad option answer at once;
+``build``'s names are imported where first used."""
+
+import importlib
+
 from fae_torchrec.recipes.family import DLRM, FAMILIES, TBSM, ModelFamily
-from fae_torchrec.recipes.loop import main, run
 from fae_torchrec.recipes.options import parse_args
 
 __all__ = [
@@ -19,3 +22,26 @@ __all__ = [
     "parse_args",
     "run",
 ]
+
+
+def main(family: ModelFamily, argv: list[str] | None = None) -> dict:
+    """Train ``family`` as the command line ``argv`` says (``sys.argv`` when None); the run's metrics."""
+    args = parse_args(family, argv)  # --help and bad options exit here, before torch loads
+    from fae_torchrec.recipes.loop import train
+
+    return train(family, args)
+
+
+def run(family: ModelFamily) -> None:
+    """The command: train ``family``; a bad option, file or plan exits with status 2 and says why."""
+    args = parse_args(family)
+    from fae_torchrec.recipes.loop import run_parsed
+
+    run_parsed(family, args)
+
+
+def __getattr__(name: str):
+    """``build``'s names, imported (with torch) when first used."""
+    if name in ("Training", "build_training", "init_distributed"):
+        return getattr(importlib.import_module("fae_torchrec.recipes.build"), name)
+    raise AttributeError(f"module 'fae_torchrec.recipes' has no attribute {name!r}")

@@ -7,22 +7,15 @@ import argparse
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from torch import nn
-from torchrec.models.dlrm import DLRM as TorchRecDLRM
-from torchrec.models.dlrm import DLRMTrain
-
-from fae_torchrec.data.source import BlockSource
-from fae_torchrec.data.sources import (
-    add_data_arguments,
-    add_taobao_arguments,
-    default_tables,
-    open_source,
-    open_taobao_source,
-)
+from fae_torchrec.command_line import add_data_arguments, add_taobao_arguments
 from fae_torchrec.defaults import DEFAULTS, add_val_every_argument
-from fae_torchrec.models import TBSM as TBSMModel
-from fae_torchrec.train.prepare import BLOCK
+
+if TYPE_CHECKING:  # the models and sources import torch when a run builds them, not for --help
+    from torch import nn
+
+    from fae_torchrec.data.source import BlockSource
 
 
 @dataclass(frozen=True)
@@ -66,14 +59,26 @@ def _dlrm_arguments(parser: argparse.ArgumentParser) -> None:
 def _dlrm_source(args: argparse.Namespace) -> BlockSource:
     """The labelled data ``args`` name; its dense width goes to ``args.dense_in_features`` for the
     model (13 for Criteo's layout, the schema's dense columns for parquet and csv)."""
+    from fae_torchrec.data.sources import open_source
+    from fae_torchrec.train.prepare import BLOCK
+
     source = open_source(args, batch_size=BLOCK, require_labels=True)[0]
     args.dense_in_features = source.num_dense
     return source
 
 
+def _dlrm_named_defaults(args: argparse.Namespace) -> dict:
+    from fae_torchrec.data.sources import default_tables
+
+    return {"tables": args.tables or default_tables(args.data)}
+
+
 def _dlrm(sparse: nn.Module, args: argparse.Namespace) -> nn.Module:
     """TorchRec's DLRM; with no dense feature (a schema's ``dense = []``, as for Avazu) its dense arch
     is its first layer's bias, and PyTorch's notice that a zero-element weight takes no init is moot."""
+    from torchrec.models.dlrm import DLRM as TorchRecDLRM
+    from torchrec.models.dlrm import DLRMTrain
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Initializing zero-element tensors is a no-op", UserWarning)
         return DLRMTrain(
@@ -90,7 +95,18 @@ def _tbsm(sparse: nn.Module, args: argparse.Namespace) -> nn.Module:
     """TBSM with the reference run's layer sizes, the bottom MLP ending in ``--dim``; TorchRec's
     ``DLRMTrain`` is its binary cross-entropy wrapper (it serves any model of dense and sparse
     features)."""
+    from torchrec.models.dlrm import DLRMTrain
+
+    from fae_torchrec.models import TBSM as TBSMModel
+
     return DLRMTrain(TBSMModel(sparse, ts_length=args.ts_length, dense_arch_layer_sizes=[args.dim]))
+
+
+def _tbsm_source(args: argparse.Namespace) -> BlockSource:
+    from fae_torchrec.data.sources import open_taobao_source
+    from fae_torchrec.train.prepare import BLOCK
+
+    return open_taobao_source(args, batch_size=BLOCK)
 
 
 DLRM = ModelFamily(
@@ -101,7 +117,7 @@ DLRM = ModelFamily(
     build_model=_dlrm,
     sparse_path="model.sparse_arch.embedding_bag_collection",
     val_every=lambda args: args.val_every,
-    named_defaults=lambda args: {"tables": args.tables or default_tables(args.data)},
+    named_defaults=_dlrm_named_defaults,
     defaults=DEFAULTS["dlrm"].options(),
 )
 
@@ -112,7 +128,7 @@ TBSM = ModelFamily(
     add_arguments=lambda parser: add_taobao_arguments(
         parser, num_users=DEFAULTS["tbsm"].inputs, scale=DEFAULTS["tbsm"].scale
     ),
-    open_source=lambda args: open_taobao_source(args, batch_size=BLOCK),
+    open_source=_tbsm_source,
     build_model=_tbsm,
     sparse_path="model.embedding_bag_collection",
     # label balance and warm-up: without them FAE's hot steps, 60% positive against 40% for the other

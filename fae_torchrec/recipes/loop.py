@@ -21,14 +21,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from matplotlib.figure import Figure
 from torchrec.distributed.planner.types import PlannerError
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from fae_torchrec.logs import torchrec_quiet
-from fae_torchrec.recipes.build import build_training, init_distributed, kernels
+from fae_torchrec.recipes.build import build_training, disk_bytes, init_distributed, kernels
+from fae_torchrec.recipes.curves import compared_run, plot_curves
 from fae_torchrec.recipes.family import ModelFamily
-from fae_torchrec.recipes.options import check_resume_position, parse_args, resume_config
+from fae_torchrec.recipes.options import check_resume_position, resume_config
 from fae_torchrec.recipes.replan import Replanning, resumed_replan
 from fae_torchrec.tables import TableLayout
 from fae_torchrec.threads import share_cores
@@ -36,16 +37,17 @@ from fae_torchrec.train.checkpoint import Checkpoints
 from fae_torchrec.train.evaluation import evaluate, validation_batches
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.train.prepare import on_rank_zero
+from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.runner import StepRunner, steps_to_pause
+from fae_torchrec.units import format_bytes
 
 logger = logging.getLogger("fae_torchrec.recipes")
 #: The file in ``--out`` that a run holds locked while it runs.
 LOCK = ".lock"
 
 
-def main(family: ModelFamily, argv: list[str] | None = None) -> dict:
-    """Train ``family`` as the command line ``argv`` says (``sys.argv`` when None); the run's metrics."""
-    args = parse_args(family, argv)
+def train(family: ModelFamily, args: argparse.Namespace) -> dict:
+    """Train ``family`` as the parsed command line ``args`` says (:func:`parse_args`); the run's metrics."""
     # each line names the model, so that DLRM's and TBSM's logs tell apart
     logging.basicConfig(
         level=logging.WARNING, format=f"%(asctime)s {family.name} %(name)s: %(message)s", force=True
@@ -57,7 +59,8 @@ def main(family: ModelFamily, argv: list[str] | None = None) -> dict:
         logger.info("%s", threads)
     rank, world, device = init_distributed()
     try:
-        with torchrec_quiet(), _holding(Path(args.out)):
+        # log lines are written above the progress bars (tqdm.write), not into them
+        with torchrec_quiet(), _holding(Path(args.out)), logging_redirect_tqdm():
             return _train(args, rank, world, device, family)
     except BaseException as error:
         traceback.clear_frames(error.__traceback__)  # a failed run's model goes with its frames
@@ -139,7 +142,7 @@ def _train(
     progress = {
         "step": 0,
         "counts": {"hot_steps": 0, "cold_steps": 0},
-        "history": {"step": [], "loss": [], "eval_step": [], "auc": [], "log_loss": []},
+        "history": {"step": [], "loss": [], "hot": [], "eval_step": [], "auc": [], "log_loss": []},
     }
     history, counts = progress["history"], progress["counts"]
     first_epoch, first_step, offset = 0, 0, 0  # offset: the epoch's steps before its router's first
@@ -174,7 +177,7 @@ def _train(
         steps = router.epoch(epoch, start_step=done - offset)
         schedule = router.schedule(epoch)
         total = offset + len(schedule)
-        bar = tqdm(total=total, initial=done, desc=f"{mode} epoch {epoch}", disable=rank != 0)
+        bar = tqdm(total=total, initial=done, desc=f"{mode} epoch {epoch}", unit="step", disable=rank != 0)
         while done < total:
             # the steps up to the next evaluation, checkpoint or re-plan check: a pipeline trains them
             # all, then pauses
@@ -192,12 +195,12 @@ def _train(
                 done += 1
                 history["step"].append(step_index)
                 history["loss"].append(loss)
+                history.setdefault("hot", []).append(routed.hot)  # a checkpoint of an older run has none
                 if step_index % 20 == 0:
-                    bar.set_postfix(loss=f"{loss:.4f}")
+                    bar.set_postfix_str(_postfix(loss, counts, history), refresh=False)
             if args.eval_every and step_index % args.eval_every == 0:
-                result = evaluate(runner.paused(), (b.to(device) for b in validation))
-                _record(history, step_index, result)
-                router.report_validation_loss(result["log_loss"])
+                _evaluate(runner, validation, device, history, step_index, router, rank)
+                bar.set_postfix_str(_postfix(history["loss"][-1], counts, history))
             moved = None
             if replanning is not None and done < total:
                 moved = replanning.check(
@@ -223,9 +226,7 @@ def _train(
                 checkpoints.save(step_index, runner.paused(), training.optimizer, position, summary)
         bar.close()
         if not history["eval_step"] or history["eval_step"][-1] != step_index:
-            result = evaluate(runner.paused(), (b.to(device) for b in validation))
-            _record(history, step_index, result)
-            router.report_validation_loss(result["log_loss"])
+            _evaluate(runner, validation, device, history, step_index, router, rank)
     all_steps = step_seconds["hot"] + step_seconds["cold"]
     layout = TableLayout.of(tables)
     metrics = {
@@ -262,7 +263,11 @@ def _train(
         mode, throughput, counts["hot_steps"], counts["cold_steps"], metrics["final_auc"],
         metrics["final_log_loss"],
     )  # fmt: skip
-    on_rank_zero(lambda: _write(metrics, Path(args.out)))  # a failure ends every rank's run
+    written = on_rank_zero(
+        lambda: _write(metrics, Path(args.out), args.compare)
+    )  # a failure ends every rank's
+    if rank == 0:
+        logger.info("outputs in %s: %s", args.out, ", ".join(written))
     return metrics
 
 
@@ -277,36 +282,50 @@ def _mean_ms(seconds: list[float]) -> float | None:
     return 1000 * float(np.mean(seconds)) if seconds else None
 
 
-def _record(history: dict, step: int, result: dict) -> None:
+def _evaluate(
+    runner: StepRunner,
+    validation: list,
+    device: torch.device,
+    history: dict,
+    step: int,
+    router: BatchRouter,
+    rank: int,
+) -> None:
+    """Evaluate the model at ``step`` (collective), record the result in ``history``, tell the router
+    (its adaptive orders follow the validation loss) and log it on rank 0 as it happens."""
+    result = evaluate(runner.paused(), (b.to(device) for b in validation))
     history["eval_step"].append(step)
     history["auc"].append(result["auc"])
     history["log_loss"].append(result["log_loss"])
+    router.report_validation_loss(result["log_loss"])
+    if rank == 0:
+        logger.info("step %d: validation AUC %.4f, log loss %.4f", step, result["auc"], result["log_loss"])
 
 
-def _write(metrics: dict, out: Path) -> None:
+def _postfix(loss: float, counts: dict, history: dict) -> str:
+    """The training bar's figures: the loss, the hot and cold steps so far and the last validation AUC."""
+    auc = f", AUC {history['auc'][-1]:.4f}" if history["auc"] else ""
+    return f"loss {loss:.4f}, hot {counts['hot_steps']}, cold {counts['cold_steps']}{auc}"
+
+
+def _write(metrics: dict, out: Path, compare: str | None) -> list[str]:
+    """Write ``metrics.json`` and ``curves.png`` (with ``--compare``'s run) to ``out``; what ``out``
+    holds then, its folders with their size on disk."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
-    history = metrics["history"]
-    fig = Figure(figsize=(10, 4))
-    left, right = fig.subplots(1, 2)
-    losses = np.asarray(history["loss"])
-    window = max(1, len(losses) // 50)
-    smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
-    left.plot(history["step"][window - 1 :], smooth)
-    left.set_xlabel("step")
-    left.set_ylabel(f"train loss (moving mean of {window})")
-    right.plot(history["eval_step"], history["auc"], marker="o")
-    right.set_xlabel("step")
-    right.set_ylabel("validation AUC")
-    fig.suptitle(f"{metrics['model']}, {metrics['mode']}, {metrics['world_size']} rank(s)")
-    fig.tight_layout()
-    fig.savefig(out / "curves.png", dpi=110)
+    plot_curves(metrics, out / "curves.png", None if compare is None else compared_run(compare))
+    return [
+        f"{path.name}/ ({format_bytes(disk_bytes(path))})" if path.is_dir() else path.name
+        for path in sorted(out.iterdir())
+        if not path.name.startswith(".")
+    ]
 
 
-def run(family: ModelFamily) -> None:
-    """The command: train ``family``; a bad option, file or plan exits with status 2 and says why."""
+def run_parsed(family: ModelFamily, args: argparse.Namespace) -> None:
+    """The command, its line parsed: train ``family``; a bad option, file or plan exits with status 2 and
+    says why."""
     try:
-        main(family)
+        train(family, args)
     except (ValueError, OSError, PlannerError) as error:
         logger.error("%s", error)
         raise SystemExit(2) from error

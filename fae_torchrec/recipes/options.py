@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import TYPE_CHECKING
 
 from fae_torchrec.arguments import (
     byte_size,
@@ -15,11 +16,12 @@ from fae_torchrec.arguments import (
     share,
     unwritable_directory,
 )
+from fae_torchrec.command_line import OPTIMIZER_NAMES, ORDERS, PIPELINES, STREAM_ORDERS, HelpFormatter
+from fae_torchrec.recipes.curves import compared_run
 from fae_torchrec.recipes.family import ModelFamily
-from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
-from fae_torchrec.train.replan import ReplanPolicy
-from fae_torchrec.train.runner import PIPELINES
-from fae_torchrec.train.schedule import ORDERS, STREAM_ORDERS, check_warmup
+
+if TYPE_CHECKING:  # imported when the options are checked, after --help
+    from fae_torchrec.train.replan import ReplanPolicy
 
 logger = logging.getLogger("fae_torchrec.recipes")
 
@@ -30,7 +32,7 @@ BASELINES = ("torchrec", "scaleup", "hbm")
 def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.Namespace:
     """The options of the recipe for ``family`` (its data options first); exits with status 2 on a bad
     option or combination."""
-    parser = argparse.ArgumentParser(description=family.description)
+    parser = argparse.ArgumentParser(description=family.description, formatter_class=HelpFormatter)
     family.add_arguments(parser)
     parser.add_argument(
         "--baseline",
@@ -47,7 +49,7 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
     )
     parser.add_argument("--dim", type=positive_int, help="embedding dimension")
     parser.add_argument("--batch-size", type=positive_int, help="per-rank batch size")
-    parser.add_argument("--epochs", type=positive_int, default=1)
+    parser.add_argument("--epochs", type=positive_int, default=1, help="passes over the training inputs")
     parser.add_argument("--sample", type=fraction, help="profiled fraction of inputs")
     parser.add_argument(
         "--exclude-profiled",
@@ -103,7 +105,7 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
         "batch's cache misses, with every UVM cache planned for it (CacheParams(prefetch_pipeline=True)); "
         "none: a plain loop (default: prefetch on CUDA, sparse on CPU)",
     )
-    parser.add_argument("--optimizer", choices=sorted(EMBEDDING_OPTIMIZERS))
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES), help="embedding optimizer")
     parser.add_argument("--lr", type=positive_float, default=0.05, help="embedding learning rate")
     parser.add_argument("--dense-lr", type=positive_float, default=0.05, help="dense (Adagrad) learning rate")
     parser.add_argument(
@@ -128,13 +130,26 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
         help="steps the measured share spans, between auto's checks, and the recent counts' half-life",
     )
     parser.add_argument("--out", default="runs/train", help="metrics.json and curves.png go here")
+    parser.add_argument(
+        "--compare",
+        metavar="RUN",
+        help="another run's metrics.json, or its --out folder (such as a --baseline run's), drawn in grey "
+        "in curves.png beside this run's",
+    )
     parser.add_argument("--checkpoint-dir", help="write a checkpoint here every --checkpoint-every steps")
-    parser.add_argument("--checkpoint-every", type=non_negative_int, default=0)
+    parser.add_argument(
+        "--checkpoint-every", type=non_negative_int, default=0, help="steps between checkpoints"
+    )
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
     parser.set_defaults(**family.defaults)  # fae_torchrec.defaults: those of profile and plan too
     args = parser.parse_args(argv)
     if args.warmup is None:
         args.warmup = family.warmup if args.order in STREAM_ORDERS else 0.0
+    if args.compare is not None:
+        try:
+            compared_run(args.compare)  # refused before the run, not after it
+        except ValueError as error:
+            parser.error(str(error))
     problem = _invalid_combination(args)
     if problem:
         parser.error(problem)
@@ -147,6 +162,8 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
 
 def replan_policy(words: list[str], window: int) -> ReplanPolicy:
     """``--replan``'s words as a policy: ``never``, ``auto`` or ``every N``."""
+    from fae_torchrec.train.replan import ReplanPolicy
+
     if words in (["never"], ["auto"]):
         return ReplanPolicy(words[0], every=window, window=window)
     if len(words) == 2 and words[0] == "every" and words[1].isdigit() and int(words[1]) > 0:
@@ -165,6 +182,8 @@ def _invalid_combination(args: argparse.Namespace) -> str | None:
         return "--plan: a plan of FAE's split tables; a --baseline plans its unsplit tables itself"
     if args.stats and args.exclude_profiled:
         return "--exclude-profiled: which inputs --stats sampled is not in the statistics file; profile here"
+    from fae_torchrec.train.schedule import check_warmup
+
     try:
         check_warmup(args.warmup, args.order)
     except ValueError as error:
@@ -195,7 +214,7 @@ def check_resume_position(args: argparse.Namespace, epoch: int, step: int, epoch
 def resume_config(args: argparse.Namespace, family: ModelFamily) -> dict:
     """The options a resumed run must share with the run that saved, keyed as written on the command
     line (every option but these: how long to train, how often to evaluate and save, where to write)."""
-    free = {"epochs", "eval_every", "out", "checkpoint_dir", "checkpoint_every", "resume"}
+    free = {"epochs", "eval_every", "out", "checkpoint_dir", "checkpoint_every", "resume", "compare"}
     chosen = {**vars(args), **family.named_defaults(args)}  # defaults computed from other options, named
     chosen["replan"] = repr(args.replan)
     return {f"--{key.replace('_', '-')}": value for key, value in chosen.items() if key not in free}

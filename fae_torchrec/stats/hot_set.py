@@ -18,6 +18,11 @@ from fae_torchrec.tables import TableLayout
 #: partition's files and of the planner's parts.
 HOT, COLD = "hot", "cold"
 PARTS = (HOT, COLD)
+#: The warning of a budget that makes every input hot (``profile``, the training recipe).
+EVERYTHING_HOT = (
+    "every input is hot (the hot set holds every row, or the hot-input share is 100%%): FAE then trains "
+    "hot steps only, as TorchRec would with every table in device memory; choose a budget below %s"
+)
 #: ``HotRowIndex.table_kind``: a table with hot and cold rows, every row hot, no row hot.
 SPLIT, ALL_HOT, ALL_COLD = 0, 1, 2
 
@@ -124,6 +129,11 @@ class HotSet:
     @property
     def total_hot(self) -> int:
         return sum(len(ids) for ids in self.hot_ids)
+
+    @property
+    def holds_every_row(self) -> bool:
+        """Whether every row of every table is hot: every input is then hot, and FAE does nothing."""
+        return all(len(ids) == c.num_embeddings for c, ids in zip(self.tables, self.hot_ids, strict=True))
 
     def hot_bytes(self, optimizer_class: type[torch.optim.Optimizer] | None = None) -> int:
         """Bytes of all hot rows, optimizer state included."""

@@ -80,11 +80,13 @@ class AccessProfiler:
     def profile(
         self, batches: Iterable[BatchLike], total: int | None = None, progress: bool = False
     ) -> AccessStats:
-        """Update with every batch and return the stats (``progress`` draws a bar over ``total`` batches)."""
-        for batch in tqdm(
-            batches, total=total, desc="profiling", unit="batch", leave=False, disable=not progress
-        ):
-            self.update(batch)
+        """Update with every batch and return the stats (``progress`` draws a bar over ``total`` inputs)."""
+        bar = tqdm(
+            total=total, desc="profiling", unit="input", unit_scale=True, leave=False, disable=not progress
+        )
+        for batch in batches:
+            bar.update(len(self.update(batch)))
+        bar.close()
         return self.stats()
 
     def stats(self) -> AccessStats:

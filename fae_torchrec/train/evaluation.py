@@ -51,6 +51,40 @@ def validation_batches(
     return [routed.batch for routed in router.epoch(0)]
 
 
+def repeated_inputs(validation: SampleBlock, training: HotColdPartition, chunk: int = 1 << 18) -> int:
+    """How many ``validation`` inputs repeat a training input's features (every id and dense value
+    alike; labels aside): a validation set that repeats its training set measures memory, not
+    generalisation. Inputs compare by a 64-bit hash of their features' bytes (a false match among ``v``
+    validation and ``t`` training inputs has odds about ``v * t / 2**64``); ``training``'s parts are
+    read ``chunk`` inputs at a time, so a memory-mapped partition pages through once."""
+    if validation is None or not len(validation):
+        return 0
+    seen, where = np.unique(_row_hashes(validation.ids, validation.dense), return_inverse=True)
+    found = np.zeros(len(seen), dtype=bool)
+    for part in (training.hot, training.cold):
+        for start in range(0, len(part), chunk):
+            rows = _row_hashes(part.ids[start : start + chunk], part.dense[start : start + chunk])
+            at = np.minimum(np.searchsorted(seen, rows), len(seen) - 1)
+            found[at[seen[at] == rows]] = True
+    return int(np.count_nonzero(found[where]))
+
+
+def _row_hashes(ids: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    """A 64-bit hash per input of its ids (as int64) and dense values (as float32): its bytes as 64-bit
+    words, each times its own fixed odd multiplier, summed (wrapping)."""
+    parts = [
+        np.ascontiguousarray(a, dtype=dtype)
+        .view(np.uint8)
+        .reshape(len(a), np.dtype(dtype).itemsize * a[0].size)
+        for a, dtype in ((ids, np.int64), (dense, np.float32))
+    ]
+    width = sum(part.shape[1] for part in parts)
+    padding = np.zeros((len(ids), -width % 8), dtype=np.uint8)
+    words = np.ascontiguousarray(np.concatenate([*parts, padding], axis=1)).view(np.uint64)
+    multipliers = np.random.default_rng(0).integers(0, 2**64, words.shape[1], np.uint64, endpoint=False) | 1
+    return (words * multipliers).sum(axis=1, dtype=np.uint64)
+
+
 def _gathered(values: torch.Tensor) -> torch.Tensor:
     """Every rank's ``values``, in rank order, made by ``all_reduce`` into a zero buffer rather than
     ``all_gather``: on gloo (CPU) the first ``all_gather`` slows every later training step of the

@@ -29,6 +29,8 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from fae_torchrec.command_line import OPTIMIZER_NAMES
+
 logger = logging.getLogger(__name__)
 
 #: TorchRec's placeholders for fused optimizers, and the optimizers that run the same rule on a dense
@@ -39,12 +41,13 @@ DENSE_COUNTERPARTS: dict[type[torch.optim.Optimizer], type[torch.optim.Optimizer
     torchrec.optim.Adam: torch.optim.Adam,
 }
 #: Embedding optimizers by the name the command line and the examples give them.
-EMBEDDING_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
-    "sgd": torch.optim.SGD,
-    "adagrad": torch.optim.Adagrad,
-    "rowwise_adagrad": torchrec.optim.RowWiseAdagrad,
-    "adam": torch.optim.Adam,
-}
+EMBEDDING_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = dict(
+    zip(
+        OPTIMIZER_NAMES,
+        (torch.optim.SGD, torch.optim.Adagrad, torchrec.optim.RowWiseAdagrad, torch.optim.Adam),
+        strict=True,
+    )
+)
 #: Per dense optimizer class, its per-row state by the name of the same state in FBGEMM's fused form
 #: (a table's rows move between the two forms when FAE re-plans: ``fae_torchrec.train.resplit``).
 ROW_STATE: dict[type[torch.optim.Optimizer], dict[str, str]] = {

@@ -135,17 +135,17 @@ class HotColdPartition:
         progress: bool = False,
     ) -> HotColdPartition:
         """Partition to ``directory`` block by block (memory stays one block), then open it
-        (``balance`` and ``seed`` as in :meth:`of`; ``progress`` draws a bar over ``total`` blocks)."""
+        (``balance`` and ``seed`` as in :meth:`of`; ``progress`` draws a bar over ``total`` inputs)."""
         check_share(balance, "label balance")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         writers: dict[tuple[str, str], NpyAppender] = {}
         is_hot = NpyAppender(directory / "is_hot.npy", np.dtype(bool), ())
         ids_per_feature = None
-        blocks = tqdm(
-            blocks, total=total, desc="partitioning", unit="block", leave=False, disable=not progress
-        )
+        bar = tqdm(total=total, desc="partitioning", unit="input", unit_scale=True, leave=False,
+                   disable=not progress)  # fmt: skip
         for index, block in enumerate(blocks):
+            bar.update(len(block))
             ids_per_feature = block.ids_per_feature
             block, hot = _with_part_ids(block, hot_set, keys, balance, generator(seed, "balance", index))
             is_hot.append(hot)
@@ -158,6 +158,7 @@ class HotColdPartition:
                             directory / f"{part}_{field}.npy", array.dtype, array.shape[1:]
                         )
                     writers[key].append(array)
+        bar.close()
         for writer in (*writers.values(), is_hot):
             writer.close()
         if ids_per_feature is None:

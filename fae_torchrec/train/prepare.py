@@ -287,11 +287,14 @@ def _profile_and_partition(
     partition is written to ``directory``, and the ``spools`` read are removed."""
     profiler = AccessProfiler(tables, sample, seed=seed)
     profiled = []  # with exclude_profiled, per training block, the inputs the profile counted
-    blocks = _split(source, False, val_every)
-    for block in tqdm(blocks, desc="profiling", unit="block", leave=False, disable=not progress):
+    bar = tqdm(total=_training_inputs(source, val_every), desc="profiling", unit="input", leave=False,
+               unit_scale=True, disable=not progress)  # fmt: skip
+    for block in _split(source, False, val_every):
         counted = profiler.update(block.to_batch(source.feature_names))
+        bar.update(len(block))
         if exclude_profiled:
             profiled.append(np.flatnonzero(counted).astype(np.int32))
+    bar.close()
     if profiler.num_inputs == 0:
         raise ValueError(f"no training input: {names['data']} has no inputs")
     if exclude_profiled and profiler.num_sampled == profiler.num_inputs:
@@ -325,11 +328,21 @@ def _profile_and_partition(
             for block, counted in zip(training, profiled, strict=True)
         )
     HotColdPartition.write(
-        training, hot_set, source.feature_names, directory, balance=balance, seed=seed, progress=progress
-    )
+        training, hot_set, source.feature_names, directory, balance=balance, seed=seed, progress=progress,
+        total=profiler.num_inputs - (profiler.num_sampled if exclude_profiled else 0),
+    )  # fmt: skip
     if spools:
         shutil.rmtree(directory / SPOOLS)
     return stats, SampleBlock.concat(held_out) if held_out else None, hot_set
+
+
+def _training_inputs(source: BlockSource, val_every: int | None) -> int | None:
+    """How many training inputs ``source`` holds, where its size is known before reading it (synthetic
+    data, Criteo npy files, Taobao sources); None otherwise (text files)."""
+    if val_every is None:
+        return getattr(source, "num_train", None)
+    inputs = getattr(source, "num_samples", None)
+    return None if inputs is None else inputs - (inputs // val_every if val_every else 0)
 
 
 def _check_batch_size(

@@ -11,12 +11,10 @@ from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.train_pipeline import PrefetchTrainPipelineSparseDist, TrainPipelineSparseDist
 
+from fae_torchrec.command_line import PIPELINES
 from fae_torchrec.train.pipeline import FAEPrefetchTrainPipeline, FAETrainPipeline
 from fae_torchrec.train.router import RoutedBatch
 from fae_torchrec.train.step import train_step
-
-#: ``StepRunner``'s kinds: TorchRec's train pipeline, its prefetch pipeline (CUDA), or a plain loop.
-PIPELINES = ("sparse", "prefetch", "none")
 
 #: Per step: the routed batch, its loss, the step's seconds and the seconds spent getting its batch.
 TrainedStep = tuple[RoutedBatch, float, float, float]

@@ -47,15 +47,16 @@ from itertools import pairwise
 import numpy as np
 
 from fae_torchrec.arguments import check_share
+
+# ORDERS: the step orders; STREAM_ORDERS: those that read the data in blocks, each block's inputs sorted
+# into the hot and cold streams
+from fae_torchrec.command_line import ORDERS, STREAM_ORDERS
 from fae_torchrec.seeds import generator
 from fae_torchrec.stats.hot_set import COLD, HOT
 
-ORDERS = ("stream", "time", "shuffled", "phases", "adaptive")
 #: Runs of hot steps the adaptive order starts with.
 ADAPTIVE_RUNS = 8
 
-#: The orders that read the data in blocks, each block's inputs sorted into the hot and cold streams.
-STREAM_ORDERS = ("stream", "time")
 #: Inputs of ``is_hot`` the stream order counts at a time.
 COUNT_CHUNK = 1 << 22
 #: A contiguous range of one part: (part, start, stop).
