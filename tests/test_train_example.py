@@ -333,7 +333,8 @@ def test_replanning_every_20_steps_keeps_the_hot_steps_of_never_on_drifting_days
 @pytest.mark.slow
 def test_replanning_from_a_small_profile_and_a_resume_after_a_replan(tmp_path):
     """Time-ordered synthetic days whose popularity rotates, two epochs of 105 steps, a profile of 0.2% of
-    the inputs (108: too few to rank the rows): ``--replan every 20`` moves to the recent counts' hot set,
+    the inputs (108: too few to rank the rows): ``--replan every 20`` moves, first in the first epoch, to the
+    recent counts' hot set,
     with its rows and their optimizer state, where it makes more of the inputs left to train hot, and
     trains more hot steps than the profile's plan; the epoch after a re-plan reads the data partitioned
     anew. A run checkpointed every 45 steps trains as one that is not; resumed from its checkpoint at
@@ -344,7 +345,7 @@ def test_replanning_from_a_small_profile_and_a_resume_after_a_replan(tmp_path):
     launcher = (sys.executable,)
     straight = _run(tmp_path / "straight", *common, launcher=launcher)
     replans = [d["step"] for d in straight["replans"]]
-    assert straight["checks"] == 10 and replans and max(replans) < 105, replans
+    assert straight["checks"] == 10 and replans and min(replans) < 105, replans
     is_hot = HotColdPartition.open(tmp_path / "straight" / "out" / "partition-fae").is_hot
     planned = 2 * sum(step.hot for step in make_schedule(is_hot, 512, order="time"))
     assert straight["hot_steps"] > planned, (straight["hot_steps"], planned)

@@ -22,8 +22,6 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.keyed import CombinedOptimizer
 
-from fae_torchrec.data.block import SampleBlock
-from fae_torchrec.data.source import BlockSource
 from fae_torchrec.modules import FAEEmbeddingBagCollection, load_initial_tables
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.stats.access_stats import AccessStats
@@ -32,7 +30,7 @@ from fae_torchrec.tables import TableLayout
 from fae_torchrec.train.evaluation import repeated_inputs
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS, EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
-from fae_torchrec.train.prepare import BLOCK, NAMED_PARAMETERS, PreparedData, on_rank_zero, prepare_data
+from fae_torchrec.train.prepare import NAMED_PARAMETERS, PreparedData, on_rank_zero, prepare_data
 from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.step import find_fae_module
 from fae_torchrec.units import format_bytes, parse_bytes
@@ -99,23 +97,25 @@ def prepare(
     plan_file: PlanFile | None = None,
     device: torch.device | None = None,
 ) -> tuple[list[EmbeddingBagConfig], PreparedData]:
-    """The tables of ``args``' data and the data prepared for them (collective): FAE's partition, or the
-    baseline's, all cold, in ``--out``, profiled here (:func:`prepare_data`) or, with ``--stats``, the
-    hot set chosen from its statistics (:func:`_prepare_from_stats`; ``plan_file`` and this rank's
-    ``device`` as there); the statistics saved there too."""
+    """The tables of ``args``' data and the data prepared for them (collective, :func:`prepare_data`):
+    FAE's partition, or the baseline's, all cold, in ``--out``, profiled here or, with ``--stats``, the
+    hot set chosen from its statistics (with ``plan_file``, the one the plan was made for, checked against
+    it and the run on this rank's ``device`` before anything is written); the statistics saved there
+    too."""
     source = family.open_source(args)
     tables = source.table_configs(args.dim)
     out = Path(args.out)
     directory = out / f"partition-{'baseline' if args.baseline else 'fae'}"
-    if args.stats:
-        data = _prepare_from_stats(args, family, source, tables, directory, plan_file, device)
-    else:
-        data = prepare_data(
-            source, tables, directory, sample=args.sample, batch_size=args.batch_size,
-            hot_budget=None if args.baseline else parse_bytes(args.budget), val_every=family.val_every(args),
-            balance=args.balance, seed=args.seed, exclude_profiled=args.exclude_profiled,
-            names={"data": f"--data {' '.join(args.data)}", **_OPTIONS}, progress=True,
-        )  # fmt: skip
+    stats = on_rank_zero(lambda: _load_stats(args, tables, plan_file, device)) if args.stats else None
+    budget = plan_file.made_for["hot_bytes"] if plan_file is not None else parse_bytes(args.budget)
+    data = prepare_data(
+        source, tables, directory, sample=args.sample, batch_size=args.batch_size,
+        hot_budget=None if args.baseline else budget, optimizer_class=EMBEDDING_OPTIMIZERS[args.optimizer],
+        stats=stats, val_every=family.val_every(args), balance=args.balance, seed=args.seed,
+        exclude_profiled=args.exclude_profiled,
+        names={"data": f"--data {' '.join(args.data)}", **_OPTIONS, "stats": f"--stats {args.stats}"},
+        progress=True,
+    )  # fmt: skip
     if not (args.stats and Path(args.stats).resolve() == (out / "stats.npz").resolve()):
         on_rank_zero(lambda: data.stats.save(out / "stats.npz"))  # a failure ends every rank's run
     if not dist.is_initialized() or dist.get_rank() == 0:
@@ -123,68 +123,34 @@ def prepare(
     return tables, data
 
 
-def _prepare_from_stats(
+def _load_stats(
     args: argparse.Namespace,
-    family: ModelFamily,
-    source: BlockSource,
     tables: list[EmbeddingBagConfig],
-    directory: Path,
     plan_file: PlanFile | None,
     device: torch.device | None,
-) -> PreparedData:
-    """:func:`prepare_data` with ``--stats``' statistics instead of a profile (collective): the hot set
-    of ``--budget`` (the baseline's: none), or with ``plan_file`` the one the plan was made for, checked
-    against it and the run (on ``device``) before anything is written; rank 0 holds the validation
-    inputs out and writes the partition, every rank opens it. Raises ``ValueError`` naming the option
-    when the statistics are not of the training inputs of ``--data``."""
+) -> AccessStats:
+    """``--stats``' statistics for ``tables`` at ``--dim``; with ``plan_file``, the plan checked against
+    the run (on ``device``) and its hot set against the one these statistics give for the plan's budget.
+    Raises ``ValueError`` naming the option when the statistics are of other tables."""
     world = dist.get_world_size() if dist.is_initialized() else 1
-
-    def write() -> tuple[AccessStats, SampleBlock, HotSet]:
-        run = {"world_size": world, "dim": args.dim, "tables": TableLayout.of(tables).describe()}
-        if plan_file is not None:
-            run |= {"device": device.type, "optimizer": args.optimizer, "stats": file_digest(args.stats)}
-            _check_plan(args, plan_file, run)
-        try:  # counted at any dim: the counts do not depend on it
-            stats = AccessStats.load(args.stats).with_embedding_dim(args.dim)
-        except (ValueError, OSError) as error:
-            raise ValueError(f"--stats {args.stats}: {getattr(error, 'strerror', None) or error}") from error
-        if stats.layout.describe() != run["tables"]:
-            raise ValueError(
-                f"--stats {args.stats}: statistics of other tables than --data's, tables "
-                f"{difference(stats.layout.describe(), run['tables'])}"
-            )
-        stats = replace(stats, tables=tuple(tables))
-        ranking = stats.ranking(EMBEDDING_OPTIMIZERS[args.optimizer])
-        if plan_file is None:
-            hot_set = ranking.hot_set(0 if args.baseline else parse_bytes(args.budget))
-        else:
-            hot_set = ranking.hot_set(plan_file.made_for["hot_bytes"])
-            _check_plan(args, plan_file, {"hot_set": hot_set.digest})
-        every = family.val_every(args)
-        data = f"--data {' '.join(args.data)}"
-        validation = list(source.split_blocks(True, every, BLOCK))
-        if not validation:
-            raise ValueError(f"no validation input: {data} holds none out")
-        training = source.split_blocks(False, every, BLOCK)
-        partition = HotColdPartition.write(
-            training, hot_set, source.feature_names, directory, balance=args.balance, seed=args.seed,
-            progress=True, total=stats.num_inputs,
-        )  # fmt: skip
-        num_train = len(partition.hot) + len(partition.cold)
-        if num_train != stats.num_inputs:
-            raise ValueError(
-                f"--stats {args.stats}: statistics of {stats.num_inputs:,} training inputs, but {data} has "
-                f"{num_train:,} (other data, or another --num-samples, --seed or --val-every?)"
-            )
-        if num_train < args.batch_size * world:
-            raise ValueError(
-                f"--batch-size {args.batch_size} on {world} rank(s) is larger than the "
-                f"training data: {data} has {num_train:,} training inputs"
-            )
-        return stats, SampleBlock.concat(validation), hot_set
-
-    stats, validation, hot_set = on_rank_zero(write)
-    return PreparedData(stats, validation, HotColdPartition.open(directory), hot_set)
+    run = {"world_size": world, "dim": args.dim, "tables": TableLayout.of(tables).describe()}
+    if plan_file is not None:
+        run |= {"device": device.type, "optimizer": args.optimizer, "stats": file_digest(args.stats)}
+        _check_plan(args, plan_file, run)
+    try:  # counted at any dim: the counts do not depend on it
+        stats = AccessStats.load(args.stats).with_embedding_dim(args.dim)
+    except (ValueError, OSError) as error:
+        raise ValueError(f"--stats {args.stats}: {getattr(error, 'strerror', None) or error}") from error
+    if stats.layout.describe() != run["tables"]:
+        raise ValueError(
+            f"--stats {args.stats}: statistics of other tables than --data's, tables "
+            f"{difference(stats.layout.describe(), run['tables'])}"
+        )
+    stats = replace(stats, tables=tuple(tables))
+    if plan_file is not None:
+        hot_set = stats.hot_set(plan_file.made_for["hot_bytes"], EMBEDDING_OPTIMIZERS[args.optimizer])
+        _check_plan(args, plan_file, {"hot_set": hot_set.digest})
+    return stats
 
 
 def _describe(args: argparse.Namespace, folder: Path, data: PreparedData) -> None:
@@ -239,7 +205,7 @@ def build_training(
     if replanned is not None:
         stats = AccessStats.load(replanned.folder / "stats.npz", tables)
         partition = HotColdPartition.open(replanned.folder / replanned.partition)
-        hot_set = stats.hot_set(parse_bytes(args.budget))
+        hot_set = stats.hot_set(parse_bytes(args.budget), EMBEDDING_OPTIMIZERS[args.optimizer])
     # a resumed re-plan's hot set is not the plan's: planned again, as the re-plan was
     plan_file = plan_file if replanned is None else None
     plan, dmp, dense = shard_model(args, family, tables, stats, hot_set, world, device, plan_file)
@@ -283,8 +249,9 @@ def shard_model(
     planner = None
     if plan_file is None:
         planner = _planner(
-            mode, world, device, hbm_cap, stats, args.batch_size, budget, args.pipeline == "prefetch"
-        )
+            mode, world, device, hbm_cap, stats, args.batch_size, budget, args.pipeline == "prefetch",
+            optimizer_class=EMBEDDING_OPTIMIZERS[args.optimizer],
+        )  # fmt: skip
     model = family.build_model(sparse, args)
     embedding_optimizer(args).apply(sparse)
     del sparse  # DMP replaces it (or its parts) by sharded modules
@@ -369,10 +336,13 @@ def _planner(
     batch_size: int,
     budget: int,
     prefetch: bool,
+    *,
+    optimizer_class: type[torch.optim.Optimizer] | None,
 ) -> ShardingPlanner:
     """The planner of ``mode``: FAE's, or the baseline's from ``planner.baseline``. On CUDA ``hbm``
     may use the device's whole memory, the others ``hbm_cap`` (TorchRec's default when None). With
-    ``prefetch`` every UVM cache is planned for TorchRec's prefetch pipeline."""
+    ``prefetch`` every UVM cache is planned for TorchRec's prefetch pipeline; FAE's hot rows and caches
+    cost their ``optimizer_class`` state, as the hot set counts them."""
     if mode == "hbm" and device.type == "cuda":
         hbm_cap = torch.cuda.get_device_properties(device).total_memory
     topology = make_topology(world, device.type, hbm_cap)
@@ -382,6 +352,7 @@ def _planner(
             stats,
             batch_size=batch_size,
             hot_budget_bytes=budget,
+            optimizer_class=optimizer_class,
             cache_params=CacheParams(prefetch_pipeline=prefetch),
         )
     if mode == "scaleup":

@@ -29,6 +29,7 @@ from fae_torchrec.stats.holdout import Holdout
 from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.stats.hot_share import estimate_hot_share
 from fae_torchrec.stats.recent import RecentAccessCounts
+from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.prepare import on_rank_zero, repartition
 from fae_torchrec.train.replan import ReplanDecision, Replanner
@@ -81,7 +82,14 @@ class Replanning:
         # the table of each id column of the partition's inputs
         self._columns = np.repeat([layout.table_of(key) for key in full.keys], full.hot.ids_per_feature)
         planned = estimate_hot_share(training.stats, hot_set)
-        self.replanner = Replanner(self.counts, hot_set, planned, parse_bytes(args.budget), None, args.replan)
+        self.replanner = Replanner(
+            self.counts,
+            hot_set,
+            planned,
+            parse_bytes(args.budget),
+            EMBEDDING_OPTIMIZERS[args.optimizer],
+            args.replan,
+        )
         #: The last re-plan's folder (None: none yet), and the epoch whose rest its partition holds.
         self.folder: Path | None = None
         self.epoch: int | None = None

@@ -46,7 +46,7 @@ BLOCK = 4096
 SPOOLS = "batches"
 T = TypeVar("T")
 #: The parameters of :func:`prepare_data` its messages name (``names`` may rename them).
-NAMED_PARAMETERS = ("sample", "batch_size", "val_every", "exclude_profiled")
+NAMED_PARAMETERS = ("sample", "batch_size", "val_every", "exclude_profiled", "stats")
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,7 @@ def prepare_data(
     batch_size: int,
     hot_budget: int | None,
     optimizer_class: type[torch.optim.Optimizer] | None = None,
+    stats: AccessStats | None = None,
     num_batches: int | None = None,
     each_rank: bool | None = None,
     val_every: int | None = 0,
@@ -101,7 +102,10 @@ def prepare_data(
     A hot row costs its weights and its ``optimizer_class`` state (``AccessStats.hot_set``; None: SGD's,
     none): give the embedding optimizer the model trains with (``torchrec.optim.RowWiseAdagrad``, a
     ``torch.optim`` class, a value of ``fae_torchrec.train.EMBEDDING_OPTIMIZERS``), as to
-    ``FAEShardingPlanner``, so that the budget counts what the planner counts.
+    ``FAEShardingPlanner``, so that the budget counts what the planner counts. ``stats``: the statistics
+    of a profile made before (``fae-torchrec profile``'s file, ``AccessStats.load``) of these training
+    inputs, to choose the hot set from instead of profiling here; ``ValueError`` when they count another
+    number of training inputs.
 
     Every ``val_every``-th input is held out for validation (0, the default: none, every input trains;
     None: the source's own split, such as TBSM's by time). With ``exclude_profiled`` the partition holds
@@ -132,6 +136,10 @@ def prepare_data(
             f"the {type(source).__name__} is endless (its num_batches is None): give prepare_data "
             "num_batches=, the number of its batches to profile and train on"
         )
+    if stats is not None and exclude_profiled:
+        raise ValueError(
+            "exclude_profiled needs a profile made here: which inputs stats sampled is not known"
+        )
     names = {"data": "the data", **{key: key for key in NAMED_PARAMETERS}, **(names or {})}
     spools = []
     if not isinstance(source, BlockSource):
@@ -139,8 +147,8 @@ def prepare_data(
     stats, validation, hot_set = on_rank_zero(
         lambda: _profile_and_partition(
             source if isinstance(source, BlockSource) else _read_spools(spools, tables), tables,
-            Path(directory), sample, batch_size, hot_budget, optimizer_class, val_every, balance, seed,
-            exclude_profiled, names, progress, spools,
+            Path(directory), sample, batch_size, hot_budget, optimizer_class, stats, val_every, balance,
+            seed, exclude_profiled, names, progress, spools,
         )
     )  # fmt: skip
     return PreparedData(stats, validation, _open_on_every_rank(Path(directory)), hot_set)
@@ -275,6 +283,7 @@ def _profile_and_partition(
     batch_size: int,
     hot_budget: int | None,
     optimizer_class: type[torch.optim.Optimizer] | None,
+    stats: AccessStats | None,
     val_every: int | None,
     balance: float,
     seed: int,
@@ -283,10 +292,66 @@ def _profile_and_partition(
     progress: bool,
     spools: Sequence[Path],
 ) -> tuple[AccessStats, SampleBlock | None, HotSet]:
-    """Rank 0's part of :func:`prepare_data`: the statistics, the validation set and the hot set; the
-    partition is written to ``directory``, and the ``spools`` read are removed."""
+    """Rank 0's part of :func:`prepare_data`: the statistics (``stats``, else profiled here), the
+    validation set and the hot set; the partition is written to ``directory``, and the ``spools`` read are
+    removed."""
+    profiler, profiled = None, None  # with exclude_profiled, per training block, the inputs profiled
+    if stats is None:
+        profiler, profiled = _profile(
+            source, tables, sample, val_every, seed, exclude_profiled, names, progress
+        )
+    num_inputs, num_sampled = (stats or profiler).num_inputs, (stats or profiler).num_sampled
+    held_out = list(_split(source, True, val_every))
+    if not held_out and val_every != 0:
+        raise ValueError(
+            f"no validation input: {names['data']} has {num_inputs} inputs, fewer than "
+            f"{names['val_every']} {val_every} (one input in every {val_every} is held out for validation)"
+            if val_every
+            else f"no validation input: {names['data']} has {num_inputs} training inputs and none "
+            "to validate on"
+        )
+    num_train = num_inputs - (num_sampled if exclude_profiled else 0)
+    _check_batch_size(batch_size, num_train, exclude_profiled, names)
+    stats = stats or profiler.stats()
+    hot_set = (
+        HotSet(tuple(tables), tuple(np.empty(0, dtype=np.int64) for _ in tables))
+        if hot_budget is None
+        else stats.hot_set(hot_budget, optimizer_class)
+    )
+    training = _split(source, False, val_every)
+    if profiled is not None:
+        training = (
+            block.select(np.delete(np.arange(len(block)), counted))
+            for block, counted in zip(training, profiled, strict=True)
+        )
+    partition = HotColdPartition.write(
+        training, hot_set, source.feature_names, directory, balance=balance, seed=seed, progress=progress,
+        total=num_train,
+    )  # fmt: skip
+    if spools:
+        shutil.rmtree(directory / SPOOLS)
+    if len(partition.hot) + len(partition.cold) != num_train:
+        raise ValueError(
+            f"{names['stats']}: statistics of {stats.num_inputs:,} training inputs, but {names['data']} has "
+            f"{len(partition.hot) + len(partition.cold):,} (other data, or another sample of it?)"
+        )
+    return stats, SampleBlock.concat(held_out) if held_out else None, hot_set
+
+
+def _profile(
+    source: BlockSource,
+    tables: Sequence[EmbeddingBagConfig],
+    sample: float,
+    val_every: int | None,
+    seed: int,
+    exclude_profiled: bool,
+    names: Mapping[str, str],
+    progress: bool,
+) -> tuple[AccessProfiler, list[np.ndarray] | None]:
+    """The profile of ``sample`` of ``source``'s training inputs and, with ``exclude_profiled``, per
+    training block, the inputs it counted (None without)."""
     profiler = AccessProfiler(tables, sample, seed=seed)
-    profiled = []  # with exclude_profiled, per training block, the inputs the profile counted
+    profiled = []
     bar = tqdm(total=_training_inputs(source, val_every), desc="profiling", unit="input", leave=False,
                unit_scale=True, disable=not progress)  # fmt: skip
     for block in _split(source, False, val_every):
@@ -302,38 +367,7 @@ def _profile_and_partition(
             f"{names['exclude_profiled']}: {names['sample']} {sample} profiled all {profiler.num_inputs} "
             f"training inputs of {names['data']}, which leaves none to train on"
         )
-    held_out = list(_split(source, True, val_every))
-    if not held_out and val_every != 0:
-        raise ValueError(
-            f"no validation input: {names['data']} has {profiler.num_inputs} inputs, fewer than "
-            f"{names['val_every']} {val_every} (one input in every {val_every} is held out for validation)"
-            if val_every
-            else f"no validation input: {names['data']} has {profiler.num_inputs} training inputs and none "
-            "to validate on"
-        )
-    _check_batch_size(
-        batch_size, profiler.num_inputs - (profiler.num_sampled if exclude_profiled else 0),
-        exclude_profiled, names,
-    )  # fmt: skip
-    stats = profiler.stats()
-    hot_set = (
-        HotSet(tuple(tables), tuple(np.empty(0, dtype=np.int64) for _ in tables))
-        if hot_budget is None
-        else stats.hot_set(hot_budget, optimizer_class)
-    )
-    training = _split(source, False, val_every)
-    if exclude_profiled:
-        training = (
-            block.select(np.delete(np.arange(len(block)), counted))
-            for block, counted in zip(training, profiled, strict=True)
-        )
-    HotColdPartition.write(
-        training, hot_set, source.feature_names, directory, balance=balance, seed=seed, progress=progress,
-        total=profiler.num_inputs - (profiler.num_sampled if exclude_profiled else 0),
-    )  # fmt: skip
-    if spools:
-        shutil.rmtree(directory / SPOOLS)
-    return stats, SampleBlock.concat(held_out) if held_out else None, hot_set
+    return profiler, profiled if exclude_profiled else None
 
 
 def _training_inputs(source: BlockSource, val_every: int | None) -> int | None:
