@@ -36,7 +36,7 @@ def compared_run(path: str) -> dict:
 
 
 def plot_curves(metrics: dict, path: str | Path, compared: dict | None = None) -> None:
-    """``metrics``' train loss (a moving mean, over its hot and cold steps' points) and validation AUC,
+    """``metrics``' train loss (its hot and cold steps' points, above a moving mean) and validation AUC,
     with ``compared``'s (another run's metrics) in grey."""
     import numpy as np  # the options check --compare with json alone: not numpy, not for --help
     from matplotlib.figure import Figure
@@ -49,7 +49,8 @@ def plot_curves(metrics: dict, path: str | Path, compared: dict | None = None) -
     if len(hot) == len(losses):  # a run resumed from an older checkpoint has no kinds to show
         for kind, chosen, colour in (("hot", hot, "tab:orange"), ("cold", ~hot, "tab:blue")):
             if chosen.any():
-                left.scatter(steps[chosen], losses[chosen], s=6, alpha=0.6, color=colour, lw=0,
+                left.scatter(steps[chosen], losses[chosen], s=14 if len(losses) < 500 else 6, alpha=0.7,
+                             color=colour, lw=0, zorder=3,
                              label=f"{kind} steps ({np.count_nonzero(chosen):,})")  # fmt: skip
     window = _loss_curve(left, history, "k", f"{metrics['mode']}, moving mean")
     right.plot(history["eval_step"], history["auc"], marker="o", color="k", label=metrics["mode"])
@@ -77,5 +78,5 @@ def _loss_curve(ax: Axes, history: dict, colour: str, label: str) -> int:
     window = max(1, len(losses) // 50)
     if len(losses):
         smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
-        ax.plot(history["step"][window - 1 :], smooth, color=colour, lw=1.2, label=label)
+        ax.plot(history["step"][window - 1 :], smooth, color=colour, lw=0.8, zorder=2, label=label)
     return window
