@@ -126,7 +126,10 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
     )
     plan.add_argument("--dim", type=positive_int, help="embedding dimension (default: the stats file's)")
     plan.add_argument(
-        "--budget", type=byte_size, help="fix the hot-row budget instead of letting the knob choose"
+        "--budget",
+        type=byte_size,
+        help="fix the hot-row budget instead of letting the knob choose (on --device cpu, which has no HBM "
+        f"whose time the knob could price, default: the examples' {defaults.budget})",
     )
     plan.add_argument("--candidates", type=positive_int, default=6, help="budgets the knob tries")
     cores = len(usable_cores())
@@ -303,6 +306,9 @@ def plan(args: argparse.Namespace) -> None:
             "of LRU caches only; use --no-prefetch-pipeline or --cache-algorithm lru"
         )
     optimizer = _optimizer(args.optimizer)
+    if args.budget is None and device == "cpu":  # every budget prices alike: the knob would choose on noise
+        args.budget = DEFAULTS[args.model].budget
+        logger.info("--device cpu: the hot-row budget is the examples' --budget %s", args.budget)
     start = time.perf_counter()
     try:
         planner = FAEShardingPlanner(
@@ -325,6 +331,11 @@ def plan(args: argparse.Namespace) -> None:
         # the knob logs each budget it tries as it goes: its search takes minutes at 128 GPUs
         with logger_level("planner", logging.INFO):
             hot_set = planner.choose_hot_set()
+        if not sum(hot_set.num_hot.values()):
+            logger.warning(
+                "the plan keeps no hot row: a run on it trains cold steps only (FAE then is TorchRec alone); "
+                "give --budget to keep some"
+            )
         sharding_plan = planner.plan(planner.meta_module(hot_set), get_default_sharders())
     except PlannerError as error:
         raise PlannerError(f"{where}: {error}", error.error_type) from error

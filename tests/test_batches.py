@@ -196,14 +196,23 @@ def _each_rank(rank: int, world_size: int, tmp_path: Path, small_tables) -> None
     every = SampleBlock.concat([_block(small_tables, BATCH, r * 1000 + i) for r in range(world_size)
                                 for i in range(5)])  # fmt: skip
     np.testing.assert_array_equal(inputs.dense, every.dense)
-    first = prepare_data(
-        mine, small_tables, tmp_path / "first", sample=0.5, batch_size=BATCH, hot_budget=400, each_rank=False
-    )
+    first = prepare_data(  # the other ranks' data is not looked at
+        mine if rank == 0 else None, small_tables, tmp_path / "first", sample=0.5, batch_size=BATCH,
+        hot_budget=400, each_rank=False,
+    )  # fmt: skip
     assert len(first.partition.is_hot) == 5 * BATCH
     host = socket.gethostname()
     spoiled = [*mine[:3], _bad_label(mine[3])] if rank == 1 else mine
     with pytest.raises(ValueError, match=rf"^rank 1 \(host {host}\): batch 3, labels \(input 5\)"):
         prepare_data(spoiled, small_tables, tmp_path / "bad", sample=0.5, batch_size=BATCH, hot_budget=400)
+
+    def failing():
+        yield from mine[:2]
+        raise RuntimeError("the loader broke")
+
+    with pytest.raises(ValueError, match=rf"^rank 1 \(host {host}\): RuntimeError: the loader broke"):
+        prepare_data(failing() if rank == 1 else mine, small_tables, tmp_path / "broke", sample=0.5,
+                     batch_size=BATCH, hot_budget=400)  # fmt: skip
     own = tmp_path / f"own-{rank}"  # each rank its own directory: as if not shared across nodes
     with pytest.raises(ValueError, match=rf"rank 0 \(host {host}\) cannot read the batches another rank"):
         prepare_data(mine, small_tables, own, sample=0.5, batch_size=BATCH, hot_budget=400)
@@ -213,3 +222,23 @@ def _each_rank(rank: int, world_size: int, tmp_path: Path, small_tables) -> None
 
 def test_each_rank_contributes_its_batches_to_one_partition(tmp_path, small_tables):
     run_on_ranks(_each_rank, 2, tmp_path, tmp_path, small_tables)
+
+
+def test_what_prepare_data_refuses_or_warns_about(tmp_path, small_tables, caplog):
+    """A stream shorter than num_batches is read whole, with a warning; an item that is no Batch, a
+    source's own split asked of Batches, and statistics of other tables are refused; a failure leaves no
+    spool behind."""
+    batches = _batches(small_tables, 5)
+    common = {"sample": 0.5, "batch_size": BATCH, "hot_budget": 400}
+    prepared = prepare_data(batches, small_tables, tmp_path / "short", num_batches=9, **common)
+    assert len(prepared.partition.is_hot) == 5 * BATCH
+    assert "num_batches=9, but the batches ended after 5" in caplog.text
+    with pytest.raises(ValueError, match=r"batch 1: a tuple, not a torchrec.datasets.utils.Batch"):
+        prepare_data([batches[0], (1, 2)], small_tables, tmp_path / "tuple", **common)
+    with pytest.raises(ValueError, match="val_every=None keeps a BlockSource's own split"):
+        prepare_data(batches, small_tables, tmp_path / "split", val_every=None, **common)
+    other = [t.__class__(**{**t.__dict__, "num_embeddings": t.num_embeddings + 1}) for t in small_tables]
+    stats = prepare_data(_batches(other, 5), other, tmp_path / "other", **common).stats
+    with pytest.raises(ValueError, match=r"^stats: statistics of other tables"):
+        prepare_data(batches, small_tables, tmp_path / "mixed", stats=stats, **common)
+    assert not (tmp_path / "mixed" / "batches").exists(), "the spools are removed after a failure too"

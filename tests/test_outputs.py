@@ -81,7 +81,7 @@ def test_the_recipe_warns_when_every_input_is_hot(tmp_path, caplog):
     caplog.set_level(logging.INFO, "fae_torchrec.recipes")
     data = ["--num-samples", "3000", "--scale", "0.0001", "--batch-size", "256", "--out", str(tmp_path)]
     prepare(parse_args(DLRM, [*data, "--budget", "1GiB"]), DLRM)
-    assert EVERYTHING_HOT in caplog.text and "choose a budget below the hot set's 211.8 KiB" in caplog.text
+    assert EVERYTHING_HOT in caplog.text and "choose a budget below the hot set's 225.1 KiB" in caplog.text
     assert f"wrote the partition {tmp_path / 'partition-fae'} (" in caplog.text
     assert "0 of 300 validation inputs (0.0%) repeat a training input's features" in caplog.text
 
@@ -107,6 +107,24 @@ def test_repeated_inputs_count_the_validation_inputs_whose_features_a_training_i
     )
     assert repeated_inputs(validation, partition, chunk=64) == 20
     assert repeated_inputs(validation.slice(20, 30), partition) == 0
+
+
+def test_inputs_that_differ_in_two_signs_are_not_repeats():
+    """A hash that sums its words would let the sign bits of two dense columns cancel."""
+    dense = np.ones((1, 4), np.float32)
+    flipped = dense * np.array([1, -1, 1, -1], np.float32)
+    ids = np.zeros((1, 3), np.int64)
+    training = _block(ids, dense)
+    partition = HotColdPartition(training, training.slice(0, 0), np.ones(1, bool), ("a", "b", "c"))
+    assert repeated_inputs(_block(ids, flipped), partition) == 0
+    assert repeated_inputs(_block(ids, dense), partition) == 1
+
+
+def test_the_parsers_table_sets_are_criteos():
+    from fae_torchrec.command_line import TABLE_SET_NAMES
+    from fae_torchrec.data.criteo import TABLE_SETS
+
+    assert TABLE_SET_NAMES == tuple(TABLE_SETS)
 
 
 def _metrics(mode: str, steps: int, hot_every: int) -> dict:

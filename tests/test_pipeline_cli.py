@@ -2,6 +2,7 @@
 ``--plan`` trains on the plan it was given, and refuses a plan made for another run."""
 
 import json
+import logging
 import sys
 
 import pytest
@@ -13,6 +14,7 @@ from fae_torchrec.defaults import DEFAULTS
 from fae_torchrec.recipes import DLRM, TBSM, parse_args, run
 from fae_torchrec.recipes import main as train_main
 from fae_torchrec.recipes.build import kernels
+from fae_torchrec.units import parse_bytes
 from planner.plan_file import PlanFile
 from planner.topology import local_devices
 
@@ -157,3 +159,15 @@ GIB = 1 << 30
 def test_plan_defaults_to_this_machines_devices(local, options, planned):
     args = _parser(["plan"]).parse_args(["plan", "--stats", "s.npz", *options])
     assert _planned_devices(args, local) == planned
+
+
+def test_plan_on_a_cpu_keeps_the_examples_budget(planned, tmp_path, caplog):
+    """A CPU has no HBM whose time the knob could price: every budget prices alike, so ``plan`` keeps the
+    examples' ``--budget`` instead of picking one on noise (it picked 0 B, no hot row, before)."""
+    caplog.set_level(logging.INFO, "fae_torchrec")
+    folder, _ = planned
+    cli_main(["plan", "--stats", str(folder / "stats.npz"), "--out", str(tmp_path / "plan.pt")])
+    made_for = PlanFile.load(tmp_path / "plan.pt").made_for
+    assert 0 < made_for["hot_bytes"] <= parse_bytes(DEFAULTS["dlrm"].budget) and made_for["hot_rows"] > 0
+    assert f"the hot-row budget is the examples' --budget {DEFAULTS['dlrm'].budget}" in caplog.text
+    assert "the plan keeps no hot row" not in caplog.text

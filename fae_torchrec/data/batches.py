@@ -15,6 +15,7 @@ error names the batch (counted from 0) and the feature or column.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
@@ -30,6 +31,7 @@ from fae_torchrec.data.npy_append import NpyAppender
 from fae_torchrec.data.source import BlockSource
 from fae_torchrec.tables import TableLayout
 
+logger = logging.getLogger(__name__)
 #: The description a finished spool writes last: a spool without it was cut short.
 SPOOL_META = "batches.json"
 #: The arrays of a spool, by field of ``SampleBlock``, and their types.
@@ -40,6 +42,8 @@ def batch_block(batch: Batch, layout: TableLayout, index: int) -> SampleBlock:
     """``batch`` as a ``SampleBlock`` whose ids are in ``layout``'s feature order; ``ValueError`` naming
     batch ``index`` and the feature or column at fault where it does not fit one (see the module)."""
     where = f"batch {index}"
+    if not isinstance(batch, Batch):
+        raise ValueError(f"{where}: a {type(batch).__qualname__}, not a torchrec.datasets.utils.Batch")
     features = batch.sparse_features
     keys, expected = list(features.keys()), layout.features
     if sorted(keys) != sorted(expected):
@@ -115,8 +119,9 @@ def spool_batches(
     (directory / SPOOL_META).unlink(missing_ok=True)
     writers: dict[str, NpyAppender] = {}
     first: SampleBlock | None = None
-    read = tqdm(islice(batches, num_batches), total=num_batches, desc="reading batches", unit="batch",
-                leave=False, disable=not progress)  # fmt: skip
+    read = tqdm(islice(batches, num_batches), total=num_batches or _length(batches), desc="reading batches",
+                unit="batch", leave=False, disable=not progress)  # fmt: skip
+    index = -1
     try:
         for index, batch in enumerate(read):
             block = batch_block(batch, layout, index)
@@ -133,6 +138,10 @@ def spool_batches(
         for writer in writers.values():
             writer.close()
     inputs = writers["labels"].rows if writers else 0
+    if num_batches is not None and index + 1 < num_batches:
+        logger.warning(
+            "num_batches=%d, but the batches ended after %d: read them all", num_batches, index + 1
+        )
     meta = {
         "keys": layout.features,
         "ids_per_feature": None if first is None else list(first.ids_per_feature),
@@ -141,6 +150,14 @@ def spool_batches(
     }
     (directory / SPOOL_META).write_text(json.dumps(meta))
     return inputs
+
+
+def _length(batches: Iterable[Batch]) -> int | None:
+    """``len(batches)`` where it has one (a list, a ``DataLoader`` over a sized dataset), for the bar."""
+    try:
+        return len(batches)  # type: ignore[arg-type]
+    except (TypeError, NotImplementedError):
+        return None
 
 
 def _check_like_first(block: SampleBlock, first: SampleBlock, layout: TableLayout, index: int) -> None:

@@ -26,6 +26,7 @@ from fae_torchrec.modules import FAEEmbeddingBagCollection, load_initial_tables
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import EVERYTHING_HOT, HotSet
+from fae_torchrec.stats.hot_share import estimate_hot_share
 from fae_torchrec.tables import TableLayout
 from fae_torchrec.train.evaluation import repeated_inputs
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS, EmbeddingOptimizer, unfused_optimizer
@@ -107,7 +108,7 @@ def prepare(
     out = Path(args.out)
     directory = out / f"partition-{'baseline' if args.baseline else 'fae'}"
     stats = on_rank_zero(lambda: _load_stats(args, tables, plan_file, device)) if args.stats else None
-    budget = plan_file.made_for["hot_bytes"] if plan_file is not None else parse_bytes(args.budget)
+    budget = parse_bytes(args.budget)  # with --plan, the plan's (_plan_file)
     data = prepare_data(
         source, tables, directory, sample=args.sample, batch_size=args.batch_size,
         hot_budget=None if args.baseline else budget, optimizer_class=EMBEDDING_OPTIMIZERS[args.optimizer],
@@ -155,10 +156,10 @@ def _load_stats(
 
 def _describe(args: argparse.Namespace, folder: Path, data: PreparedData) -> None:
     """Log what ``prepare`` wrote and what to watch in it: the partition's size on disk, a budget that
-    makes every input hot, and validation inputs that repeat training inputs (rank 0's part)."""
+    makes every input hot or none, and validation inputs that repeat training inputs (rank 0's part)."""
     logger.info("wrote the partition %s (%s on disk)", folder, format_bytes(disk_bytes(folder)))
-    if not args.baseline and (data.hot_set.holds_every_row or not len(data.partition.cold)):
-        logger.warning(EVERYTHING_HOT, f"the hot set's {format_bytes(data.hot_set.hot_bytes())}")
+    if not args.baseline:
+        _check_hot_share(args, data)
     if data.validation is None:
         return
     repeats = repeated_inputs(data.validation, data.partition)
@@ -170,6 +171,28 @@ def _describe(args: argparse.Namespace, folder: Path, data: PreparedData) -> Non
         ": the validation AUC then measures memory as much as generalisation; deduplicate the data or "
         "hold out by time" if share >= REPEATS_WARNING else "",
     )  # fmt: skip
+
+
+def _check_hot_share(args: argparse.Namespace, data: PreparedData) -> None:
+    """Warn where the partition makes FAE pointless (every input hot, or none) or, with ``--stats``, holds
+    far fewer hot inputs than the statistics expect (statistics of other data, which their count of
+    inputs alone does not tell)."""
+    hot_bytes = format_bytes(data.hot_set.hot_bytes(EMBEDDING_OPTIMIZERS[args.optimizer]))
+    hot, cold = len(data.partition.hot), len(data.partition.cold)
+    if data.hot_set.holds_every_row or not cold:
+        logger.warning(EVERYTHING_HOT, f"the hot set's {hot_bytes}")
+    elif not hot:
+        stats_hint = f" or check that --stats {args.stats} is of --data" if args.stats else ""
+        logger.warning(
+            "no training input is entirely hot with the hot set of %s: FAE trains cold steps only, as "
+            "TorchRec alone would; raise --budget%s", hot_bytes, stats_hint,
+        )  # fmt: skip
+    elif args.stats and hot / (hot + cold) < estimate_hot_share(data.stats, data.hot_set).low / 2:
+        logger.warning(
+            "--stats %s expects %s of the inputs entirely hot, the partition of --data has %.2f%%: are the "
+            "statistics of this data?",
+            args.stats, estimate_hot_share(data.stats, data.hot_set), 100 * hot / (hot + cold),
+        )  # fmt: skip
 
 
 def disk_bytes(folder: Path) -> int:
@@ -284,7 +307,8 @@ def _check_plan(args: argparse.Namespace, plan_file: PlanFile, run: dict) -> Non
 def _plan_file(args: argparse.Namespace, device: torch.device) -> PlanFile:
     """``--plan``'s file, refused when made for another train pipeline on CUDA (whether its caches
     prefetch); logs where it departs from the run's options without harm (the batch size it was priced
-    for, the hot budget in place of ``--budget``)."""
+    for, the hot budget in place of ``--budget``, which it then sets to the plan's for the hot set and the
+    re-plans)."""
     try:
         plan_file = PlanFile.load(args.plan)
     except (ValueError, OSError) as error:
@@ -298,9 +322,10 @@ def _plan_file(args: argparse.Namespace, device: torch.device) -> PlanFile:
             args.plan, made_for["batch_size"], args.batch_size,
         )  # fmt: skip
     logger.info(
-        "--plan %s: its hot set, %s (%d rows), not --budget %s",
+        "--plan %s: its hot set, %s (%d rows), not --budget %s, also for re-plans",
         args.plan, format_bytes(made_for["hot_bytes"]), made_for["hot_rows"], args.budget,
     )  # fmt: skip
+    args.budget = f"{made_for['hot_bytes']}B"  # what the hot set and a re-plan's are sized by from here on
     return plan_file
 
 

@@ -71,7 +71,8 @@ def repeated_inputs(validation: SampleBlock, training: HotColdPartition, chunk: 
 
 def _row_hashes(ids: np.ndarray, dense: np.ndarray) -> np.ndarray:
     """A 64-bit hash per input of its ids (as int64) and dense values (as float32): its bytes as 64-bit
-    words, each times its own fixed odd multiplier, summed (wrapping)."""
+    words, each times its own fixed odd multiplier and mixed (xor-shift, multiply, xor-shift: a sum of
+    the words alone would let structured differences cancel, such as two sign bits), summed (wrapping)."""
     parts = [
         np.ascontiguousarray(a, dtype=dtype)
         .view(np.uint8)
@@ -82,7 +83,11 @@ def _row_hashes(ids: np.ndarray, dense: np.ndarray) -> np.ndarray:
     padding = np.zeros((len(ids), -width % 8), dtype=np.uint8)
     words = np.ascontiguousarray(np.concatenate([*parts, padding], axis=1)).view(np.uint64)
     multipliers = np.random.default_rng(0).integers(0, 2**64, words.shape[1], np.uint64, endpoint=False) | 1
-    return (words * multipliers).sum(axis=1, dtype=np.uint64)
+    mixed = words * multipliers
+    mixed ^= mixed >> np.uint64(29)
+    mixed *= np.uint64(0xBF58476D1CE4E5B9)
+    mixed ^= mixed >> np.uint64(32)
+    return mixed.sum(axis=1, dtype=np.uint64)
 
 
 def _gathered(values: torch.Tensor) -> torch.Tensor:

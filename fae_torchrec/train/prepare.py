@@ -37,6 +37,7 @@ from fae_torchrec.data.source import BlockSource
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import HotSet
 from fae_torchrec.stats.profiler import AccessProfiler
+from fae_torchrec.tables import TableLayout
 from fae_torchrec.train.partition import HotColdPartition
 
 #: Inputs per block while the data streams past.
@@ -118,40 +119,72 @@ def prepare_data(
     ``{"data": "--data train.txt", "batch_size": "--batch-size"}``), else as "the data" and by their own
     names. ``progress`` draws bars while reading, profiling and partitioning. Raises ``TypeError``, on
     every rank before any collective, when ``source`` is neither (such as a path)."""
-    if isinstance(source, str | bytes | os.PathLike) or not isinstance(source, BlockSource | Iterable):
-        raise TypeError(
-            "prepare_data reads a fae_torchrec.data.source.BlockSource or an iterable of TorchRec Batches, "
-            f"not a {type(source).__module__}.{type(source).__qualname__}: open your files with a "
-            "BlockSource (fae_torchrec.data.columnar.ColumnarSource for Parquet or CSV files and a schema, "
-            "fae_torchrec.data's CriteoTsvReader, CriteoNpyReader or TaobaoCsvReader; docs/data.md), or "
-            "give the DataLoader or dataset your training loop iterates"
-        )
-    if isinstance(source, BlockSource) and (num_batches is not None or each_rank):
+    blocks = _agree_on_source(source, num_batches, each_rank)
+    if blocks and (num_batches is not None or each_rank):
         raise ValueError(
             "num_batches and each_rank are for an iterable of Batches; a BlockSource is read whole, on "
             "rank 0 (give each rank's share of the data as its Batches to read every rank's)"
         )
-    if num_batches is None and getattr(source, "num_batches", 0) is None:
-        raise ValueError(
-            f"the {type(source).__name__} is endless (its num_batches is None): give prepare_data "
-            "num_batches=, the number of its batches to profile and train on"
-        )
+    if not blocks and val_every is None:
+        raise ValueError("val_every=None keeps a BlockSource's own split; Batches have none: give val_every")
     if stats is not None and exclude_profiled:
         raise ValueError(
             "exclude_profiled needs a profile made here: which inputs stats sampled is not known"
         )
     names = {"data": "the data", **{key: key for key in NAMED_PARAMETERS}, **(names or {})}
     spools = []
-    if not isinstance(source, BlockSource):
+    if not blocks:
         spools = _spool(source, tables, Path(directory), num_batches, each_rank is not False, progress)
     stats, validation, hot_set = on_rank_zero(
         lambda: _profile_and_partition(
-            source if isinstance(source, BlockSource) else _read_spools(spools, tables), tables,
+            source if blocks else _read_spools(spools, tables), tables,
             Path(directory), sample, batch_size, hot_budget, optimizer_class, stats, val_every, balance,
             seed, exclude_profiled, names, progress, spools,
         )
     )  # fmt: skip
     return PreparedData(stats, validation, _open_on_every_rank(Path(directory)), hot_set)
+
+
+def _agree_on_source(source: object, num_batches: int | None, each_rank: bool | None) -> bool:
+    """Whether the data is a ``BlockSource`` (else ``Batch``es), agreed by every rank that reads its
+    ``source`` (rank 0, and every rank unless ``each_rank`` is False; the others' is not looked at) in one
+    collective, so that a source refused on one rank is refused on every rank: ``TypeError`` for one that
+    is neither, ``ValueError`` for an endless one without ``num_batches`` or ranks that disagree."""
+    rank, world_size = _rank()
+    reads = rank == 0 or each_rank is not False
+    problem = None
+    if reads and (
+        isinstance(source, str | bytes | os.PathLike) or not isinstance(source, BlockSource | Iterable)
+    ):
+        problem = (
+            "TypeError",
+            "prepare_data reads a fae_torchrec.data.source.BlockSource or an iterable of TorchRec Batches, "
+            f"not a {type(source).__module__}.{type(source).__qualname__}: open your files with a "
+            "BlockSource (fae_torchrec.data.columnar.ColumnarSource for Parquet or CSV files and a schema, "
+            "fae_torchrec.data's CriteoTsvReader, CriteoNpyReader or TaobaoCsvReader; docs/data.md), or "
+            "give the DataLoader or dataset your training loop iterates",
+        )
+    elif reads and num_batches is None and getattr(source, "num_batches", 0) is None:
+        problem = (
+            "ValueError",
+            f"the {type(source).__name__} is endless (its num_batches is None): give prepare_data "
+            "num_batches=, the number of its batches to profile and train on",
+        )
+    seen = [(isinstance(source, BlockSource) if reads else None, problem)]
+    if dist.is_initialized():
+        seen = [None] * world_size
+        dist.all_gather_object(seen, (isinstance(source, BlockSource) if reads else None, problem))
+    problems = [(r, found) for r, (_, found) in enumerate(seen) if found is not None]
+    if problems:
+        r, (kind, message) = problems[0]
+        message = f"{_where(r)}: {message}" if world_size > 1 else message
+        raise TypeError(message) if kind == "TypeError" else ValueError(message)
+    kinds = {kind for kind, _ in seen if kind is not None}
+    if len(kinds) > 1:
+        raise ValueError(
+            "some ranks give prepare_data a BlockSource, others Batches: give every rank the same kind"
+        )
+    return kinds.pop()
 
 
 def _rank() -> tuple[int, int]:
@@ -192,8 +225,11 @@ def _spool(
     if rank in readers:
         try:
             spool_batches(batches, tables, spools[rank], num_batches, progress=progress and rank == 0)
-        except (ValueError, OSError) as error:
-            problem = f"{_where(rank)}: {error}" if world_size > 1 else str(error)
+        except Exception as error:  # raised on every rank: the others would wait in the collective below
+            said = (
+                str(error) if isinstance(error, ValueError | OSError) else f"{type(error).__name__}: {error}"
+            )
+            problem = f"{_where(rank)}: {said}" if world_size > 1 else said
     _raise_on_every_rank(problem)
     return spools
 
@@ -254,15 +290,21 @@ def repartition(
 def on_rank_zero(work: Callable[[], T]) -> T:
     """``work()`` on rank 0 alone, its result broadcast to every rank (collective when a process group
     is initialised); a ``ValueError`` or ``OSError`` it raises is raised on every rank as ``ValueError``,
-    so that no rank waits for a collective the others left."""
+    so that no rank waits for a collective the others left (another error is raised as it is on rank 0 and
+    as ``ValueError`` on the others)."""
     shared: list = [None, None]
+    failed = None  # an error of another kind, raised as it is on rank 0
     if not dist.is_initialized() or dist.get_rank() == 0:
         try:
             shared = [work(), None]
         except (ValueError, OSError) as error:
             shared = [None, str(error)]
+        except Exception as error:
+            failed, shared = error, [None, f"rank 0 failed: {type(error).__name__}: {error}"]
     if dist.is_initialized():
         dist.broadcast_object_list(shared, src=0)
+    if failed is not None:
+        raise failed
     result, problem = shared
     if problem is not None:
         raise ValueError(problem)
@@ -294,7 +336,36 @@ def _profile_and_partition(
 ) -> tuple[AccessStats, SampleBlock | None, HotSet]:
     """Rank 0's part of :func:`prepare_data`: the statistics (``stats``, else profiled here), the
     validation set and the hot set; the partition is written to ``directory``, and the ``spools`` read are
-    removed."""
+    removed, whether it succeeds or not."""
+    try:
+        return _partition(
+            source, tables, directory, sample, batch_size, hot_budget, optimizer_class, stats, val_every,
+            balance, seed, exclude_profiled, names, progress,
+        )  # fmt: skip
+    finally:
+        if spools:
+            shutil.rmtree(directory / SPOOLS, ignore_errors=True)
+
+
+def _partition(
+    source: BlockSource,
+    tables: Sequence[EmbeddingBagConfig],
+    directory: Path,
+    sample: float,
+    batch_size: int,
+    hot_budget: int | None,
+    optimizer_class: type[torch.optim.Optimizer] | None,
+    stats: AccessStats | None,
+    val_every: int | None,
+    balance: float,
+    seed: int,
+    exclude_profiled: bool,
+    names: Mapping[str, str],
+    progress: bool,
+) -> tuple[AccessStats, SampleBlock | None, HotSet]:
+    """:func:`_profile_and_partition` but for the spools."""
+    if stats is not None:
+        _check_stats(stats, tables, _training_inputs(source, val_every), names)
     profiler, profiled = None, None  # with exclude_profiled, per training block, the inputs profiled
     if stats is None:
         profiler, profiled = _profile(
@@ -328,14 +399,25 @@ def _profile_and_partition(
         training, hot_set, source.feature_names, directory, balance=balance, seed=seed, progress=progress,
         total=num_train,
     )  # fmt: skip
-    if spools:
-        shutil.rmtree(directory / SPOOLS)
-    if len(partition.hot) + len(partition.cold) != num_train:
+    _check_stats(stats, tables, len(partition.hot) + len(partition.cold), names)  # where not known before
+    return stats, SampleBlock.concat(held_out) if held_out else None, hot_set
+
+
+def _check_stats(
+    stats: AccessStats, tables: Sequence[EmbeddingBagConfig], num_train: int | None, names: Mapping[str, str]
+) -> None:
+    """``ValueError`` naming ``stats`` where they are of other tables or count another number of training
+    inputs than ``num_train`` (None: not known yet)."""
+    if stats.layout.describe() != TableLayout.of(tables).describe():
+        raise ValueError(
+            f"{names['stats']}: statistics of other tables ({stats.layout.describe()}) than these "
+            f"({TableLayout.of(tables).describe()})"
+        )
+    if num_train is not None and num_train != stats.num_inputs:
         raise ValueError(
             f"{names['stats']}: statistics of {stats.num_inputs:,} training inputs, but {names['data']} has "
-            f"{len(partition.hot) + len(partition.cold):,} (other data, or another sample of it?)"
+            f"{num_train:,} (other data, or another sample of it?)"
         )
-    return stats, SampleBlock.concat(held_out) if held_out else None, hot_set
 
 
 def _profile(
