@@ -135,13 +135,19 @@ def prepare_data(
     spools = []
     if not blocks:
         spools = _spool(source, tables, Path(directory), num_batches, each_rank is not False, progress)
-    stats, validation, hot_set = on_rank_zero(
-        lambda: _profile_and_partition(
-            source if blocks else _read_spools(spools, tables), tables,
-            Path(directory), sample, batch_size, hot_budget, optimizer_class, stats, val_every, balance,
-            seed, exclude_profiled, names, progress, spools,
-        )
-    )  # fmt: skip
+
+    def work() -> tuple[AccessStats, SampleBlock | None, HotSet]:
+        try:
+            return _profile_and_partition(
+                source if blocks else _read_spools(spools, tables), tables, Path(directory), sample,
+                batch_size, hot_budget, optimizer_class, stats, val_every, balance, seed, exclude_profiled,
+                names, progress,
+            )  # fmt: skip
+        finally:  # the spools read, whether the partition was written or not
+            if spools:
+                shutil.rmtree(Path(directory) / SPOOLS, ignore_errors=True)
+
+    stats, validation, hot_set = on_rank_zero(work)
     return PreparedData(stats, validation, _open_on_every_rank(Path(directory)), hot_set)
 
 
@@ -332,38 +338,9 @@ def _profile_and_partition(
     exclude_profiled: bool,
     names: Mapping[str, str],
     progress: bool,
-    spools: Sequence[Path],
 ) -> tuple[AccessStats, SampleBlock | None, HotSet]:
     """Rank 0's part of :func:`prepare_data`: the statistics (``stats``, else profiled here), the
-    validation set and the hot set; the partition is written to ``directory``, and the ``spools`` read are
-    removed, whether it succeeds or not."""
-    try:
-        return _partition(
-            source, tables, directory, sample, batch_size, hot_budget, optimizer_class, stats, val_every,
-            balance, seed, exclude_profiled, names, progress,
-        )  # fmt: skip
-    finally:
-        if spools:
-            shutil.rmtree(directory / SPOOLS, ignore_errors=True)
-
-
-def _partition(
-    source: BlockSource,
-    tables: Sequence[EmbeddingBagConfig],
-    directory: Path,
-    sample: float,
-    batch_size: int,
-    hot_budget: int | None,
-    optimizer_class: type[torch.optim.Optimizer] | None,
-    stats: AccessStats | None,
-    val_every: int | None,
-    balance: float,
-    seed: int,
-    exclude_profiled: bool,
-    names: Mapping[str, str],
-    progress: bool,
-) -> tuple[AccessStats, SampleBlock | None, HotSet]:
-    """:func:`_profile_and_partition` but for the spools."""
+    validation set and the hot set; the partition is written to ``directory``."""
     if stats is not None:
         _check_stats(stats, tables, _training_inputs(source, val_every), names)
     profiler, profiled = None, None  # with exclude_profiled, per training block, the inputs profiled
