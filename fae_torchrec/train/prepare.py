@@ -341,7 +341,8 @@ def _profile_and_partition(
 ) -> tuple[AccessStats, SampleBlock | None, HotSet]:
     """Rank 0's part of :func:`prepare_data`: the statistics (``stats``, else profiled here), the
     validation set and the hot set; the partition is written to ``directory``."""
-    if stats is not None:
+    given = stats is not None
+    if given:
         _check_stats(stats, tables, _training_inputs(source, val_every), names)
     profiler, profiled = None, None  # with exclude_profiled, per training block, the inputs profiled
     if stats is None:
@@ -376,7 +377,8 @@ def _profile_and_partition(
         training, hot_set, source.feature_names, directory, balance=balance, seed=seed, progress=progress,
         total=num_train,
     )  # fmt: skip
-    _check_stats(stats, tables, len(partition.hot) + len(partition.cold), names)  # where not known before
+    if given:  # where the size was not known before
+        _check_stats(stats, tables, len(partition.hot) + len(partition.cold), names)
     return stats, SampleBlock.concat(held_out) if held_out else None, hot_set
 
 
