@@ -132,7 +132,8 @@ def plan_slots(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int 
     _check(ids, bounds, num_slots, window)
     n = len(bounds) - 1
     width = int(ids.max(initial=0)) + 1
-    combined = np.unique(np.repeat(np.arange(n, dtype=np.int64), np.diff(bounds)) * width + ids)
+    combined = np.sort(np.repeat(np.arange(n, dtype=np.int64), np.diff(bounds)) * width + ids)
+    combined = combined[np.r_[True, combined[1:] != combined[:-1]]] if len(combined) else combined
     step, rows = combined // width, combined % width
     row_bounds = np.searchsorted(step, np.arange(n + 1))
     sizes = np.diff(row_bounds)
@@ -145,6 +146,7 @@ def plan_slots(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int 
     slot_row = np.full(num_slots, -1, dtype=np.int64)
     slot_next = np.full(num_slots, -1, dtype=np.int64)
     slot_last = np.full(num_slots, -1, dtype=np.int64)
+    slot_rank = np.full(num_slots, -1, dtype=np.int64)  # eviction order when every next use is known
     row_slot = np.full(len(distinct), -1, dtype=np.int64)
     free = np.arange(num_slots, dtype=np.int64)
     slots = np.empty(len(rows), dtype=np.int64)
@@ -157,7 +159,7 @@ def plan_slots(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int 
         miss = row_slot[mine] < 0
         need = int(miss.sum()) - len(free)
         if need > 0:
-            victims = _farthest(slot_next, slot_last, s, horizon, n, need)
+            victims = _farthest(slot_rank, slot_next, slot_last, s + horizon, n, need)
             evicted.append((victims, slot_row[victims], slot_last[victims]))
             evicted_counts[s] = need
             row_slot[slot_row[victims]] = -1
@@ -167,6 +169,7 @@ def plan_slots(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int 
         slot_row[taken] = mine[miss]
         held = row_slot[mine]
         slot_next[held], slot_last[held] = following[span], s
+        slot_rank[held] = _rank(following[span], s, n)
         slots[span], loaded[span] = held, miss
     victims, victim_rows, after = (
         (np.concatenate(parts) for parts in zip(*evicted, strict=True))
@@ -212,14 +215,18 @@ def _next_uses(dense: np.ndarray, step: np.ndarray, n: int) -> np.ndarray:
     return following
 
 
+def _rank(next_use: np.ndarray, last_use: np.ndarray | int, n: int) -> np.ndarray:
+    """Eviction order of resident rows, first out largest: farthest next use, then least recently used
+    (``n - last_use`` is below the ``n + 2`` between next uses)."""
+    return next_use * (n + 2) + (n - last_use)
+
+
 def _farthest(
-    slot_next: np.ndarray, slot_last: np.ndarray, step: int, horizon: int, n: int, count: int
+    rank: np.ndarray, next_use: np.ndarray, last_use: np.ndarray, horizon: int, n: int, count: int
 ) -> np.ndarray:
-    """The ``count`` slots to empty before ``step``: those whose rows are next used farthest ahead,
-    rows not used within ``horizon`` steps first, least recently used first among them and among
-    equal next uses. The step's own rows (next use ``step``) come last and are never taken, since
-    its rows fit the slots."""
-    age = step - slot_last  # at most n: below the n + 2 between next uses' ranks
-    beyond = slot_next > step + horizon
-    key = np.where(beyond, n + 1, slot_next) * (n + 2) + age
-    return np.argpartition(-key, count - 1)[:count]
+    """The ``count`` slots to empty: the largest ``rank`` (``_rank``), next uses after ``horizon``
+    counting as never (``n + 1``). The step's own rows (next use the step) rank below every other
+    resident, and its rows fit the slots, so none is taken; nor is an empty slot (rank -1)."""
+    if horizon < n:
+        rank = np.where(next_use > horizon, _rank(n + 1, last_use, n), rank)
+    return np.argpartition(rank, len(rank) - count)[len(rank) - count :]
