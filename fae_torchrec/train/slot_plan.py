@@ -132,6 +132,10 @@ def plan_slots(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int 
     _check(ids, bounds, num_slots, window)
     n = len(bounds) - 1
     width = int(ids.max(initial=0)) + 1
+    if n * width >= 1 << 62:
+        raise ValueError(
+            f"{n} steps x row ids up to {width - 1} overflow the (step, row) keys: renumber the rows"
+        )
     combined = np.sort(np.repeat(np.arange(n, dtype=np.int64), np.diff(bounds)) * width + ids)
     combined = combined[np.r_[True, combined[1:] != combined[:-1]]] if len(combined) else combined
     step, rows = combined // width, combined % width
@@ -157,14 +161,15 @@ def plan_slots(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int 
         span = slice(row_bounds[s], row_bounds[s + 1])
         mine = dense[span]
         miss = row_slot[mine] < 0
-        need = int(miss.sum()) - len(free)
+        loads = int(miss.sum())
+        need = loads - len(free)
         if need > 0:
             victims = _farthest(slot_rank, slot_next, slot_last, s + horizon, n, need)
             evicted.append((victims, slot_row[victims], slot_last[victims]))
             evicted_counts[s] = need
             row_slot[slot_row[victims]] = -1
             free = np.concatenate([free, victims])
-        taken, free = free[: int(miss.sum())], free[int(miss.sum()) :]
+        taken, free = free[:loads], free[loads:]
         row_slot[mine[miss]] = taken
         slot_row[taken] = mine[miss]
         held = row_slot[mine]
