@@ -138,7 +138,7 @@ def test_bad_inputs_are_refused_by_name():
         plan_slots(ids, np.array([0, 2, 4]), 4)
     with pytest.raises(ValueError, match="non-negative"):
         plan_slots(np.array([1, -2]), np.array([0, 2]), 4)
-    with pytest.raises(ValueError, match="overflow the .step, row. keys: renumber the rows"):
+    with pytest.raises(ValueError, match=r"overflow the \(step, row\) keys: renumber the rows"):
         plan_slots(np.array([1 << 61]), np.array([0, 0, 1]), 4)
 
 
