@@ -19,7 +19,7 @@ from the row sample. Also the plan's time and the memory of its arrays per 1M in
 (measured on the row sample, where it plans ``1/--sampling`` of the ids and slots).
 
     python benchmarks/bench_slot_plan.py --num-samples 4M --warmup 2M    # both points: about 4.5 minutes
-    python benchmarks/bench_slot_plan.py --num-samples 16M --warmup 4M --points 128:1:2GiB  # 11 minutes
+    python benchmarks/bench_slot_plan.py --num-samples 16M --warmup 4M --points 128:1:2GiB  # under 11 minutes
     python benchmarks/bench_slot_plan.py --num-samples 16M --warmup 4M --windows 1024 4096 --compare belady
 """
 
