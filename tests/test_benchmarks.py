@@ -491,3 +491,26 @@ def test_bench_cli_times_every_help_in_fresh_processes():
     rows = re.findall(r"^(.+?) +(\d+\.\d\d) +(\d+\.\d\d)$", out, re.M)
     assert [name for name, _, _ in rows] == list(bench_cli.COMMANDS), out
     assert all(float(median) >= float(least) > 0 for _, median, least in rows), out
+
+
+@pytest.mark.benchmark
+def test_bench_slot_plan_prices_the_planned_slots_against_beladys_cache():
+    out = _run(
+        "bench_slot_plan.py", "--num-samples", "20k", "--warmup", "10k", "--epoch", "100k", "--scale", "0.05",
+        "--points", "16:2:2MiB", "--batch-size", "256", "--sampling", "1", "--windows", "4",
+        "--compare", "belady",
+    )  # fmt: skip
+    rows = [line.split("|") for line in out.splitlines() if re.match(r"\s*16\s+2\s", line)]
+    assert [(r[1].split()[-3], r[1].split()[-2]) for r in rows] == [
+        ("planned", "epoch"), ("planned", "4"), ("hot", "epoch"), ("hot", "4")
+    ], out  # fmt: skip
+    for row in rows:
+        planned, start, belady = (float(x) for x in row[2].split()[:3])
+        over_d, over_whole = float(row[3].split()[0]), float(row[3].split()[2])
+        assert planned > 0 and start >= 0 and belady > 0, row
+        assert abs(over_d - planned / belady) < 0.01 and over_whole >= 1.0, row
+        seconds, memory = (float(x) for x in row[4].split()[:2])
+        assert seconds > 0 and memory > 0, row
+    no_hot = [float(r[3].split()[0]) for r in rows[2:]]
+    assert min(no_hot) >= 0.995, "every row in slots on d's steps: d is a lower bound"
+    assert no_hot[1] >= no_hot[0], "a window of 4 steps moves no fewer than the whole stream's plan"

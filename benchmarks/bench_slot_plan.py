@@ -1,0 +1,253 @@
+"""Bytes a planned cold tier moves (issue 48): slots planned from the schedule, against caches.
+
+At each point (embedding dim, GPUs, HBM per GPU) of ``bench_traffic``'s grid, on its id stream (DLRM's
+Criteo-like inputs, FAE's profile read on other inputs) and its plans (``bench_traffic.measure_point``:
+FAE's LRU cold caches, TorchRec's configurations and Belady's cache (d) of the device memory TorchRec
+leaves for embeddings), the slot plan (``fae_torchrec.train.slot_plan``) of:
+
+- "planned": FAE's hot set (the knob's, cold caches planned for the prefetch pipeline, "FAE pp") in
+  HBM and the rest of (d)'s rows as slots for the cold rows of FAE's cold steps (hot steps move
+  nothing), one pool of slots for every cold table and rank;
+- "planned, no hot": every row of (d) a slot, over every step: the plan that (d) bounds from below
+  (a step's rows all sit in slots, where (d)'s cache holds a step's misses on top of its rows).
+
+Each over the whole stream (the epoch FAE's router orders) and with a look-ahead of ``--windows``
+steps. Slots start empty at the stream's start and warm over ``--warmup`` inputs, as the caches do;
+bytes (weights, both directions, as the caches' are counted; the planned tier also moves optimizer
+state) are the plan's own copies in and write-backs over the counted inputs, per input, scaled back
+from the row sample. Also the plan's time and the memory of its arrays per 1M inputs of the stream
+(measured on the row sample, where it plans ``1/--sampling`` of the ids and slots).
+
+    python benchmarks/bench_slot_plan.py --num-samples 4M --warmup 2M    # both points: about 4.5 minutes
+    python benchmarks/bench_slot_plan.py --num-samples 16M --warmup 4M --points 128:1:2GiB  # under 11 minutes
+    python benchmarks/bench_slot_plan.py --num-samples 16M --warmup 4M --windows 1024 4096 --compare belady
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from torchrec.distributed.planner.types import PlannerError
+
+from benchmarks.bench_traffic import (
+    FAE_PLANS,
+    LEAST,
+    PER_MILLION,
+    FixedPlans,
+    _belady,
+    _grid_point,
+    _steps_of,
+    measure_point,
+    traffic_of,
+)
+from benchmarks.common.arguments import fail
+from benchmarks.common.calibration import ELEMENT_BYTES
+from benchmarks.common.id_stream import IdStream, synthetic_stream
+from fae_torchrec.arguments import non_negative_int, positive_int
+from fae_torchrec.data import SyntheticCriteo
+from fae_torchrec.data.criteo import KAGGLE_INPUTS
+from fae_torchrec.train.slot_plan import plan_slots
+from fae_torchrec.units import format_bytes
+from planner import FAEShardingPlanner
+from planner.topology import make_topology
+
+#: FAE's plan whose hot set the planned tier keeps in HBM.
+FAE_PLAN = "FAE pp"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--num-samples", type=positive_int, default="2M", help="inputs counted after the warm-up"
+    )
+    parser.add_argument(
+        "--warmup", type=non_negative_int, default="1M", help="inputs that warm slots and caches"
+    )
+    parser.add_argument(
+        "--epoch",
+        type=positive_int,
+        default=KAGGLE_INPUTS,
+        help="inputs of an epoch; the profile samples 5%%",
+    )
+    parser.add_argument("--scale", type=float, default=1.0, help="table sizes = Kaggle's x scale")
+    parser.add_argument(
+        "--points",
+        type=_grid_point,
+        nargs="+",
+        default=["128:1:2GiB", "128:8:512MiB"],
+        help="dim:GPUs:HBM per GPU of each point",
+    )
+    parser.add_argument(
+        "--windows", type=positive_int, nargs="*", default=[16, 64, 256], help="look-aheads (steps)"
+    )
+    parser.add_argument("--batch-size", type=positive_int, default=2048, help="per-GPU batch size")
+    parser.add_argument("--sampling", type=positive_int, default=16, help="replay 1/N of the rows (SHARDS)")
+    parser.add_argument(
+        "--knob-candidates", type=positive_int, default=4, help="hot budgets FAE's knob tries"
+    )
+    parser.add_argument(
+        "--compare",
+        choices=("all", "belady"),
+        default="all",
+        help="all: every plan of bench_traffic (FAE's caches, TorchRec's configurations, d); belady: d alone",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    args.points = [_grid_point(p) if isinstance(p, str) else p for p in args.points]
+    args.belady_sampling = args.sampling
+    return args
+
+
+def planned_rows(
+    stream: IdStream, dim: int, world_size: int, hbm_cap: int, args: argparse.Namespace
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray, int, int]], int, int]:
+    """Per planned tier: each lookup's step and row key, the slots (in the row sample) and the step the
+    counting starts at; and the rows of device memory (d's) and FAE's hot budget (bytes)."""
+    fae = FAEShardingPlanner(
+        make_topology(world_size, hbm_cap=hbm_cap),
+        stream.stats.with_embedding_dim(dim),
+        batch_size=args.batch_size,
+        num_candidates=args.knob_candidates,
+        cache_params=FAE_PLANS[FAE_PLAN],
+    )
+    hot_set = fae.choose_hot_set()
+    capacity = int(fae.device_memory(fae.meta_module(hot_set)).sum()) // (dim * ELEMENT_BYTES)
+    global_batch = args.batch_size * world_size
+    rows = stream.rows()
+    cold_inputs = ~stream.hot_inputs(hot_set)
+    cold_before = np.r_[0, np.cumsum(cold_inputs)]
+    cold = cold_inputs[stream.inputs] & (stream.ranks >= stream.num_hot(hot_set))
+    tiers = {
+        "planned": (
+            cold_before[stream.inputs[cold]] // global_batch,
+            rows[cold],
+            (capacity - hot_set.total_hot) // args.sampling,
+            _steps_of(int(cold_before[args.warmup]), global_batch),
+        ),
+        "planned, no hot": (
+            stream.inputs // global_batch,
+            rows,
+            capacity // args.sampling,
+            _steps_of(args.warmup, global_batch),
+        ),
+    }
+    return tiers, capacity, fae.report.hot_budget_bytes
+
+
+def compared(
+    stream: IdStream, key: tuple[int, int, int], fixed: FixedPlans, capacity: int, args: argparse.Namespace
+) -> tuple[dict[str, float], str]:
+    """Bytes per input of (d), FAE's cold caches and TorchRec's least (all of ``bench_traffic``'s plans
+    with ``--compare all``; (d) alone with ``belady``), and the name of TorchRec's least."""
+    if args.compare == "belady":
+        global_batch = args.batch_size * key[1]
+        ends = [_steps_of(n, global_batch) for n in (args.warmup, args.warmup + args.num_samples)]
+        moved = _belady(stream, global_batch, ends[1], capacity, args.sampling)[ends[0] : ends[1]]
+        return {"d": float(moved.sum()) * key[0] * ELEMENT_BYTES / args.num_samples}, "-"
+    point = measure_point(stream, *key, fixed, args, [args.num_samples])[args.num_samples]
+    return traffic_of(point), min(point.torchrec, key=point.traffic.__getitem__)
+
+
+def measure(
+    stream: IdStream, key: tuple[int, int, int], fixed: FixedPlans, args: argparse.Namespace
+) -> list[str]:
+    """The table's rows of one point: each planned tier, whole and windowed."""
+    dim, world_size, hbm_cap = key
+    tiers, capacity, hot_budget = planned_rows(stream, dim, world_size, hbm_cap, args)
+    traffic, least = compared(stream, key, fixed, capacity, args)
+    where = f"{dim:>4} {world_size:>4} {format_bytes(hbm_cap):>9} {format_bytes(hot_budget):>9}"
+    lines = []
+    for name, (steps, keys, slots, count_from) in tiers.items():
+        order = np.argsort(steps, kind="stable")
+        bounds = np.searchsorted(steps[order], np.arange(int(steps.max(initial=-1)) + 2))
+        whole = None
+        for window in (None, *args.windows):
+            started = time.perf_counter()
+            try:
+                plan = plan_slots(keys[order], bounds, slots, window)
+            except ValueError as error:
+                lines.append(f"{where} | {name}: {error}")
+                break
+            seconds = time.perf_counter() - started
+            loads, evictions = plan.loads_per_step(), plan.evictions_per_step()
+            # the slots' first rows loaded for free at the start, as (d)'s are
+            first_fill = np.diff(np.minimum(np.r_[0, np.cumsum(loads)], slots))
+            rows_moved = (loads - first_fill + evictions)[count_from:].sum()
+            scale = dim * ELEMENT_BYTES * args.sampling / args.num_samples
+            moved, start = float(rows_moved) * scale, float(first_fill[count_from:].sum()) * scale
+            whole = moved if window is None else whole
+            millions = stream.num_inputs / 1e6
+            lines.append(
+                f"{where} | {name:<15} {'epoch' if window is None else window:>5} "
+                f"{slots * args.sampling:>11,} | {moved * PER_MILLION:>7.3f} {start * PER_MILLION:>6.3f} "
+                f"{_cell(traffic, 'd')} {_cell(traffic, FAE_PLAN)} {_cell(traffic, LEAST)} | "
+                f"{_ratio(moved, traffic['d']):>5} {_ratio(moved, traffic.get(LEAST)):>5} "
+                f"{_ratio(moved, whole):>6} | {seconds / millions:>6.2f} "
+                f"{plan.nbytes / millions / (1 << 20):>6.1f}{'' if window else f'  {least}'}"
+            )
+    return lines
+
+
+def _cell(traffic: dict[str, float], name: str) -> str:
+    return f"{traffic[name] * PER_MILLION:>7.3f}" if name in traffic else f"{'-':>7}"
+
+
+def _ratio(x: float, y: float | None) -> str:
+    if y is None:
+        return "-"
+    if y == 0:
+        return "inf" if x > 0 else "-"
+    return f"{x / y:.2f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.ERROR, format="%(name)s: %(message)s", force=True)
+    logging.getLogger("torchrec.distributed.planner.proposers").setLevel(logging.CRITICAL)
+    warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
+    started = time.perf_counter()
+    source = SyntheticCriteo(0, scale=args.scale)
+    fixed = FixedPlans(source.table_configs, args.batch_size)
+    stream = synthetic_stream(
+        args.warmup + args.num_samples,
+        epoch=args.epoch,
+        scale=args.scale,
+        seed=args.seed,
+        sampling=args.sampling,
+    )
+    if stream.profile_overlaps():
+        fail("the profile reads inputs of the replayed stream")
+    print(
+        f"{args.num_samples:,} synthetic inputs counted after a warm-up of {args.warmup:,} (Kaggle table "
+        f"sizes x {args.scale}), per-GPU batch {args.batch_size}, on 1/{args.sampling} of the rows. GiB "
+        "moved host-device per 1M inputs (weights, both directions): planned, the slot plan's own copies "
+        "with its first rows loaded for free as d's are (start: what loading them costs); d: Belady's "
+        "cache of the same device memory; FAE pp: FAE's LRU cold caches; TorchRec: the fewest bytes of "
+        "its configurations (named at the end). hot: FAE pp's hot budget; W: look-ahead in steps "
+        "(epoch: the whole stream); / epoch: bytes against the whole-stream plan; s and MiB: the plan's "
+        "time and arrays per 1M inputs of the stream (measured here, CPU, on the row sample)"
+    )
+    print(
+        f"{'dim':>4} {'GPUs':>4} {'HBM':>9} {'hot':>9} | {'tier':<15} {'W':>5} {'slots':>11} | "
+        f"{'planned':>7} {'start':>6} {'d':>7} {FAE_PLAN:>7} {'TorchRec':>7} | {'/ d':>5} {'/ TR':>5} "
+        f"{'/epoch':>6} | {'s':>6} {'MiB':>6}"
+    )
+    for key in args.points:
+        try:
+            print("\n".join(measure(stream, key, fixed, args)))
+        except PlannerError as error:
+            print(f"dim {key[0]}, {key[1]} GPUs x {format_bytes(key[2])}: no plan: {error}")
+    print(f"{time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""Which cold rows occupy which of ``S`` device slots at every cold step: the slot plan of a planned
+cold tier (issue 48).
+
+FAE's router fixes an epoch's steps before training, so the cold rows each cold step looks up are
+known ahead. Instead of a cache, a cold part can keep its rows in host memory and give the device a
+plain table of ``S`` slots: before each step the rows it needs and no slot holds are copied in, and
+when no slot is free the resident row whose next use is farthest goes out (Belady's rule, optimal
+for the rows moved), written back with its optimizer state after its last use. ``plan_slots``
+decides all of it from the steps' rows, for the whole epoch or with a look-ahead of ``window``
+steps: next uses beyond the window count as never, and those rows go out least recently used first
+(what a planner with that look-ahead can know). The plan also holds each step's remap from row to
+slot, so a step's ids can be rewritten to slot ids before the step, as the hot part's are.
+
+Every row a step looks up sits in a slot during the step, so a step's new rows take slots before it
+runs and never bypass them. With that rule evicting the farthest next use is still optimal (the tests
+check it against every choice on small streams). ``benchmarks.common.cache_model.belady_moves`` is
+looser: its cache of ``C`` rows evicts after each step, the rows just used included, so it holds a
+step's misses on top of ``C``; it loads no more than ``C`` slots do, and no less than
+``C + the largest step``'s.
+
+Cost: one sort of the (row, step) pairs for the next uses, then per step a few array operations over
+the step's rows and, when it must evict, one ``np.argpartition`` over the ``S`` slots' next uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class SlotPlan:
+    """Rows and slots of every step, in the steps' order.
+
+    Step ``s`` looks up ``rows[bounds[s]:bounds[s + 1]]`` (distinct, ascending), held by the same span
+    of ``slots``; ``loaded`` marks those copied in (host to device) before the step. Before them, the
+    step's evictions ``evicted_rows[evicted_bounds[s]:evicted_bounds[s + 1]]`` leave their
+    ``evicted_slots``, each written back (device to host) at any time after its last use, step
+    ``evicted_after``. ``resident_rows`` hold ``resident_slots`` after the last step (written back
+    when the plan ends). ``window``: the look-ahead in steps (None: the whole epoch).
+    """
+
+    num_slots: int
+    window: int | None
+    rows: np.ndarray
+    bounds: np.ndarray
+    slots: np.ndarray
+    loaded: np.ndarray
+    evicted_rows: np.ndarray
+    evicted_slots: np.ndarray
+    evicted_after: np.ndarray
+    evicted_bounds: np.ndarray
+    resident_rows: np.ndarray
+    resident_slots: np.ndarray
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.bounds) - 1
+
+    def step_of(self) -> np.ndarray:
+        """The step of each entry of ``rows``."""
+        return np.repeat(np.arange(self.num_steps), np.diff(self.bounds))
+
+    def loads_per_step(self) -> np.ndarray:
+        """Rows copied in before each step."""
+        return np.bincount(self.step_of()[self.loaded], minlength=self.num_steps)
+
+    def evictions_per_step(self) -> np.ndarray:
+        """Rows evicted (and written back) before each step."""
+        return np.diff(self.evicted_bounds)
+
+    @property
+    def rows_in(self) -> int:
+        """Rows copied host to device over the plan."""
+        return int(self.loaded.sum())
+
+    @property
+    def rows_out(self) -> int:
+        """Rows written back device to host over the plan, the residents at its end left out."""
+        return len(self.evicted_rows)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory of the plan's arrays."""
+        return sum(
+            getattr(self, name).nbytes
+            for name in (
+                "rows",
+                "bounds",
+                "slots",
+                "loaded",
+                "evicted_rows",
+                "evicted_slots",
+                "evicted_after",
+                "evicted_bounds",
+                "resident_rows",
+                "resident_slots",
+            )
+        )
+
+    def loads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows copied in before ``step`` and their slots."""
+        span = slice(self.bounds[step], self.bounds[step + 1])
+        loaded = self.loaded[span]
+        return self.rows[span][loaded], self.slots[span][loaded]
+
+    def evictions(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows evicted before ``step`` and the slots they leave."""
+        span = slice(self.evicted_bounds[step], self.evicted_bounds[step + 1])
+        return self.evicted_rows[span], self.evicted_slots[span]
+
+    def remap(self, step: int, ids: np.ndarray) -> np.ndarray:
+        """The slot of each of ``ids`` (rows of ``step``, repeats allowed) during ``step``."""
+        span = slice(self.bounds[step], self.bounds[step + 1])
+        rows, ids = self.rows[span], np.asarray(ids)
+        at = np.minimum(np.searchsorted(rows, ids), max(len(rows) - 1, 0))
+        if len(ids) and (not len(rows) or np.any(rows[at] != ids)):
+            missing = ids[rows[at] != ids] if len(rows) else ids
+            raise ValueError(f"step {step} does not look up rows {missing[:5].tolist()}")
+        return self.slots[span][at]
+
+
+def plan_slots(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int | None = None) -> SlotPlan:
+    """Plan ``num_slots`` device slots over steps that look up ``ids[bounds[s]:bounds[s + 1]]``
+    (non-negative row ids, repeats allowed), the slots empty at the start.
+
+    ``window``: steps of look-ahead after the current one (None: the whole epoch). Raises
+    ``ValueError`` naming the first step with more distinct rows than slots.
+    """
+    ids, bounds = np.asarray(ids, dtype=np.int64), np.asarray(bounds, dtype=np.int64)
+    _check(ids, bounds, num_slots, window)
+    n = len(bounds) - 1
+    width = int(ids.max(initial=0)) + 1
+    if n * width >= 1 << 62:
+        raise ValueError(
+            f"{n} steps x row ids up to {width - 1} overflow the (step, row) keys: renumber the rows"
+        )
+    combined = np.sort(np.repeat(np.arange(n, dtype=np.int64), np.diff(bounds)) * width + ids)
+    combined = combined[np.r_[True, combined[1:] != combined[:-1]]] if len(combined) else combined
+    step, rows = combined // width, combined % width
+    row_bounds = np.searchsorted(step, np.arange(n + 1))
+    sizes = np.diff(row_bounds)
+    if np.any(sizes > num_slots):
+        s = int(np.argmax(sizes > num_slots))
+        raise ValueError(f"step {s} looks up {sizes[s]} distinct rows, more than the {num_slots} slots")
+    distinct, dense = np.unique(rows, return_inverse=True)
+    following = _next_uses(dense, step, n)
+    horizon = n if window is None else window  # next uses beyond step + horizon count as never
+    slot_row = np.full(num_slots, -1, dtype=np.int64)
+    slot_next = np.full(num_slots, -1, dtype=np.int64)
+    slot_last = np.full(num_slots, -1, dtype=np.int64)
+    slot_rank = np.full(num_slots, -1, dtype=np.int64)  # eviction order when every next use is known
+    row_slot = np.full(len(distinct), -1, dtype=np.int64)
+    free = np.arange(num_slots, dtype=np.int64)
+    slots = np.empty(len(rows), dtype=np.int64)
+    loaded = np.zeros(len(rows), dtype=bool)
+    evicted: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    evicted_counts = np.zeros(n, dtype=np.int64)
+    for s in range(n):
+        span = slice(row_bounds[s], row_bounds[s + 1])
+        mine = dense[span]
+        miss = row_slot[mine] < 0
+        loads = int(miss.sum())
+        need = loads - len(free)
+        if need > 0:
+            victims = _farthest(slot_rank, slot_next, slot_last, s + horizon, n, need)
+            evicted.append((victims, slot_row[victims], slot_last[victims]))
+            evicted_counts[s] = need
+            row_slot[slot_row[victims]] = -1
+            free = np.concatenate([free, victims])
+        taken, free = free[:loads], free[loads:]
+        row_slot[mine[miss]] = taken
+        slot_row[taken] = mine[miss]
+        held = row_slot[mine]
+        slot_next[held], slot_last[held] = following[span], s
+        slot_rank[held] = _rank(following[span], s, n)
+        slots[span], loaded[span] = held, miss
+    victims, victim_rows, after = (
+        (np.concatenate(parts) for parts in zip(*evicted, strict=True))
+        if evicted
+        else (np.zeros(0, dtype=np.int64),) * 3
+    )
+    resident = np.flatnonzero(slot_row >= 0)
+    return SlotPlan(
+        num_slots,
+        window,
+        rows,
+        row_bounds,
+        slots,
+        loaded,
+        distinct[victim_rows],
+        victims,
+        after,
+        np.r_[0, np.cumsum(evicted_counts)],
+        distinct[slot_row[resident]],
+        resident,
+    )
+
+
+def _check(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int | None) -> None:
+    if num_slots < 1:
+        raise ValueError(f"num_slots must be at least 1, got {num_slots}")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be at least 1 step (or None: the whole epoch), got {window}")
+    if ids.ndim != 1 or bounds.ndim != 1 or len(bounds) < 1:
+        raise ValueError("ids and bounds must be 1-d arrays, bounds with at least one entry")
+    if bounds[0] != 0 or bounds[-1] != len(ids) or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"bounds must rise from 0 to len(ids) = {len(ids)}, got {bounds[0]} to {bounds[-1]}")
+    if len(ids) and ids.min() < 0:
+        raise ValueError(f"row ids must be non-negative, got {ids.min()}")
+
+
+def _next_uses(dense: np.ndarray, step: np.ndarray, n: int) -> np.ndarray:
+    """The step at which each (row, step) entry's row is next looked up (``n``: never again)."""
+    order = np.lexsort((step, dense))
+    same = dense[order[1:]] == dense[order[:-1]]
+    following = np.full(len(dense), n, dtype=np.int64)
+    following[order[:-1][same]] = step[order[1:][same]]
+    return following
+
+
+def _rank(next_use: np.ndarray, last_use: np.ndarray | int, n: int) -> np.ndarray:
+    """Eviction order of resident rows, first out largest: farthest next use, then least recently used
+    (``n - last_use`` is below the ``n + 2`` between next uses)."""
+    return next_use * (n + 2) + (n - last_use)
+
+
+def _farthest(
+    rank: np.ndarray, next_use: np.ndarray, last_use: np.ndarray, horizon: int, n: int, count: int
+) -> np.ndarray:
+    """The ``count`` slots to empty: the largest ``rank`` (``_rank``), next uses after ``horizon``
+    counting as never (``n + 1``). The step's own rows (next use the step) rank below every other
+    resident, and its rows fit the slots, so none is taken; nor is an empty slot (rank -1)."""
+    if horizon < n:
+        rank = np.where(next_use > horizon, _rank(n + 1, last_use, n), rank)
+    return np.argpartition(rank, len(rank) - count)[len(rank) - count :]
