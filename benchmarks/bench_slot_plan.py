@@ -43,10 +43,10 @@ from benchmarks.bench_traffic import (
     LEAST,
     PER_MILLION,
     FixedPlans,
-    _belady,
-    _grid_point,
-    _steps_of,
+    belady_rows,
+    grid_point,
     measure_point,
+    steps_of,
     traffic_of,
 )
 from benchmarks.common.arguments import fail
@@ -81,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scale", type=float, default=1.0, help="table sizes = Kaggle's x scale")
     parser.add_argument(
         "--points",
-        type=_grid_point,
+        type=grid_point,
         nargs="+",
         default=["128:1:2GiB", "128:8:512MiB"],
         help="dim:GPUs:HBM per GPU of each point",
@@ -102,7 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    args.points = [_grid_point(p) if isinstance(p, str) else p for p in args.points]
+    args.points = [grid_point(p) if isinstance(p, str) else p for p in args.points]
     args.belady_sampling = args.sampling
     return args
 
@@ -131,13 +131,13 @@ def planned_rows(
             cold_before[stream.inputs[cold]] // global_batch,
             rows[cold],
             (capacity - hot_set.total_hot) // args.sampling,
-            _steps_of(int(cold_before[args.warmup]), global_batch),
+            steps_of(int(cold_before[args.warmup]), global_batch),
         ),
         "planned, no hot": (
             stream.inputs // global_batch,
             rows,
             capacity // args.sampling,
-            _steps_of(args.warmup, global_batch),
+            steps_of(args.warmup, global_batch),
         ),
     }
     return tiers, capacity, fae.report.hot_budget_bytes
@@ -150,8 +150,8 @@ def compared(
     with ``--compare all``; (d) alone with ``belady``), and the name of TorchRec's least."""
     if args.compare == "belady":
         global_batch = args.batch_size * key[1]
-        ends = [_steps_of(n, global_batch) for n in (args.warmup, args.warmup + args.num_samples)]
-        moved = _belady(stream, global_batch, ends[1], capacity, args.sampling)[ends[0] : ends[1]]
+        ends = [steps_of(n, global_batch) for n in (args.warmup, args.warmup + args.num_samples)]
+        moved = belady_rows(stream, global_batch, ends[1], capacity, args.sampling)[ends[0] : ends[1]]
         return {"d": float(moved.sum()) * key[0] * ELEMENT_BYTES / args.num_samples}, "-"
     point = measure_point(stream, *key, fixed, args, [args.num_samples])[args.num_samples]
     return traffic_of(point), min(point.torchrec, key=point.traffic.__getitem__)

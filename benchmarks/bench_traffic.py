@@ -263,7 +263,7 @@ def measure_point(
     warm = args.warmup
 
     def in_batches(inputs: int) -> int:
-        return _steps_of(inputs, global_batch)
+        return steps_of(inputs, global_batch)
 
     table_index = {c.name: t for t, c in enumerate(stats.tables)}
     ends = [in_batches(warm + n) for n in lengths]
@@ -308,7 +308,7 @@ def measure_point(
         fae_plans[name] = fae.report, cold_inputs
     row_bytes = dim * 4
     capacity = float(fae.device_memory(meta).sum()) / row_bytes
-    belady = np.r_[0, np.cumsum(_belady(stream, global_batch, max(ends), capacity, args.belady_sampling))]
+    belady = np.r_[0, np.cumsum(belady_rows(stream, global_batch, max(ends), capacity, args.belady_sampling))]
     hbm = fixed.hbm(dim, world_size)
     step = {name: plan.totals.step for name, plan in plans.items()}
     step |= {name: report.step for name, (report, _) in fae_plans.items()} | {"c": hbm.totals.step}
@@ -343,7 +343,7 @@ def measure_point(
     return points
 
 
-def _steps_of(inputs: int, global_batch: int) -> int:
+def steps_of(inputs: int, global_batch: int) -> int:
     """The steps ``inputs`` inputs take, the last one short."""
     return -(-inputs // global_batch)
 
@@ -369,8 +369,8 @@ def _replay_cold_steps(
         _cold_ids(hot_set, stream.tables[cold_lookup], stream.ids[cold_lookup]),
         table_index,
         stream.sampling,
-        _steps_of(int(cold_before[warm]), global_batch),
-        [_steps_of(int(cold_before[warm + n]), global_batch) for n in lengths],
+        steps_of(int(cold_before[warm]), global_batch),
+        [steps_of(int(cold_before[warm + n]), global_batch) for n in lengths],
     )
 
 
@@ -383,7 +383,7 @@ def _cold_ids(hot_set: HotSet, tables: np.ndarray, ids: np.ndarray) -> np.ndarra
     return cold
 
 
-def _belady(stream: IdStream, global_batch: int, end: int, capacity: float, sampling: int) -> np.ndarray:
+def belady_rows(stream: IdStream, global_batch: int, end: int, capacity: float, sampling: int) -> np.ndarray:
     """Rows Belady's cache of ``capacity`` rows moves in each batch before ``end``, preloaded as the
     stream starts (before the warm-up, as the plans' HBM rows are); replayed on ``1/sampling`` of the
     rows (a subset of the stream's own sample)."""
@@ -873,7 +873,7 @@ _LEGEND = {
 }
 
 
-def _grid_point(text: str) -> tuple[int, int, int]:
+def grid_point(text: str) -> tuple[int, int, int]:
     """``dim:GPUs:HBM per GPU``, e.g. ``128:8:512MiB``."""
     dim, world, cap = text.split(":")
     return int(dim), int(world), parse_bytes(cap)
@@ -915,7 +915,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--convergence-points",
-        type=_grid_point,
+        type=grid_point,
         nargs="*",
         default=default["convergence_points"],
         help="dim:GPUs:HBM per GPU of the convergence table's points",
@@ -977,7 +977,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.convergence_lengths = [
         positive_int(x) if isinstance(x, str) else x for x in args.convergence_lengths
     ]
-    args.convergence_points = [_grid_point(x) if isinstance(x, str) else x for x in args.convergence_points]
+    args.convergence_points = [grid_point(x) if isinstance(x, str) else x for x in args.convergence_points]
     if args.belady_sampling % args.sampling:
         parser.error("--belady-sampling must be a multiple of --sampling")
     return args
