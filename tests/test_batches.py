@@ -239,6 +239,6 @@ def test_what_prepare_data_refuses_or_warns_about(tmp_path, small_tables, caplog
         prepare_data(batches, small_tables, tmp_path / "split", val_every=None, **common)
     other = [t.__class__(**{**t.__dict__, "num_embeddings": t.num_embeddings + 1}) for t in small_tables]
     stats = prepare_data(_batches(other, 5), other, tmp_path / "other", **common).stats
-    with pytest.raises(ValueError, match=r"^stats: statistics of other tables"):
+    with pytest.raises(ValueError, match=r"^stats: statistics are for other tables: table #0"):
         prepare_data(batches, small_tables, tmp_path / "mixed", stats=stats, **common)
     assert not (tmp_path / "mixed" / "batches").exists(), "the spools are removed after a failure too"

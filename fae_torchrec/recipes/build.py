@@ -8,7 +8,7 @@ import logging
 import os
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,7 +37,7 @@ from fae_torchrec.train.step import find_fae_module
 from fae_torchrec.units import format_bytes, parse_bytes
 from planner import FAEShardingPlanner
 from planner.baseline import default_planner, hbm_planner, scaleup_planner
-from planner.plan_file import PlanFile, difference, file_digest
+from planner.plan_file import PlanFile, file_digest
 from planner.topology import make_topology
 
 logger = logging.getLogger("fae_torchrec.recipes")
@@ -142,12 +142,7 @@ def _load_stats(
         stats = AccessStats.load(args.stats).with_embedding_dim(args.dim)
     except (ValueError, OSError) as error:
         raise ValueError(f"--stats {args.stats}: {getattr(error, 'strerror', None) or error}") from error
-    if stats.layout.describe() != run["tables"]:
-        raise ValueError(
-            f"--stats {args.stats}: statistics of other tables than --data's, tables "
-            f"{difference(stats.layout.describe(), run['tables'])}"
-        )
-    stats = replace(stats, tables=tuple(tables))
+    stats = stats.for_tables(tables, f"--stats {args.stats}")
     if plan_file is not None:
         hot_set = stats.hot_set(plan_file.made_for["hot_bytes"], EMBEDDING_OPTIMIZERS[args.optimizer])
         _check_plan(args, plan_file, {"hot_set": hot_set.digest})
@@ -179,6 +174,7 @@ def _check_hot_share(args: argparse.Namespace, data: PreparedData) -> None:
     inputs alone does not tell)."""
     hot_bytes = format_bytes(data.hot_set.hot_bytes(EMBEDDING_OPTIMIZERS[args.optimizer]))
     hot, cold = len(data.partition.hot), len(data.partition.cold)
+    share = hot / (hot + cold)
     if data.hot_set.holds_every_row or not cold:
         logger.warning(EVERYTHING_HOT, f"the hot set's {hot_bytes}")
     elif not hot:
@@ -187,11 +183,10 @@ def _check_hot_share(args: argparse.Namespace, data: PreparedData) -> None:
             "no training input is entirely hot with the hot set of %s: FAE trains cold steps only, as "
             "TorchRec alone would; raise --budget%s", hot_bytes, stats_hint,
         )  # fmt: skip
-    elif args.stats and hot / (hot + cold) < estimate_hot_share(data.stats, data.hot_set).low / 2:
+    elif args.stats and share < (expected := estimate_hot_share(data.stats, data.hot_set)).low / 2:
         logger.warning(
             "--stats %s expects %s of the inputs entirely hot, the partition of --data has %.2f%%: are the "
-            "statistics of this data?",
-            args.stats, estimate_hot_share(data.stats, data.hot_set), 100 * hot / (hot + cold),
+            "statistics of this data?", args.stats, expected, 100 * share,
         )  # fmt: skip
 
 

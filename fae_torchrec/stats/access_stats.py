@@ -6,6 +6,7 @@ import json
 import os
 import zipfile
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -71,6 +72,12 @@ class AccessStats:
     def hot_set_by_share(self, threshold: float = 0.001) -> HotSet:
         """The per-table alternative: rows with at least ``threshold`` of their table's accesses."""
         return self.ranking().hot_set_by_share(threshold)
+
+    def for_tables(self, tables: Sequence[EmbeddingBagConfig], name: str) -> AccessStats:
+        """These statistics tied to ``tables``' config objects; ``ValueError`` naming ``name`` (their file,
+        the option that gave them) and the first table that differs unless both describe the same tables."""
+        _check_same_tables(name, self.layout.describe(), TableLayout.of(tables).describe())
+        return replace(self, tables=tuple(tables))
 
     def with_embedding_dim(self, embedding_dim: int) -> AccessStats:
         """The same counts for tables of another embedding dimension (counts do not depend on it)."""

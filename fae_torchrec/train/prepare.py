@@ -37,7 +37,6 @@ from fae_torchrec.data.source import BlockSource
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import HotSet
 from fae_torchrec.stats.profiler import AccessProfiler
-from fae_torchrec.tables import TableLayout
 from fae_torchrec.train.partition import HotColdPartition
 
 #: Inputs per block while the data streams past.
@@ -343,7 +342,8 @@ def _profile_and_partition(
     validation set and the hot set; the partition is written to ``directory``."""
     given = stats is not None
     if given:
-        _check_stats(stats, tables, _training_inputs(source, val_every), names)
+        stats = stats.for_tables(tables, names["stats"])
+        _check_count(stats, _training_inputs(source, val_every), names)
     profiler, profiled = None, None  # with exclude_profiled, per training block, the inputs profiled
     if stats is None:
         profiler, profiled = _profile(
@@ -378,20 +378,13 @@ def _profile_and_partition(
         total=num_train,
     )  # fmt: skip
     if given:  # where the size was not known before
-        _check_stats(stats, tables, len(partition.hot) + len(partition.cold), names)
+        _check_count(stats, len(partition.hot) + len(partition.cold), names)
     return stats, SampleBlock.concat(held_out) if held_out else None, hot_set
 
 
-def _check_stats(
-    stats: AccessStats, tables: Sequence[EmbeddingBagConfig], num_train: int | None, names: Mapping[str, str]
-) -> None:
-    """``ValueError`` naming ``stats`` where they are of other tables or count another number of training
-    inputs than ``num_train`` (None: not known yet)."""
-    if stats.layout.describe() != TableLayout.of(tables).describe():
-        raise ValueError(
-            f"{names['stats']}: statistics of other tables ({stats.layout.describe()}) than these "
-            f"({TableLayout.of(tables).describe()})"
-        )
+def _check_count(stats: AccessStats, num_train: int | None, names: Mapping[str, str]) -> None:
+    """``ValueError`` naming ``stats`` where they count another number of training inputs than
+    ``num_train`` (None: not known yet)."""
     if num_train is not None and num_train != stats.num_inputs:
         raise ValueError(
             f"{names['stats']}: statistics of {stats.num_inputs:,} training inputs, but {names['data']} has "
