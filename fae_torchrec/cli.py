@@ -331,7 +331,8 @@ def plan(args: argparse.Namespace) -> None:
         # the knob logs each budget it tries as it goes: its search takes minutes at 128 GPUs
         with logger_level("planner", logging.INFO):
             hot_set = planner.choose_hot_set()
-        if not sum(hot_set.num_hot.values()):
+        hot_rows = sum(hot_set.num_hot.values())
+        if not hot_rows:
             logger.warning(
                 "the plan keeps no hot row: a run on it trains cold steps only (FAE then is TorchRec alone); "
                 "give --budget to keep some"
@@ -377,7 +378,7 @@ def plan(args: argparse.Namespace) -> None:
             "stats": file_digest(args.stats),
             "hot_set": hot_set.digest,
             "hot_bytes": hot_set.hot_bytes(optimizer),
-            "hot_rows": int(sum(len(ids) for ids in hot_set.hot_ids)),
+            "hot_rows": hot_rows,
             "batch_size": args.batch_size,
             "hbm_cap": hbm_cap,
             "prefetch_pipeline": args.prefetch_pipeline,
