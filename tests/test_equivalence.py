@@ -57,11 +57,15 @@ def _model(name: str, ebc) -> DLRMTrain:
     )
 
 
-def _shard(model, prefix: str, planner, embedding: EmbeddingOptimizer):
+def _shard(model, prefix: str, planner, embedding: EmbeddingOptimizer, adjust=None):
+    """``model`` under DMP as ``planner`` plans it (changed by ``adjust``, given the plan), its unfused
+    optimizer and its plan."""
     embedding.apply(model.get_submodule(prefix.rstrip(".")))
     full = copy.deepcopy(model.state_dict())
     sharders = get_default_sharders()
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    if adjust is not None:
+        adjust(plan)
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
     load_full_state_dict(dmp, full)
     optimizer = unfused_optimizer(dmp, embedding, lambda params: torch.optim.SGD(params, lr=0.1))
@@ -136,12 +140,15 @@ def _baseline_and_fae(model: str, world_size: int, embedding: EmbeddingOptimizer
 
 
 def _assert_trained_alike(
-    base_dmp, fae_dmp, model: str, tables, batches, initial, initial_dense, tolerance: float
+    base_dmp, fae_dmp, model: str, tables, batches, initial, initial_dense, tolerance: float, cold=None
 ) -> None:
     """The FAE model's parameters (in the original table layout) are the baseline's within
-    ``tolerance``, and exactly the rows that ``batches`` used have moved, every dense layer too."""
+    ``tolerance``, and exactly the rows that ``batches`` used have moved, every dense layer too.
+    ``cold``: the cold part's weights, keyed as in the split module, where they are not the model's
+    (a planned cold tier's)."""
     prefix = PREFIXES[model]
     expected, actual = gather_full_state_dict(base_dmp), gather_full_state_dict(fae_dmp)
+    actual |= {prefix + name: value for name, value in (cold or {}).items()}
     split = fae_dmp.module.get_submodule(prefix.rstrip("."))
     tables_after = split.ebc_state_dict(actual, prefix=prefix)
     used = _used_rows(batches, tables)

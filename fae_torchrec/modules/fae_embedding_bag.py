@@ -53,6 +53,10 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         hot_set: which rows of each table are hot (made for the same tables).
         is_weighted: whether features carry per-id weights (SUM pooling only, as in TorchRec).
         device: where the parts are created (``meta`` for planning).
+        cold_slots: per table (original name) with cold rows, the slots of its cold part's table, for
+            a planned cold tier (``fae_torchrec.train.cold_tier.PlannedColdTier``), which keeps the cold
+            rows in host memory and copies into the slots the rows each cold step needs. None: the
+            cold part's tables hold the cold rows themselves.
     """
 
     def __init__(
@@ -61,6 +65,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         hot_set: HotSet,
         is_weighted: bool = False,
         device: torch.device | None = None,
+        cold_slots: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__()
         layout = TableLayout.of(tables)
@@ -76,7 +81,11 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self._is_weighted = is_weighted
         num_hot = np.array([len(ids) for ids in hot_set.hot_ids], dtype=np.int64)
         self._num_hot = num_hot.tolist()
-        sizes = {HOT: num_hot, COLD: layout.num_rows - num_hot}
+        #: Per table, its cold rows (those of the cold part, or of a planned cold tier's host memory).
+        self.num_cold = dict(zip(layout.names, (layout.num_rows - num_hot).tolist(), strict=True))
+        self.cold_slots = None if cold_slots is None else _checked_slots(cold_slots, self.num_cold)
+        cold_sizes = self.num_cold if cold_slots is None else self.cold_slots
+        sizes = {HOT: num_hot, COLD: np.array([cold_sizes.get(t, 0) for t in layout.names], dtype=np.int64)}
         self.hot = self._make_part(HOT, sizes[HOT], device)
         self.cold = self._make_part(COLD, sizes[COLD], device)
         features = layout.features
@@ -126,6 +135,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
 
     def load_ebc_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load weights given in the original layout (a plain EBC's ``state_dict``)."""
+        self._check_rows_held("load_ebc_state_dict")
         with torch.no_grad():
             parts = self.split_state(state_dict)
             for _, pieces in self._pieces():
@@ -152,6 +162,8 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         module's state dict under ``prefix`` (such as ``gather_full_state_dict`` of a DMP model), or
         any per-row tensors of the parts keyed so (an optimizer's state: any shape after the rows).
         """
+        if state is None:
+            self._check_rows_held("ebc_state_dict")
         result = {}
         for config, pieces in self._pieces():
             weights = [
@@ -168,6 +180,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         """Where rows ``start:stop`` of ``table`` (original ids) live: per part holding any of them,
         the part weight's name in this module's state dict, the part row of the first of them and
         a mask of those in the part (consecutive part rows: both parts keep the original order)."""
+        self._check_rows_held("row_ranges")
         hot = self._hot_ids()[self._layout.index(table)]
         low, high = (int(i) for i in torch.searchsorted(hot, torch.tensor([start, stop])))
         is_hot = torch.zeros(stop - start, dtype=torch.bool)
@@ -177,6 +190,15 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             if bool(mask.any()):
                 ranges.append((f"{part}.embedding_bags.{part_table_name(table, part)}.weight", first, mask))
         return ranges
+
+    def _check_rows_held(self, what: str) -> None:
+        """``ValueError`` for ``what``, which reads or writes cold rows in the cold part, when the cold
+        part holds a planned cold tier's slots instead."""
+        if self.cold_slots is not None:
+            raise ValueError(
+                f"{what}: the cold part holds the slots of a planned cold tier, not the cold rows; read "
+                "and write those through the PlannedColdTier"
+            )
 
     @cached_property
     def hot_set_digest(self) -> str:
@@ -535,6 +557,24 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
 
     def is_weighted(self) -> bool:
         return self._is_weighted
+
+
+def _checked_slots(cold_slots: Mapping[str, int], num_cold: Mapping[str, int]) -> dict[str, int]:
+    """``cold_slots`` as a dict, once every table with cold rows (``num_cold``) has at least one slot
+    and no other table any (``ValueError`` naming the table otherwise)."""
+    slots = dict(cold_slots)
+    unknown = sorted(set(slots) - set(num_cold))
+    if unknown:
+        raise ValueError(
+            f"cold_slots names tables {unknown} that the module does not have ({list(num_cold)})"
+        )
+    for table, rows in num_cold.items():
+        count = slots.get(table, 0)
+        if rows > 0 and count < 1:
+            raise ValueError(f"cold_slots: table {table} has {rows} cold rows and needs at least one slot")
+        if rows == 0 and count:
+            raise ValueError(f"cold_slots: table {table} has no cold row, so no slot ({count} given)")
+    return {table: count for table, count in slots.items() if count}
 
 
 class _AddColumns(torch.autograd.Function):

@@ -12,6 +12,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.modules.split_features import SplitFeatures
+from fae_torchrec.train.cold_tier import PlannedColdTier
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.schedule import Step, check_warmup, initial_run, interleave, make_schedule
 from fae_torchrec.train.step import find_fae_module
@@ -46,6 +47,9 @@ class BatchRouter:
             for a module built inline). None keeps the original ``KeyedJaggedTensor``, for the model to
             remap. Raises ``ValueError`` here, alike on every rank, when the split module
             was built from another hot set than the partition (the split of its first input checks it).
+        cold_tier: the model's planned cold tier (``PlannedColdTier``; it needs ``split``): each epoch's
+            cold steps are planned when the epoch starts, and each cold batch's cold ids turned into
+            slot ids.
     """
 
     def __init__(
@@ -59,6 +63,7 @@ class BatchRouter:
         warmup: float = 0.0,
         keys: Sequence[str] | None = None,
         split: Callable[[KeyedJaggedTensor, bool, str | None], SplitFeatures] | nn.Module | None = None,
+        cold_tier: PlannedColdTier | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range [0, {world_size})")
@@ -80,6 +85,9 @@ class BatchRouter:
                 raise ValueError(f"split: the {type(split).__name__} holds no FAEEmbeddingBagCollection")
             split = module.split
         self.split = split
+        if cold_tier is not None and split is None:
+            raise ValueError("a planned cold tier routes split batches: give the router split= too")
+        self.cold_tier = None  # set once the split is checked (on an input of no step)
         self._position: dict = {}
         self._relayout = False
         if split is not None:
@@ -89,6 +97,7 @@ class BatchRouter:
                 )
             first_hot = len(partition.hot) > 0  # the split of one input checks the module's hot set
             self._split_batch([(partition.hot if first_hot else partition.cold).slice(0, 1)], first_hot)
+        self.cold_tier = cold_tier
 
     def schedule(self, epoch: int) -> list[Step]:
         return make_schedule(
@@ -108,6 +117,10 @@ class BatchRouter:
         order needs it) and start at its ``step``.
         """
         steps = self.schedule(epoch)
+        if self.cold_tier is not None:
+            if start_step:
+                raise ValueError("resuming mid-epoch with a planned cold tier is not supported yet")
+            self.cold_tier.plan_epoch([step for step in steps if not step.hot])
         if self.order != "adaptive":
             for index in range(start_step, len(steps)):
                 self._position = {"epoch": epoch, "step": index + 1}
@@ -179,4 +192,6 @@ class BatchRouter:
         sign; the original ids are left unread), its sparse features split for the parts."""
         batch = SampleBlock.concat([span.as_part_ids() for span in spans]).to_batch(self.partition.keys)
         features = self.split(batch.sparse_features, hot, self.partition.hot_set_digest)
+        if self.cold_tier is not None and not hot:
+            features = self.cold_tier.route(features)
         return Batch(batch.dense_features, features, batch.labels)

@@ -1,0 +1,396 @@
+"""The planned cold tier: a cold part whose rows live in host memory and whose device tables are plain
+slots, filled ahead of each cold step by the slot plan of the epoch's schedule (issue 48).
+
+A split module built with ``cold_slots`` gives each cold table ``S`` slots in place of its cold rows;
+planned with the ``fused`` kernel, a slot table is an ordinary FBGEMM table in HBM: no cache lookup, no
+LRU, no locking. :class:`PlannedColdTier` keeps the cold rows and their optimizer state in host memory
+and, because the router fixes an epoch's steps before training, plans for every cold step which rows
+sit in which slots (``plan_slots``: Belady's rule over the whole epoch or a look-ahead window). The
+router routes each cold step's batch through :meth:`PlannedColdTier.route`, which rewrites its cold
+ids to slot ids and queues the step's copies; just before the cold part's lookup of that step (a
+forward pre-hook, so TorchRec's train pipelines need no change) the queued copies run: evicted rows
+are written back with their optimizer state, then the step's new rows copied in. Hot steps skip the
+cold part and copy nothing.
+
+Every value is copied, none recomputed, and FBGEMM's fused optimizers update only the rows a batch
+looks up, so the trained model is the one the cold rows would give in a table of their own.
+
+Each row-wise shard of a slot table (the whole table when it is table-wise) is a slot group: it holds
+a fixed share of the table's cold rows, in proportion to its slots, so every rank plans all groups
+alike and copies only those of the shards it holds. The copies run on the host here; on CUDA the
+host rows are pinned and the copies are ordinary host-to-device copies.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.types import ShardingType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection, part_table_name
+from fae_torchrec.modules.split_features import SplitFeatures
+from fae_torchrec.stats.hot_set import COLD, HOT
+from fae_torchrec.torchrec_compat import ShardedTensor
+from fae_torchrec.train.partition import HotColdPartition
+from fae_torchrec.train.schedule import Step
+from fae_torchrec.train.slot_plan import SlotPlan, plan_slots
+from fae_torchrec.train.step import find_fae_module
+
+#: Sharding types of a slot table: each shard holds whole rows (a slot group).
+SLOT_SHARDING_TYPES = (
+    ShardingType.TABLE_WISE.value,
+    ShardingType.ROW_WISE.value,
+    ShardingType.TABLE_ROW_WISE.value,
+)
+
+
+@dataclass(frozen=True)
+class SlotGroup:
+    """Slots ``slot_start:slot_stop`` of cold table ``table`` (original name), one row-wise shard of its
+    slot table, hold cold rows ``row_start:row_stop`` of it (ids of the cold part)."""
+
+    table: str
+    slot_start: int
+    slot_stop: int
+    row_start: int
+    row_stop: int
+
+    @property
+    def num_slots(self) -> int:
+        return self.slot_stop - self.slot_start
+
+
+@dataclass
+class _HostRows:
+    """This rank's copy of a slot group: the device slots (views of FBGEMM's weights and per-row
+    optimizer state of the shard), the group's rows in host memory, and which row each slot holds."""
+
+    group: SlotGroup
+    slots: dict[str, torch.Tensor]
+    rows: dict[str, torch.Tensor]
+    held: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Copies:
+    """The copies before one cold step, per local group: whether every held row goes back first (a new
+    epoch's plan starts from empty slots), then (evicted slots, their rows), then (loaded rows, slots)."""
+
+    flush_first: bool
+    moves: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+
+
+class PlannedColdTier:
+    """The host rows, slot plans and copies of a model's planned cold tier.
+
+    Args:
+        model: a DMP model holding an ``FAEEmbeddingBagCollection`` built with ``cold_slots``, its slot
+            tables planned with the ``fused`` kernel, table-wise or row-wise, with a fused optimizer.
+        partition: the partition its router serves (every rank reads every rank's cold ids from it).
+        window: look-ahead of the slot plans in cold steps (None: the whole epoch).
+
+    Load the cold rows' initial weights with :meth:`load_ebc_state_dict`, give the tier to the router
+    (``BatchRouter(..., cold_tier=tier)``), and :meth:`flush` before reading the cold rows
+    (:meth:`gather_cold_state`). ``rows_in``/``rows_out`` and ``bytes_in``/``bytes_out`` count this
+    rank's copies (weights and optimizer state) host to device and back.
+    """
+
+    def __init__(self, model: nn.Module, partition: HotColdPartition, window: int | None = None) -> None:
+        fae = find_fae_module(model)
+        if fae is None or fae.cold_slots is None or fae.cold is None:
+            raise ValueError(
+                "a planned cold tier needs an FAEEmbeddingBagCollection built with cold_slots, with cold rows"
+            )
+        if partition.hot_set_digest != fae.hot_set_digest:
+            raise ValueError("the partition was made with another hot set than the model's split module")
+        self.fae, self.partition, self.window = fae, partition, window
+        self.groups = _slot_groups(fae)
+        self._local = _host_rows(fae, self.groups)
+        self._features = _feature_tables(fae, partition.keys)
+        self._plans: dict[SlotGroup, SlotPlan] = {}
+        self._num_steps = self._routed = 0  # cold steps of the epoch planned, and routed so far
+        self._flush_next = False  # the next routed step writes every held row back first
+        self._queue: deque[_Copies] = deque()
+        self.rows_in = self.rows_out = self.bytes_in = self.bytes_out = 0
+        fae.cold.register_forward_pre_hook(self._before_lookup)
+
+    def load_ebc_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Set the cold rows this rank holds from weights in the original layout (a plain EBC's
+        ``state_dict``), their optimizer state to the slots' initial one; the slots are emptied."""
+        parts = self.fae.split_state(state)
+        with torch.no_grad():
+            for local in self._local:
+                group = local.group
+                full = parts[f"{COLD}.embedding_bags.{part_table_name(group.table, COLD)}.weight"]
+                local.rows["weight"].copy_(full[group.row_start : group.row_stop])
+                for name, slots in local.slots.items():
+                    if name != "weight" and len(slots):
+                        local.rows[name].copy_(slots[:1].expand_as(local.rows[name]))
+                local.held[:] = -1
+
+    def plan_epoch(self, cold_steps: Sequence[Step]) -> None:
+        """Plan the slots of every group over ``cold_steps`` (an epoch's cold steps, in order, as every
+        rank schedules them): the rows of a step are those of every rank's inputs. The rows held
+        from an earlier epoch are written back before the first of them."""
+        ids = _cold_ids(self.partition, cold_steps, self._features, self.groups)
+        bounds_of = np.arange(len(cold_steps) + 1)
+        self._plans = {}
+        for group in self.groups:
+            steps, rows = ids[group]
+            try:
+                plan = plan_slots(
+                    rows - group.row_start, np.searchsorted(steps, bounds_of), group.num_slots, self.window
+                )
+            except ValueError as error:
+                raise ValueError(
+                    f"cold table {group.table}, slots {group.slot_start}:{group.slot_stop}: {error}; give "
+                    "the table more cold_slots"
+                ) from error
+            self._plans[group] = plan
+        self._num_steps, self._routed = len(cold_steps), 0
+        self._flush_next = True  # rows an earlier epoch left in the slots (none: nothing to write)
+
+    def route(self, features: SplitFeatures) -> SplitFeatures:
+        """The next cold step's ``features`` with its cold ids turned into slot ids; queues the step's
+        copies, made before the cold part's lookup of it."""
+        step = self._routed
+        if step >= self._num_steps:
+            raise ValueError(
+                f"cold step {step} was not planned: plan the epoch's cold steps first (plan_epoch)"
+            )
+        self._routed += 1
+        moves = []
+        for local in self._local:
+            plan = self._plans[local.group]
+            evicted_rows, evicted_slots = plan.evictions(step)
+            loaded_rows, loaded_slots = plan.loads(step)
+            moves.append((evicted_slots, evicted_rows, loaded_rows, loaded_slots))
+        self._queue.append(_Copies(self._flush_next, tuple(moves)))
+        self._flush_next = False
+        cold = features.cold
+        return SplitFeatures(features.hot, None if cold is None else self._slot_ids(step, cold), False)
+
+    def flush(self) -> None:
+        """Write every row held in a slot back to host memory (the slots keep them): call it between
+        steps, with no routed step waiting, before reading the cold rows."""
+        if self._queue:
+            raise ValueError(f"{len(self._queue)} routed cold steps have not run yet: flush after them")
+        for local in self._local:
+            self._write_back(local, np.flatnonzero(local.held >= 0))
+
+    def gather_cold_state(self) -> dict[str, torch.Tensor]:
+        """Every cold table's rows, keyed as the cold part's weights in the split module's state dict,
+        on every rank (a collective); :meth:`flush` first."""
+        result = {}
+        for table in self.fae.cold_slots:
+            rows = self.fae.num_cold[table]
+            full = torch.zeros(rows, self._dim(table))
+            for local in self._local:
+                if local.group.table == table:
+                    full[local.group.row_start : local.group.row_stop] = local.rows["weight"]
+            if dist.is_initialized():
+                dist.all_reduce(full)
+            result[f"{COLD}.embedding_bags.{part_table_name(table, COLD)}.weight"] = full
+        return result
+
+    def _dim(self, table: str) -> int:
+        return next(c.embedding_dim for c in self.fae.embedding_bag_configs() if c.name == table)
+
+    def _slot_ids(self, step: int, cold: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """``cold`` (ids of the cold part) with every id replaced by its slot at cold step ``step``."""
+        ids = cold.values().numpy()
+        slots = np.empty_like(ids)
+        ends = np.cumsum([0, *cold.length_per_key()])
+        for feature, start, stop in zip(cold.keys(), ends[:-1], ends[1:], strict=True):
+            table, mine = self._features[feature], ids[start:stop]
+            for group in self.groups:
+                if group.table != table:
+                    continue
+                inside = (mine >= group.row_start) & (mine < group.row_stop)
+                slots[start:stop][inside] = (
+                    self._plans[group].remap(step, mine[inside] - group.row_start) + group.slot_start
+                )
+        return KeyedJaggedTensor(
+            keys=cold.keys(),
+            values=torch.from_numpy(slots),
+            lengths=cold.lengths(),
+            weights=cold.weights_or_none(),
+            stride=cold.stride(),
+            length_per_key=cold.length_per_key(),
+        )
+
+    def _before_lookup(self, module: nn.Module, args: tuple) -> None:
+        """The cold part's forward pre-hook: the queued copies of the step about to look up."""
+        if not self._queue:
+            raise RuntimeError(
+                "the cold part of a planned cold tier was looked up on a batch the tier did not route: "
+                "give the tier to the BatchRouter (cold_tier=) and train on its batches"
+            )
+        copies = self._queue.popleft()
+        for local, (evicted_slots, evicted_rows, loaded_rows, loaded_slots) in zip(
+            self._local, copies.moves, strict=True
+        ):
+            if copies.flush_first:
+                self._write_back(local, np.flatnonzero(local.held >= 0))
+                local.held[:] = -1
+            if len(evicted_slots):
+                if np.any(local.held[evicted_slots] != evicted_rows):
+                    raise RuntimeError(
+                        f"cold table {local.group.table}: the slots hold other rows than planned"
+                    )
+                self._write_back(local, evicted_slots)
+                local.held[evicted_slots] = -1
+            self._load(local, loaded_rows, loaded_slots)
+
+    def _write_back(self, local: _HostRows, slots: np.ndarray) -> None:
+        """Copy ``slots`` (with their optimizer state) to the host rows they hold."""
+        if not len(slots):
+            return
+        rows = torch.from_numpy(local.held[slots])
+        index = torch.from_numpy(slots).to(local.slots["weight"].device)
+        with torch.no_grad():
+            for name, device_slots in local.slots.items():
+                values = device_slots.index_select(0, index).cpu()
+                local.rows[name].index_copy_(0, rows, values)
+                self.bytes_out += values.nbytes
+        self.rows_out += len(slots)
+
+    def _load(self, local: _HostRows, rows: np.ndarray, slots: np.ndarray) -> None:
+        """Copy host ``rows`` (with their optimizer state) into ``slots``."""
+        if not len(rows):
+            return
+        index = torch.from_numpy(rows)
+        device = local.slots["weight"].device
+        targets = torch.from_numpy(slots).to(device)
+        with torch.no_grad():
+            for name, device_slots in local.slots.items():
+                values = local.rows[name].index_select(0, index)
+                device_slots.index_copy_(0, targets, values.to(device, non_blocking=True))
+                self.bytes_in += values.nbytes
+        local.held[slots] = rows
+        self.rows_in += len(rows)
+
+
+def _slot_groups(fae: FAEEmbeddingBagCollection) -> list[SlotGroup]:
+    """The slot groups of every cold table: one per row-wise shard of its slot table in the sharding
+    plan, each given the table's cold rows in proportion to its slots. ``ValueError`` for a slot table
+    sharded otherwise or on another kernel than ``fused``."""
+    plan = getattr(fae.cold, "module_sharding_plan", None)
+    if plan is None:
+        raise ValueError("the cold part is not sharded: shard the model with DistributedModelParallel first")
+    groups = []
+    for table, num_slots in fae.cold_slots.items():
+        sharding = plan[part_table_name(table, COLD)]
+        if sharding.sharding_type not in SLOT_SHARDING_TYPES or sharding.compute_kernel != "fused":
+            raise ValueError(
+                f"cold table {table}: a planned cold tier's slot table must be sharded "
+                f"{'/'.join(SLOT_SHARDING_TYPES)} on the fused kernel, not {sharding.sharding_type} on "
+                f"{sharding.compute_kernel} (constrain {part_table_name(table, COLD)})"
+            )
+        starts = sorted({shard.shard_offsets[0] for shard in sharding.sharding_spec.shards})
+        rows = fae.num_cold[table]
+        bounds = [*starts, num_slots]
+        groups += [
+            SlotGroup(table, a, b, a * rows // num_slots, b * rows // num_slots) for a, b in pairwise(bounds)
+        ]
+    return groups
+
+
+def _host_rows(fae: FAEEmbeddingBagCollection, groups: list[SlotGroup]) -> list[_HostRows]:
+    """This rank's slot groups: the local shards of the slot tables' weights and per-row fused
+    optimizer state, and host rows for them (pinned on CUDA)."""
+    weights = fae.cold.state_dict()
+    optimizer_state = fae.cold.fused_optimizer.state_dict()["state"]
+    result = []
+    for group in groups:
+        key = f"embedding_bags.{part_table_name(group.table, COLD)}.weight"
+        tensors = {"weight": weights[key], **optimizer_state.get(key, {})}
+        slots = {}
+        for name, tensor in tensors.items():
+            shards = [
+                s.tensor
+                for s in (tensor.local_shards() if isinstance(tensor, ShardedTensor) else [])
+                if s.metadata.shard_offsets[0] == group.slot_start
+            ]
+            if shards:
+                if shards[0].shape[0] != group.num_slots:
+                    raise ValueError(f"cold table {group.table}: optimizer state {name} is not kept per row")
+                slots[name.rsplit(".", 1)[-1]] = shards[0]
+        if not slots:
+            continue  # another rank's shard
+        pin = slots["weight"].device.type == "cuda"
+        rows = {
+            name: torch.zeros((group.row_stop - group.row_start, *t.shape[1:]), dtype=t.dtype, pin_memory=pin)
+            for name, t in slots.items()
+        }
+        result.append(_HostRows(group, slots, rows, np.full(group.num_slots, -1, dtype=np.int64)))
+    return result
+
+
+def _feature_tables(fae: FAEEmbeddingBagCollection, keys: Sequence[str]) -> dict[str, str]:
+    """The table of each feature of ``keys`` that the cold tier's tables read."""
+    tables = {
+        f: c.name for c in fae.embedding_bag_configs() for f in c.feature_names if c.name in fae.cold_slots
+    }
+    return {f: tables[f] for f in keys if f in tables}
+
+
+def _cold_ids(
+    partition: HotColdPartition,
+    cold_steps: Sequence[Step],
+    features: Mapping[str, str],
+    groups: Sequence[SlotGroup],
+) -> dict[SlotGroup, tuple[np.ndarray, np.ndarray]]:
+    """Per slot group, the cold steps (ascending) and cold rows of every cold id in ``cold_steps``
+    over all ranks."""
+    spans = [
+        (ordinal, part, start, stop)
+        for ordinal, step in enumerate(cold_steps)
+        for rank_spans in step.spans
+        for part, start, stop in rank_spans
+    ]
+    pieces = []
+    for part in (HOT, COLD):
+        mine = [(o, a, b) for o, p, a, b in spans if p == part]
+        if not mine:
+            continue
+        ordinal, start, stop = (np.array(x, dtype=np.int64) for x in zip(*mine, strict=True))
+        rows = np.repeat(start - np.cumsum(np.r_[0, (stop - start)[:-1]]), stop - start) + np.arange(
+            int((stop - start).sum())
+        )
+        pieces.append((np.repeat(ordinal, stop - start), partition.part(part).part_ids[rows]))
+    step = np.concatenate([p[0] for p in pieces]) if pieces else np.zeros(0, dtype=np.int64)
+    ids = (
+        np.concatenate([p[1] for p in pieces])
+        if pieces
+        else np.zeros((0, sum(partition.hot.ids_per_feature)))
+    )
+    order = np.argsort(step, kind="stable")
+    step, ids = step[order], ids[order]
+    column_bounds = np.cumsum([0, *partition.hot.ids_per_feature])
+    per_table: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for index, feature in enumerate(partition.keys):
+        if feature not in features:
+            continue
+        columns = ids[:, column_bounds[index] : column_bounds[index + 1]]
+        cold = columns < 0
+        per_table.setdefault(features[feature], []).append(
+            (np.broadcast_to(step[:, None], columns.shape)[cold], ~columns[cold])
+        )
+    result = {}
+    for group in groups:
+        found = per_table.get(group.table, [])
+        steps = np.concatenate([s for s, _ in found]) if found else np.zeros(0, dtype=np.int64)
+        rows = np.concatenate([r for _, r in found]) if found else np.zeros(0, dtype=np.int64)
+        inside = (rows >= group.row_start) & (rows < group.row_stop)
+        order = np.argsort(steps[inside], kind="stable")
+        result[group] = (steps[inside][order], rows[inside][order])
+    return result
