@@ -20,23 +20,29 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from fae_torchrec import FAEEmbeddingBagCollection
 from fae_torchrec.modules.fae_embedding_bag import part_table_name
 from fae_torchrec.stats.hot_set import COLD
+from fae_torchrec.train.checkpoint import Checkpoints
 from fae_torchrec.train.cold_tier import PlannedColdTier
+from fae_torchrec.train.evaluation import evaluate, validation_batches
 from fae_torchrec.train.optimizers import EmbeddingOptimizer
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.router import BatchRouter
+from fae_torchrec.train.runner import StepRunner
 from fae_torchrec.train.step import train_step
 from tests.distributed import run_on_ranks
 from tests.test_equivalence import OPTIMIZERS, PREFIXES, STEPS, _assert_trained_alike, _model, _setup, _shard
 
 PREFIX = PREFIXES["dlrm"]
+#: Optimizer state per row of a dim-8 table: Adagrad's per element, RowWiseAdagrad's per row.
+STATE_BYTES = {"sgd": 0, "adagrad": 8 * 4, "rowwise_adagrad": 4}
 
 
-def _slots(hot_set, world_size: int) -> dict[str, int]:
+def _slots(hot_set, world_size: int, row_wise_cold: bool) -> dict[str, int]:
     """Per table with cold rows: room for one step's lookups (one id per input, 32 inputs per rank) and
-    one more (an odd count: uneven row-wise shards)."""
+    one more (an odd count: uneven row-wise shards); row-wise, room for two steps' (a step's rows need
+    not split evenly between the shards)."""
     num_hot = {t.name: len(ids) for t, ids in zip(hot_set.tables, hot_set.hot_ids, strict=True)}
     return {
-        t.name: min(t.num_embeddings - num_hot[t.name], 32 * world_size + 1)
+        t.name: min(t.num_embeddings - num_hot[t.name], 32 * world_size * (1 + row_wise_cold) + 1)
         for t in hot_set.tables
         if t.num_embeddings > num_hot[t.name]
     }
@@ -56,13 +62,27 @@ def _row_wise_cold(model, world_size: int):
     return adjust
 
 
+def _counts(tier: PlannedColdTier) -> torch.Tensor:
+    """The tier's rows and bytes copied in and out, over all ranks."""
+    counts = torch.tensor([tier.rows_in, tier.rows_out, tier.bytes_in, tier.bytes_out])
+    dist.all_reduce(counts)
+    return counts
+
+
 def _planned_training(
-    rank: int, world_size: int, optimizer_name: str, window: int | None, row_wise_cold: bool = False
+    rank: int,
+    world_size: int,
+    optimizer_name: str,
+    window: int | None,
+    row_wise_cold: bool = False,
+    pipeline: str | None = None,
 ) -> None:
+    """The baseline and the FAE model with a planned cold tier trained on the same batches: the first
+    ``STEPS``, or with ``pipeline`` two whole epochs, the FAE model on that train pipeline."""
     optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
     embedding = EmbeddingOptimizer(optimizer, kwargs)
     data, tables, _, hot_set = _setup("dlrm", world_size)
-    slots = _slots(hot_set, world_size)
+    slots = _slots(hot_set, world_size, row_wise_cold)
     torch.manual_seed(0)  # the same initial tables on every rank
     baseline_ebc = EmbeddingBagCollection(tables)
     initial = {name: value.clone() for name, value in baseline_ebc.state_dict().items()}
@@ -95,16 +115,41 @@ def _planned_training(
     fae_router = BatchRouter(
         partition, 32, world_size=world_size, rank=rank, seed=1, split=fae_dmp, cold_tier=tier
     )
-    routed = list(islice(router.epoch(0), STEPS))
+    if pipeline is None:  # an evaluation half-way: any rows looked up, the slots' rows back after it
+        validation = validation_batches(
+            partition.cold.slice(0, 64 * world_size).without_part_ids(), partition.keys, 32, world_size, rank
+        )
+        routed = list(islice(router.epoch(0), STEPS))
+        for index, (step, fae_step) in enumerate(
+            zip(routed, islice(fae_router.epoch(0), STEPS), strict=True)
+        ):
+            assert fae_step.hot == step.hot
+            train_step(base_dmp, step.batch, base_optimizer)
+            train_step(fae_dmp, fae_step.batch, fae_optimizer)
+            if index == STEPS // 2:
+                before = _counts(tier)
+                with tier.evaluating():
+                    assert evaluate(fae_dmp, validation) == pytest.approx(evaluate(base_dmp, validation))
+                evaluation = _counts(tier) - before
+                assert evaluation[0] > 0, "the evaluation's rows were copied into the slots"
+    else:  # the pipeline reads a batch ahead: routed steps wait in the tier for their lookup
+        routed = [step for epoch in range(2) for step in router.epoch(epoch)]
+        for step in routed:
+            train_step(base_dmp, step.batch, base_optimizer)
+        runner = StepRunner(pipeline, fae_dmp, fae_optimizer, torch.device("cpu"), True)
+        fae_routed = (step for epoch in range(2) for step in fae_router.epoch(epoch))
+        assert [step.hot for step, *_ in runner.train(fae_routed)] == [step.hot for step in routed]
+        runner.paused()
     assert any(r.hot for r in routed) and not all(r.hot for r in routed)
-    for step, fae_step in zip(routed, islice(fae_router.epoch(0), STEPS), strict=True):
-        assert fae_step.hot == step.hot
-        train_step(base_dmp, step.batch, base_optimizer)
-        train_step(fae_dmp, fae_step.batch, fae_optimizer)
     tier.flush()
-    counts = torch.tensor([tier.rows_in, tier.rows_out])
-    dist.all_reduce(counts)
-    assert counts[1] > 0, "rows were evicted and written back"
+    counts = _counts(tier) - (evaluation if pipeline is None else 0)  # the training's copies
+    rows_in, rows_out, bytes_in, bytes_out = counts.tolist()
+    assert rows_out == rows_in > 0, "every row copied in went back once (evicted, or at the flush)"
+    assert bytes_in == bytes_out == rows_in * (8 * 4 + STATE_BYTES[optimizer_name])  # dim 8, float32
+    if pipeline is None:  # the copies are the plan's: each group's loads made by the rank holding it
+        cold_steps = sum(not step.hot for step in routed)
+        assert rows_in == sum(int(p.loads_per_step()[:cold_steps].sum()) for p in tier.plans.values())
+        assert sum(int(p.evictions_per_step()[:cold_steps].sum()) for p in tier.plans.values()) > 0
     batches = [step.batch for step in routed]
     cold = tier.gather_cold_state()
     _assert_trained_alike(base_dmp, fae_dmp, "dlrm", tables, batches, initial, initial_dense, tolerance, cold)
@@ -125,3 +170,76 @@ def test_planned_cold_tier_trains_the_baseline_model(tmp_path, optimizer_name, w
 def test_row_wise_slot_tables_train_the_baseline_model(tmp_path, optimizer_name):
     """Slot tables row-wise over 2 ranks: each rank's slots hold their own share of the cold rows."""
     run_on_ranks(_planned_training, 2, tmp_path, optimizer_name, None, True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_train_pipeline_with_a_planned_cold_tier_trains_the_baseline_model(tmp_path, world_size):
+    """FAE's sparse pipeline over two epochs: batches routed a step ahead of their lookup, and the
+    rows the first epoch leaves in the slots written back when the second one starts."""
+    run_on_ranks(_planned_training, world_size, tmp_path, "rowwise_adagrad", None, world_size == 2, "sparse")
+
+
+def test_cold_slots_are_checked_against_the_tables():
+    _, tables, _, hot_set = _setup("dlrm", 1)
+    slots = _slots(hot_set, 1, False)
+    with pytest.raises(ValueError, match="names tables \\['nope'\\]"):
+        FAEEmbeddingBagCollection(tables, hot_set, cold_slots={**slots, "nope": 3})
+    table = next(iter(slots))
+    with pytest.raises(ValueError, match=f"table {table} has .* cold rows and needs at least one slot"):
+        FAEEmbeddingBagCollection(tables, hot_set, cold_slots={**slots, table: 0})
+    split = FAEEmbeddingBagCollection(tables, hot_set, cold_slots=slots)
+    assert [c.num_embeddings for c in split.cold.embedding_bag_configs()] == list(slots.values())
+    with pytest.raises(ValueError, match="ebc_state_dict: the cold part holds the slots"):
+        split.ebc_state_dict()
+
+
+def _misuses(rank: int, world_size: int, directory: str) -> None:
+    """Each misuse of a planned cold tier is refused with a message that names it."""
+    data, tables, _, hot_set = _setup("dlrm", world_size)
+    embedding = EmbeddingOptimizer(*OPTIMIZERS["rowwise_adagrad"][:2])
+    topology = Topology(world_size=world_size, compute_device="cpu")
+    partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
+
+    def sharded(slots, sharding_type="table_wise"):
+        split = FAEEmbeddingBagCollection(tables, hot_set, cold_slots=slots)
+        names = [part_table_name(t.name, part) for t in tables for part in ("hot", COLD)]
+        constraint = ParameterConstraints(sharding_types=[sharding_type])
+        planner = EmbeddingShardingPlanner(
+            topology, batch_size=32, constraints=dict.fromkeys(names, constraint)
+        )
+        return _shard(_model("dlrm", split), PREFIX, planner, embedding)[:2]
+
+    slots = _slots(hot_set, world_size, False)
+    model, optimizer = sharded(slots, "data_parallel")
+    with pytest.raises(ValueError, match=r"slot table must be sharded .* not data_parallel on dense"):
+        PlannedColdTier(model, partition)
+    model, optimizer = sharded(slots)
+    tier = PlannedColdTier(model, partition)
+    with pytest.raises(ValueError, match="give the router split= too"):
+        BatchRouter(partition, 32, world_size, rank, cold_tier=tier)
+    router = BatchRouter(partition, 32, world_size, rank, split=model, cold_tier=tier)
+    with pytest.raises(ValueError, match="resuming mid-epoch with a planned cold tier"):
+        next(router.epoch(0, start_step=3))
+    plain = next(step for step in BatchRouter(partition, 32, world_size, rank).epoch(0) if not step.hot)
+    with pytest.raises(RuntimeError, match="a batch the tier did not route"):
+        train_step(model, plain.batch, optimizer)
+    steps = router.epoch(0)
+    cold = next(step for step in steps if not step.hot)
+    with pytest.raises(ValueError, match="routed cold steps have not run yet"):
+        tier.flush()
+    train_step(model, cold.batch, optimizer)
+    tier.flush()
+    few = {table: 2 for table in slots}
+    model, optimizer = sharded(few)
+    tier = PlannedColdTier(model, partition)
+    with pytest.raises(
+        ValueError, match=r"cold table \w+, slots 0:2: step \d+ looks up \d+ distinct rows, more"
+    ):
+        next(BatchRouter(partition, 32, world_size, rank, split=model, cold_tier=tier).epoch(0))
+    with pytest.raises(ValueError, match="checkpoints of a planned cold tier are not supported yet"):
+        Checkpoints(directory, {}).save(0, model, optimizer, {})
+
+
+def test_misuses_of_a_planned_cold_tier_are_refused(tmp_path):
+    run_on_ranks(_misuses, 1, tmp_path, str(tmp_path / "checkpoints"))

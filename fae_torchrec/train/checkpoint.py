@@ -29,6 +29,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan
 
 from fae_torchrec.torchrec_compat import ShardedTensor
+from fae_torchrec.train.step import find_fae_module
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,12 @@ class Checkpoints:
         ``position`` says where to resume (a router's ``state_dict``, counters); ``summary`` (JSON
         values) goes into the manifests, for :meth:`peek` to read before the model is built (what a
         resume must build it from); returns the folder."""
+        fae = find_fae_module(model)
+        if fae is not None and fae.cold_slots is not None:
+            raise ValueError(
+                "checkpoints of a planned cold tier are not supported yet: its cold rows live in host "
+                "memory, outside the model's state"
+            )
         if self.run_id is None:
             run = [uuid.uuid4().hex]
             dist.broadcast_object_list(run, src=0)

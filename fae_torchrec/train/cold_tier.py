@@ -24,7 +24,8 @@ host rows are pinned and the copies are ordinary host-to-device copies.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -113,12 +114,15 @@ class PlannedColdTier:
             raise ValueError("the partition was made with another hot set than the model's split module")
         self.fae, self.partition, self.window = fae, partition, window
         self.groups = _slot_groups(fae)
+        self._groups_of = {t: [g for g in self.groups if g.table == t] for t in fae.cold_slots}
         self._local = _host_rows(fae, self.groups)
         self._features = _feature_tables(fae, partition.keys)
-        self._plans: dict[SlotGroup, SlotPlan] = {}
+        #: The current epoch's slot plan of every group.
+        self.plans: dict[SlotGroup, SlotPlan] = {}
         self._num_steps = self._routed = 0  # cold steps of the epoch planned, and routed so far
         self._flush_next = False  # the next routed step writes every held row back first
         self._queue: deque[_Copies] = deque()
+        self._evaluating = False
         self.rows_in = self.rows_out = self.bytes_in = self.bytes_out = 0
         fae.cold.register_forward_pre_hook(self._before_lookup)
 
@@ -142,7 +146,7 @@ class PlannedColdTier:
         from an earlier epoch are written back before the first of them."""
         ids = _cold_ids(self.partition, cold_steps, self._features, self.groups)
         bounds_of = np.arange(len(cold_steps) + 1)
-        self._plans = {}
+        self.plans = {}
         for group in self.groups:
             steps, rows = ids[group]
             try:
@@ -154,7 +158,7 @@ class PlannedColdTier:
                     f"cold table {group.table}, slots {group.slot_start}:{group.slot_stop}: {error}; give "
                     "the table more cold_slots"
                 ) from error
-            self._plans[group] = plan
+            self.plans[group] = plan
         self._num_steps, self._routed = len(cold_steps), 0
         self._flush_next = True  # rows an earlier epoch left in the slots (none: nothing to write)
 
@@ -169,14 +173,16 @@ class PlannedColdTier:
         self._routed += 1
         moves = []
         for local in self._local:
-            plan = self._plans[local.group]
+            plan = self.plans[local.group]
             evicted_rows, evicted_slots = plan.evictions(step)
             loaded_rows, loaded_slots = plan.loads(step)
             moves.append((evicted_slots, evicted_rows, loaded_rows, loaded_slots))
         self._queue.append(_Copies(self._flush_next, tuple(moves)))
         self._flush_next = False
         cold = features.cold
-        return SplitFeatures(features.hot, None if cold is None else self._slot_ids(step, cold), False)
+        if cold is not None:
+            cold = self._slot_ids(cold, lambda group, rows: self.plans[group].remap(step, rows))
+        return SplitFeatures(features.hot, cold, False)
 
     def flush(self) -> None:
         """Write every row held in a slot back to host memory (the slots keep them): call it between
@@ -185,6 +191,24 @@ class PlannedColdTier:
             raise ValueError(f"{len(self._queue)} routed cold steps have not run yet: flush after them")
         for local in self._local:
             self._write_back(local, np.flatnonzero(local.held >= 0))
+
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """Within it the cold part looks up any batch (an evaluation's, not routed): before each lookup
+        the cold rows of every rank's batch are copied into the first slots of their groups (a
+        collective: every rank looks up as many batches). The held rows are written back first and
+        copied into their slots again after (counted as copies)."""
+        self.flush()
+        held = [(local, np.flatnonzero(local.held >= 0)) for local in self._local]
+        held = [(local, slots, local.held[slots].copy()) for local, slots in held]
+        self._evaluating = True
+        try:
+            yield
+        finally:
+            self._evaluating = False
+            for local, slots, rows in held:
+                local.held[:] = -1
+                self._load(local, rows, slots)
 
     def gather_cold_state(self) -> dict[str, torch.Tensor]:
         """Every cold table's rows, keyed as the cold part's weights in the split module's state dict,
@@ -204,35 +228,31 @@ class PlannedColdTier:
     def _dim(self, table: str) -> int:
         return next(c.embedding_dim for c in self.fae.embedding_bag_configs() if c.name == table)
 
-    def _slot_ids(self, step: int, cold: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        """``cold`` (ids of the cold part) with every id replaced by its slot at cold step ``step``."""
-        ids = cold.values().numpy()
+    def _slot_ids(
+        self, cold: KeyedJaggedTensor, slot_of: Callable[[SlotGroup, np.ndarray], np.ndarray]
+    ) -> KeyedJaggedTensor:
+        """``cold`` (ids of the cold part) with every id replaced by its slot: ``slot_of`` gives the
+        slots in its group of rows of a group (ids less the group's first row)."""
+        ids = cold.values().cpu().numpy()
         slots = np.empty_like(ids)
         ends = np.cumsum([0, *cold.length_per_key()])
         for feature, start, stop in zip(cold.keys(), ends[:-1], ends[1:], strict=True):
-            table, mine = self._features[feature], ids[start:stop]
-            for group in self.groups:
-                if group.table != table:
-                    continue
+            mine = ids[start:stop]
+            for group in self._groups_of[self._features[feature]]:
                 inside = (mine >= group.row_start) & (mine < group.row_stop)
-                slots[start:stop][inside] = (
-                    self._plans[group].remap(step, mine[inside] - group.row_start) + group.slot_start
-                )
-        return KeyedJaggedTensor(
-            keys=cold.keys(),
-            values=torch.from_numpy(slots),
-            lengths=cold.lengths(),
-            weights=cold.weights_or_none(),
-            stride=cold.stride(),
-            length_per_key=cold.length_per_key(),
-        )
+                slots[start:stop][inside] = group.slot_start + slot_of(group, mine[inside] - group.row_start)
+        return _with_values(cold, slots)
 
-    def _before_lookup(self, module: nn.Module, args: tuple) -> None:
-        """The cold part's forward pre-hook: the queued copies of the step about to look up."""
+    def _before_lookup(self, module: nn.Module, args: tuple) -> tuple | None:
+        """The cold part's forward pre-hook: the queued copies of the step about to look up, or in
+        :meth:`evaluating` the batch's rows and its slot ids."""
+        if self._evaluating:
+            return (self._evaluation_slots(args[0]), *args[1:])
         if not self._queue:
             raise RuntimeError(
                 "the cold part of a planned cold tier was looked up on a batch the tier did not route: "
-                "give the tier to the BatchRouter (cold_tier=) and train on its batches"
+                "give the tier to the BatchRouter (cold_tier=) and train on its batches, and evaluate "
+                "within the tier's evaluating()"
             )
         copies = self._queue.popleft()
         for local, (evicted_slots, evicted_rows, loaded_rows, loaded_slots) in zip(
@@ -249,6 +269,36 @@ class PlannedColdTier:
                 self._write_back(local, evicted_slots)
                 local.held[evicted_slots] = -1
             self._load(local, loaded_rows, loaded_slots)
+        return None
+
+    def _evaluation_slots(self, cold: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """``cold`` (ids of the cold part) as slot ids, once the distinct rows of every rank's batch
+        fill the first slots of their groups, in row order (a collective)."""
+        ids = cold.values().cpu().numpy()
+        ends = np.cumsum([0, *cold.length_per_key()])
+        mine: dict[str, list[np.ndarray]] = {}
+        for feature, start, stop in zip(cold.keys(), ends[:-1], ends[1:], strict=True):
+            mine.setdefault(self._features[feature], []).append(ids[start:stop])
+        everyone = [mine]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            everyone = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, mine)
+        rows_of = {}
+        for group in self.groups:
+            rows = np.unique(
+                np.concatenate([ids[:0]] + [a for e in everyone for a in e.get(group.table, [])])
+            )
+            rows = rows[(rows >= group.row_start) & (rows < group.row_stop)] - group.row_start
+            if len(rows) > group.num_slots:
+                raise ValueError(
+                    f"cold table {group.table}: an evaluation batch looks up {len(rows)} rows of slots "
+                    f"{group.slot_start}:{group.slot_stop}, more than they hold: evaluate smaller batches"
+                )
+            rows_of[group] = rows
+        for local in self._local:
+            local.held[:] = -1
+            self._load(local, rows_of[local.group], np.arange(len(rows_of[local.group])))
+        return self._slot_ids(cold, lambda group, rows: np.searchsorted(rows_of[group], rows))
 
     def _write_back(self, local: _HostRows, slots: np.ndarray) -> None:
         """Copy ``slots`` (with their optimizer state) to the host rows they hold."""
@@ -277,6 +327,18 @@ class PlannedColdTier:
                 self.bytes_in += values.nbytes
         local.held[slots] = rows
         self.rows_in += len(rows)
+
+
+def _with_values(features: KeyedJaggedTensor, values: np.ndarray) -> KeyedJaggedTensor:
+    """``features`` with other ``values`` (on its values' device)."""
+    return KeyedJaggedTensor(
+        keys=features.keys(),
+        values=torch.from_numpy(values).to(features.values().device),
+        lengths=features.lengths(),
+        weights=features.weights_or_none(),
+        stride=features.stride(),
+        length_per_key=features.length_per_key(),
+    )
 
 
 def _slot_groups(fae: FAEEmbeddingBagCollection) -> list[SlotGroup]:

@@ -174,5 +174,7 @@ def _fae_module(model: nn.Module) -> tuple[str, FAEEmbeddingBagCollection]:
     fae = find_fae_module(model)
     if fae is None:
         raise ValueError("the model holds no FAEEmbeddingBagCollection")
+    if fae.cold_slots is not None:
+        raise ValueError("moving rows of a planned cold tier between the parts is not supported yet")
     inner = getattr(model, "module", model)  # DMP names its entries after the model it wraps
     return next(name for name, module in inner.named_modules() if module is fae), fae
