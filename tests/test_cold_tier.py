@@ -19,6 +19,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from fae_torchrec import FAEEmbeddingBagCollection
 from fae_torchrec.modules.fae_embedding_bag import part_table_name
+from fae_torchrec.modules.state import gather_full_state_dict, load_initial_tables
 from fae_torchrec.stats.hot_set import COLD
 from fae_torchrec.train.checkpoint import Checkpoints
 from fae_torchrec.train.cold_tier import PlannedColdTier
@@ -194,21 +195,51 @@ def test_cold_slots_are_checked_against_the_tables():
         split.ebc_state_dict()
 
 
+def _sharded(tables, hot_set, slots, world_size: int, sharding_type: str = "table_wise"):
+    """A DLRM of ``tables`` split by ``hot_set`` with ``slots`` (unsplit: None), every table planned
+    ``sharding_type``, under DMP; and its unfused optimizer."""
+    sparse = (
+        EmbeddingBagCollection(tables)
+        if hot_set is None
+        else FAEEmbeddingBagCollection(tables, hot_set, cold_slots=slots)
+    )
+    names = [t.name for t in tables] + [part_table_name(t.name, p) for t in tables for p in ("hot", COLD)]
+    constraints = dict.fromkeys(names, ParameterConstraints(sharding_types=[sharding_type]))
+    planner = EmbeddingShardingPlanner(
+        Topology(world_size=world_size, compute_device="cpu"), batch_size=32, constraints=constraints
+    )
+    embedding = EmbeddingOptimizer(*OPTIMIZERS["adagrad"][:2])
+    return _shard(_model("dlrm", sparse), PREFIX, planner, embedding)[:2]
+
+
+def _initial_tables(rank: int, world_size: int) -> None:
+    data, tables, _, hot_set = _setup("dlrm", world_size)
+    baseline, _ = _sharded(tables, None, None, world_size)
+    load_initial_tables(baseline.module.get_submodule(PREFIX.rstrip(".")), tables, seed=7)
+    model, _ = _sharded(tables, hot_set, _slots(hot_set, world_size, False), world_size)
+    split = model.module.get_submodule(PREFIX.rstrip("."))
+    load_initial_tables(split, tables, seed=7)
+    tier = PlannedColdTier(model, HotColdPartition.of(data.blocks(), hot_set, data.feature_names))
+    tier.load_initial_tables(tables, seed=7)
+    expected = gather_full_state_dict(baseline)
+    actual = gather_full_state_dict(model) | {PREFIX + k: v for k, v in tier.gather_cold_state().items()}
+    for name, value in split.ebc_state_dict(actual, PREFIX).items():
+        assert torch.equal(value, expected[PREFIX + name]), name
+
+
+@pytest.mark.slow
+def test_the_cold_rows_start_as_the_baselines_initial_tables(tmp_path):
+    """``load_initial_tables`` sets the hot part, the tier the cold rows: the baseline's tables."""
+    run_on_ranks(_initial_tables, 2, tmp_path)
+
+
 def _misuses(rank: int, world_size: int, directory: str) -> None:
     """Each misuse of a planned cold tier is refused with a message that names it."""
     data, tables, _, hot_set = _setup("dlrm", world_size)
-    embedding = EmbeddingOptimizer(*OPTIMIZERS["rowwise_adagrad"][:2])
-    topology = Topology(world_size=world_size, compute_device="cpu")
     partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
 
     def sharded(slots, sharding_type="table_wise"):
-        split = FAEEmbeddingBagCollection(tables, hot_set, cold_slots=slots)
-        names = [part_table_name(t.name, part) for t in tables for part in ("hot", COLD)]
-        constraint = ParameterConstraints(sharding_types=[sharding_type])
-        planner = EmbeddingShardingPlanner(
-            topology, batch_size=32, constraints=dict.fromkeys(names, constraint)
-        )
-        return _shard(_model("dlrm", split), PREFIX, planner, embedding)[:2]
+        return _sharded(tables, hot_set, slots, world_size, sharding_type)
 
     slots = _slots(hot_set, world_size, False)
     model, optimizer = sharded(slots, "data_parallel")

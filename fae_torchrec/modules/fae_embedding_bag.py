@@ -179,8 +179,9 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
     def row_ranges(self, table: str, start: int, stop: int) -> list[tuple[str, int, torch.Tensor]]:
         """Where rows ``start:stop`` of ``table`` (original ids) live: per part holding any of them,
         the part weight's name in this module's state dict, the part row of the first of them and
-        a mask of those in the part (consecutive part rows: both parts keep the original order)."""
-        self._check_rows_held("row_ranges")
+        a mask of those in the part (consecutive part rows: both parts keep the original order). The
+        cold rows of a module built with ``cold_slots`` are named so too, though a planned cold tier
+        holds them."""
         hot = self._hot_ids()[self._layout.index(table)]
         low, high = (int(i) for i in torch.searchsorted(hot, torch.tensor([start, stop])))
         is_hot = torch.zeros(stop - start, dtype=torch.bool)

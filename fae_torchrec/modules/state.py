@@ -3,7 +3,7 @@ initial tables made where they live."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -12,6 +12,7 @@ from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection
+from fae_torchrec.stats.hot_set import COLD
 from fae_torchrec.torchrec_compat import ShardedTensor
 
 #: Rows of a table made at once by :func:`load_initial_tables`, each block from its own seed.
@@ -76,25 +77,36 @@ def load_initial_tables(module: nn.Module, tables: Sequence[EmbeddingBagConfig],
     into the rows this rank holds: no full copy of the tables is made.
 
     ``module`` is an ``EmbeddingBagCollection`` or an ``FAEEmbeddingBagCollection`` (whose parts get
-    each row where it lives), sharded by ``DistributedModelParallel`` (build it on the ``meta``
-    device, so that the only copy of the tables is the shards) or not. A block of ``INIT_BLOCK_ROWS``
-    rows is drawn by the table's ``init_fn`` under a seed made of ``seed``, the table's index and the
-    block's, so every rank and both layouts (FAE and the unsplit baseline) get the same tables.
+    each row where it lives; the cold rows of one built with ``cold_slots`` are its planned cold tier's:
+    ``PlannedColdTier.load_initial_tables``), sharded by ``DistributedModelParallel`` (build it on the
+    ``meta`` device, so that the only copy of the tables is the shards) or not. Every rank and both
+    layouts (FAE and the unsplit baseline) get the same tables (:func:`initial_blocks`).
     """
     state = module.state_dict()
     with torch.no_grad():
-        for index, config in enumerate(tables):
-            for start in range(0, config.num_embeddings, INIT_BLOCK_ROWS):
-                stop = min(start + INIT_BLOCK_ROWS, config.num_embeddings)
-                rows = torch.empty(stop - start, config.embedding_dim, dtype=torch.float32)
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(int(np.random.SeedSequence([seed, index, start]).generate_state(1)[0]))
-                    config.init_fn(rows)
-                if isinstance(module, FAEEmbeddingBagCollection):
-                    for name, first, chosen in module.row_ranges(config.name, start, stop):
+        for config, start, rows in initial_blocks(tables, seed):
+            if isinstance(module, FAEEmbeddingBagCollection):
+                for name, first, chosen in module.row_ranges(config.name, start, start + len(rows)):
+                    if module.cold_slots is None or not name.startswith(COLD):
                         _copy_rows(state[name], first, rows[chosen])
-                else:
-                    _copy_rows(state[f"embedding_bags.{config.name}.weight"], start, rows)
+            else:
+                _copy_rows(state[f"embedding_bags.{config.name}.weight"], start, rows)
+
+
+def initial_blocks(
+    tables: Sequence[EmbeddingBagConfig], seed: int
+) -> Iterator[tuple[EmbeddingBagConfig, int, torch.Tensor]]:
+    """Every table's initial weights, a block of ``INIT_BLOCK_ROWS`` rows at a time: (table, first row,
+    rows). A block is drawn by the table's ``init_fn`` under a seed made of ``seed``, the table's index
+    and the block's, so that any rank draws the same rows."""
+    for index, config in enumerate(tables):
+        for start in range(0, config.num_embeddings, INIT_BLOCK_ROWS):
+            stop = min(start + INIT_BLOCK_ROWS, config.num_embeddings)
+            rows = torch.empty(stop - start, config.embedding_dim, dtype=torch.float32)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(np.random.SeedSequence([seed, index, start]).generate_state(1)[0]))
+                config.init_fn(rows)
+            yield config, start, rows
 
 
 def _copy_rows(local: torch.Tensor, first: int, rows: torch.Tensor) -> None:

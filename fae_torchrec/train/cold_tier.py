@@ -34,10 +34,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.types import ShardingType
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection, part_table_name
 from fae_torchrec.modules.split_features import SplitFeatures
+from fae_torchrec.modules.state import initial_blocks
 from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.torchrec_compat import ShardedTensor
 from fae_torchrec.train.partition import HotColdPartition
@@ -72,12 +74,14 @@ class SlotGroup:
 @dataclass
 class _HostRows:
     """This rank's copy of a slot group: the device slots (views of FBGEMM's weights and per-row
-    optimizer state of the shard), the group's rows in host memory, and which row each slot holds."""
+    optimizer state of the shard), the group's rows in host memory, which row each slot holds, and a
+    row's initial optimizer state (the slots' when the tier was made)."""
 
     group: SlotGroup
     slots: dict[str, torch.Tensor]
     rows: dict[str, torch.Tensor]
     held: np.ndarray
+    initial: dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,7 @@ class PlannedColdTier:
         self.groups = _slot_groups(fae)
         self._groups_of = {t: [g for g in self.groups if g.table == t] for t in fae.cold_slots}
         self._local = _host_rows(fae, self.groups)
+        self._reset()
         self._features = _feature_tables(fae, partition.keys)
         #: The current epoch's slot plan of every group.
         self.plans: dict[SlotGroup, SlotPlan] = {}
@@ -130,15 +135,38 @@ class PlannedColdTier:
         """Set the cold rows this rank holds from weights in the original layout (a plain EBC's
         ``state_dict``), their optimizer state to the slots' initial one; the slots are emptied."""
         parts = self.fae.split_state(state)
+        self._reset()
+        for table in self.fae.cold_slots:
+            self._set_rows(table, 0, parts[f"{COLD}.embedding_bags.{part_table_name(table, COLD)}.weight"])
+
+    def load_initial_tables(self, tables: Sequence[EmbeddingBagConfig], seed: int) -> None:
+        """Set the cold rows this rank holds to their initial weights, drawn a block at a time as
+        ``load_initial_tables`` draws every other row (the same tables as the baseline's), their
+        optimizer state to the slots' initial one; the slots are emptied."""
+        self._reset()
+        for config, start, rows in initial_blocks(tables, seed):
+            for name, first, chosen in self.fae.row_ranges(config.name, start, start + len(rows)):
+                if name.startswith(COLD):
+                    self._set_rows(config.name, first, rows[chosen])
+
+    def _reset(self) -> None:
+        """Empty the slots; every host row's optimizer state the slots' initial one."""
+        with torch.no_grad():
+            for local in self._local:
+                for name, initial in local.initial.items():
+                    local.rows[name].copy_(initial.expand_as(local.rows[name]))
+                local.held[:] = -1
+
+    def _set_rows(self, table: str, first: int, rows: torch.Tensor) -> None:
+        """Set cold rows ``first:first + len(rows)`` of ``table``, those in this rank's groups."""
         with torch.no_grad():
             for local in self._local:
                 group = local.group
-                full = parts[f"{COLD}.embedding_bags.{part_table_name(group.table, COLD)}.weight"]
-                local.rows["weight"].copy_(full[group.row_start : group.row_stop])
-                for name, slots in local.slots.items():
-                    if name != "weight" and len(slots):
-                        local.rows[name].copy_(slots[:1].expand_as(local.rows[name]))
-                local.held[:] = -1
+                begin, end = max(first, group.row_start), min(first + len(rows), group.row_stop)
+                if group.table == table and begin < end:
+                    local.rows["weight"][begin - group.row_start : end - group.row_start] = rows[
+                        begin - first : end - first
+                    ]
 
     def plan_epoch(self, cold_steps: Sequence[Step]) -> None:
         """Plan the slots of every group over ``cold_steps`` (an epoch's cold steps, in order, as every
@@ -393,7 +421,8 @@ def _host_rows(fae: FAEEmbeddingBagCollection, groups: list[SlotGroup]) -> list[
             name: torch.zeros((group.row_stop - group.row_start, *t.shape[1:]), dtype=t.dtype, pin_memory=pin)
             for name, t in slots.items()
         }
-        result.append(_HostRows(group, slots, rows, np.full(group.num_slots, -1, dtype=np.int64)))
+        initial = {name: t[:1].clone() for name, t in slots.items() if name != "weight"}
+        result.append(_HostRows(group, slots, rows, np.full(group.num_slots, -1, dtype=np.int64), initial))
     return result
 
 
