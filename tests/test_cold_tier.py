@@ -9,6 +9,7 @@ row-wise, and the parameters end equal in the original layout, with exactly the 
 
 from itertools import islice
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -22,12 +23,13 @@ from fae_torchrec.modules.fae_embedding_bag import part_table_name
 from fae_torchrec.modules.state import gather_full_state_dict, load_initial_tables
 from fae_torchrec.stats.hot_set import COLD
 from fae_torchrec.train.checkpoint import Checkpoints
-from fae_torchrec.train.cold_tier import PlannedColdTier
+from fae_torchrec.train.cold_tier import PlannedColdTier, cold_step_rows, min_cold_slots
 from fae_torchrec.train.evaluation import evaluate, validation_batches
 from fae_torchrec.train.optimizers import EmbeddingOptimizer
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.runner import StepRunner
+from fae_torchrec.train.slot_plan import plan_slots
 from fae_torchrec.train.step import train_step
 from tests.distributed import run_on_ranks
 from tests.test_equivalence import OPTIMIZERS, PREFIXES, STEPS, _assert_trained_alike, _model, _setup, _shard
@@ -182,7 +184,7 @@ def test_a_train_pipeline_with_a_planned_cold_tier_trains_the_baseline_model(tmp
 
 
 def test_cold_slots_are_checked_against_the_tables():
-    _, tables, _, hot_set = _setup("dlrm", 1)
+    data, tables, _, hot_set = _setup("dlrm", 1)
     slots = _slots(hot_set, 1, False)
     with pytest.raises(ValueError, match="names tables \\['nope'\\]"):
         FAEEmbeddingBagCollection(tables, hot_set, cold_slots={**slots, "nope": 3})
@@ -191,6 +193,19 @@ def test_cold_slots_are_checked_against_the_tables():
         FAEEmbeddingBagCollection(tables, hot_set, cold_slots={**slots, table: 0})
     split = FAEEmbeddingBagCollection(tables, hot_set, cold_slots=slots)
     assert [c.num_embeddings for c in split.cold.embedding_bag_configs()] == list(slots.values())
+    # the fewest slots of a table-wise slot table: a plan of that many fits, one fewer does not
+    partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
+    steps = BatchRouter(partition, 32).schedule(0)
+    fewest = min_cold_slots(partition, steps, tables)
+    assert 1 < max(fewest.values()) <= 32 and set(fewest) <= set(slots)
+    table = max(fewest, key=fewest.get)
+    features = {f: table for f in next(t for t in tables if t.name == table).feature_names}
+    cold_steps = [step for step in steps if not step.hot]
+    step, rows = cold_step_rows(partition, cold_steps, features)[table]
+    bounds = np.searchsorted(step, np.arange(len(cold_steps) + 1))
+    plan_slots(rows, bounds, fewest[table])
+    with pytest.raises(ValueError, match=f"more than the {fewest[table] - 1} slots"):
+        plan_slots(rows, bounds, fewest[table] - 1)
     with pytest.raises(ValueError, match="ebc_state_dict: the cold part holds the slots"):
         split.ebc_state_dict()
 

@@ -172,11 +172,13 @@ class PlannedColdTier:
         """Plan the slots of every group over ``cold_steps`` (an epoch's cold steps, in order, as every
         rank schedules them): the rows of a step are those of every rank's inputs. The rows held
         from an earlier epoch are written back before the first of them."""
-        ids = _cold_ids(self.partition, cold_steps, self._features, self.groups)
+        ids = cold_step_rows(self.partition, cold_steps, self._features)
         bounds_of = np.arange(len(cold_steps) + 1)
         self.plans = {}
         for group in self.groups:
-            steps, rows = ids[group]
+            steps, rows = ids.get(group.table, (np.zeros(0, dtype=np.int64),) * 2)
+            inside = (rows >= group.row_start) & (rows < group.row_stop)
+            steps, rows = steps[inside], rows[inside]
             try:
                 plan = plan_slots(
                     rows - group.row_start, np.searchsorted(steps, bounds_of), group.num_slots, self.window
@@ -434,14 +436,30 @@ def _feature_tables(fae: FAEEmbeddingBagCollection, keys: Sequence[str]) -> dict
     return {f: tables[f] for f in keys if f in tables}
 
 
-def _cold_ids(
-    partition: HotColdPartition,
-    cold_steps: Sequence[Step],
-    features: Mapping[str, str],
-    groups: Sequence[SlotGroup],
-) -> dict[SlotGroup, tuple[np.ndarray, np.ndarray]]:
-    """Per slot group, the cold steps (ascending) and cold rows of every cold id in ``cold_steps``
-    over all ranks."""
+def min_cold_slots(
+    partition: HotColdPartition, steps: Sequence[Step], tables: Sequence[EmbeddingBagConfig]
+) -> dict[str, int]:
+    """Per table of ``tables`` with cold ids in ``partition``'s cold steps among ``steps`` (an epoch's
+    schedule, ``BatchRouter.schedule``), the most distinct cold rows one cold step looks up over all
+    ranks: the fewest slots a table-wise slot table can hold (``cold_slots``; a table-wise plan of
+    another epoch's schedule may need more)."""
+    features = {f: c.name for c in tables for f in c.feature_names}
+    cold_steps = [step for step in steps if not step.hot]
+    result = {}
+    for table, (step, rows) in cold_step_rows(partition, cold_steps, features).items():
+        if not len(rows):
+            continue
+        width = int(rows.max()) + 1
+        result[table] = int(np.bincount(np.unique(step * width + rows) // width).max())
+    return result
+
+
+def cold_step_rows(
+    partition: HotColdPartition, cold_steps: Sequence[Step], features: Mapping[str, str]
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per table (``features``: the table of each feature to read), the cold step (ascending, an index
+    of ``cold_steps``) and the cold row (id of the cold part) of every cold id of those steps on every
+    rank."""
     spans = [
         (ordinal, part, start, stop)
         for ordinal, step in enumerate(cold_steps)
@@ -462,10 +480,8 @@ def _cold_ids(
     ids = (
         np.concatenate([p[1] for p in pieces])
         if pieces
-        else np.zeros((0, sum(partition.hot.ids_per_feature)))
+        else np.zeros((0, sum(partition.hot.ids_per_feature)), dtype=np.int64)
     )
-    order = np.argsort(step, kind="stable")
-    step, ids = step[order], ids[order]
     column_bounds = np.cumsum([0, *partition.hot.ids_per_feature])
     per_table: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for index, feature in enumerate(partition.keys):
@@ -477,11 +493,8 @@ def _cold_ids(
             (np.broadcast_to(step[:, None], columns.shape)[cold], ~columns[cold])
         )
     result = {}
-    for group in groups:
-        found = per_table.get(group.table, [])
-        steps = np.concatenate([s for s, _ in found]) if found else np.zeros(0, dtype=np.int64)
-        rows = np.concatenate([r for _, r in found]) if found else np.zeros(0, dtype=np.int64)
-        inside = (rows >= group.row_start) & (rows < group.row_stop)
-        order = np.argsort(steps[inside], kind="stable")
-        result[group] = (steps[inside][order], rows[inside][order])
+    for table, found in per_table.items():
+        steps = np.concatenate([s for s, _ in found])
+        order = np.argsort(steps, kind="stable")
+        result[table] = (steps[order], np.concatenate([r for _, r in found])[order])
     return result
