@@ -196,8 +196,8 @@ def test_cold_slots_are_checked_against_the_tables():
     # the fewest slots of a table-wise slot table: a plan of that many fits, one fewer does not
     partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
     steps = BatchRouter(partition, 32).schedule(0)
-    fewest = min_cold_slots(partition, steps, tables)
-    assert 1 < max(fewest.values()) <= 32 and set(fewest) <= set(slots)
+    fewest = min_cold_slots(partition, steps, hot_set)
+    assert 1 < max(fewest.values()) <= 32 and set(fewest) == set(slots)
     table = max(fewest, key=fewest.get)
     features = {f: table for f in next(t for t in tables if t.name == table).feature_names}
     cold_steps = [step for step in steps if not step.hot]

@@ -4,9 +4,11 @@ TorchRec's train pipeline that skips the cold part on hot batches (``pipeline``)
 optimizers that train every parameter (``optimizers``), checkpoints (``checkpoint``) and validation
 (``evaluation``); the data prepared on every rank at once (``prepare``) and the steps trained in a loop
 or a pipeline up to each pause (``runner``); re-planning as popularity drifts: deciding (``replan``)
-and moving rows between the parts with their optimizer state (``resplit``)."""
+and moving rows between the parts with their optimizer state (``resplit``); a planned cold tier, cold rows
+in host memory copied into device slots by the epoch's slot plan (``slot_plan``, ``cold_tier``)."""
 
 from fae_torchrec.train.checkpoint import CheckpointError, Checkpoints
+from fae_torchrec.train.cold_tier import PlannedColdTier, min_cold_slots
 from fae_torchrec.train.evaluation import evaluate, validation_batches
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS, EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
@@ -17,6 +19,7 @@ from fae_torchrec.train.resplit import UnsplitState, gather_unsplit_state, load_
 from fae_torchrec.train.router import BatchRouter, RoutedBatch
 from fae_torchrec.train.runner import StepRunner
 from fae_torchrec.train.schedule import ORDERS, Step, make_schedule, trained_inputs
+from fae_torchrec.train.slot_plan import SlotPlan, plan_slots
 from fae_torchrec.train.step import train_step
 
 __all__ = [
@@ -29,11 +32,13 @@ __all__ = [
     "FAEPrefetchTrainPipeline",
     "FAETrainPipeline",
     "HotColdPartition",
+    "PlannedColdTier",
     "PreparedData",
     "ReplanDecision",
     "ReplanPolicy",
     "Replanner",
     "RoutedBatch",
+    "SlotPlan",
     "Step",
     "StepRunner",
     "UnsplitState",
@@ -41,6 +46,8 @@ __all__ = [
     "gather_unsplit_state",
     "load_unsplit_state",
     "make_schedule",
+    "min_cold_slots",
+    "plan_slots",
     "prepare_data",
     "repartition",
     "train_step",

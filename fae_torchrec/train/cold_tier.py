@@ -40,7 +40,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection, part_table_name
 from fae_torchrec.modules.split_features import SplitFeatures
 from fae_torchrec.modules.state import initial_blocks
-from fae_torchrec.stats.hot_set import COLD, HOT
+from fae_torchrec.stats.hot_set import COLD, HOT, HotSet
 from fae_torchrec.torchrec_compat import ShardedTensor
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.schedule import Step
@@ -436,21 +436,21 @@ def _feature_tables(fae: FAEEmbeddingBagCollection, keys: Sequence[str]) -> dict
     return {f: tables[f] for f in keys if f in tables}
 
 
-def min_cold_slots(
-    partition: HotColdPartition, steps: Sequence[Step], tables: Sequence[EmbeddingBagConfig]
-) -> dict[str, int]:
-    """Per table of ``tables`` with cold ids in ``partition``'s cold steps among ``steps`` (an epoch's
-    schedule, ``BatchRouter.schedule``), the most distinct cold rows one cold step looks up over all
-    ranks: the fewest slots a table-wise slot table can hold (``cold_slots``; a table-wise plan of
-    another epoch's schedule may need more)."""
-    features = {f: c.name for c in tables for f in c.feature_names}
+def min_cold_slots(partition: HotColdPartition, steps: Sequence[Step], hot_set: HotSet) -> dict[str, int]:
+    """Per table with cold rows of ``hot_set``, the most distinct cold rows one cold step among
+    ``steps`` (an epoch's schedule of ``partition``, ``BatchRouter.schedule``) looks up over all ranks,
+    at least 1: the fewest slots of a table-wise slot table (``cold_slots``; another epoch's schedule
+    may need more)."""
+    features = {f: c.name for c in hot_set.tables for f in c.feature_names}
     cold_steps = [step for step in steps if not step.hot]
+    looked_up = cold_step_rows(partition, cold_steps, features)
     result = {}
-    for table, (step, rows) in cold_step_rows(partition, cold_steps, features).items():
-        if not len(rows):
+    for config, hot in zip(hot_set.tables, hot_set.hot_ids, strict=True):
+        step, rows = looked_up.get(config.name, (np.zeros(0, dtype=np.int64),) * 2)
+        if len(hot) == config.num_embeddings:
             continue
-        width = int(rows.max()) + 1
-        result[table] = int(np.bincount(np.unique(step * width + rows) // width).max())
+        width = int(rows.max(initial=0)) + 1
+        result[config.name] = max(1, int(np.bincount(np.unique(step * width + rows) // width).max(initial=0)))
     return result
 
 
