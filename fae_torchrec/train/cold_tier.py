@@ -102,10 +102,12 @@ class PlannedColdTier:
         partition: the partition its router serves (every rank reads every rank's cold ids from it).
         window: look-ahead of the slot plans in cold steps (None: the whole epoch).
 
-    Load the cold rows' initial weights with :meth:`load_ebc_state_dict`, give the tier to the router
-    (``BatchRouter(..., cold_tier=tier)``), and :meth:`flush` before reading the cold rows
-    (:meth:`gather_cold_state`). ``rows_in``/``rows_out`` and ``bytes_in``/``bytes_out`` count this
-    rank's copies (weights and optimizer state) host to device and back.
+    Set the cold rows' initial weights (:meth:`load_initial_tables`, or :meth:`load_ebc_state_dict`),
+    give the tier to the router (``BatchRouter(..., cold_tier=tier)``), evaluate within
+    :meth:`evaluating`, and :meth:`flush` before reading the cold rows (:meth:`gather_cold_state`).
+    ``rows_in``/``rows_out`` and ``bytes_in``/``bytes_out`` count this rank's copies (weights and
+    optimizer state) host to device and back. Every rank plans every group, reading into memory the
+    part ids of the epoch's cold steps (8 bytes each) and a step and a row per cold id.
     """
 
     def __init__(self, model: nn.Module, partition: HotColdPartition, window: int | None = None) -> None:
