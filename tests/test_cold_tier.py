@@ -264,6 +264,9 @@ def _misuses(rank: int, world_size: int, directory: str) -> None:
     tier = PlannedColdTier(model, partition)
     with pytest.raises(ValueError, match="give the router split= too"):
         BatchRouter(partition, 32, world_size, rank, cold_tier=tier)
+    other = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
+    with pytest.raises(ValueError, match="plans another partition"):
+        BatchRouter(other, 32, world_size, rank, split=model, cold_tier=tier)
     router = BatchRouter(partition, 32, world_size, rank, split=model, cold_tier=tier)
     with pytest.raises(ValueError, match="resuming mid-epoch with a planned cold tier"):
         next(router.epoch(0, start_step=3))

@@ -87,6 +87,8 @@ class BatchRouter:
         self.split = split
         if cold_tier is not None and split is None:
             raise ValueError("a planned cold tier routes split batches: give the router split= too")
+        if cold_tier is not None and cold_tier.partition is not partition:
+            raise ValueError("the planned cold tier plans another partition: make it with the router's")
         self.cold_tier = None  # set once the split is checked (on an input of no step)
         self._position: dict = {}
         self._relayout = False
