@@ -60,14 +60,24 @@ def gather_full_tensor(
     (a fused optimizer's state lists only the tables a rank has shards of)."""
     if local is not None and not isinstance(local, ShardedTensor):
         return local.detach().cpu().clone()
+    if local is not None:
+        size, dtype = local.size(), local.dtype
+    shards = [] if local is None else local.local_shards()
+    return assemble_full_tensor(size, dtype, [(_shard_index(shard), shard.tensor) for shard in shards])
+
+
+def assemble_full_tensor(
+    size: Sequence[int], dtype: torch.dtype, pieces: Sequence[tuple[tuple[slice, ...], torch.Tensor]]
+) -> torch.Tensor:
+    """A full tensor of ``size`` on the CPU, on every rank, from each rank's ``pieces`` (where each sits
+    in it, its values): zeros elsewhere, summed over the ranks with one all-reduce (a collective: call
+    it on every rank; each element held by one rank)."""
     # assembled on the collective's device: NCCL reduces CUDA tensors only
     nccl = dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-    if local is not None:
-        size, dtype = local.size(), local.dtype
-    tensor = torch.zeros(size, dtype=dtype, device=device)
-    for shard in [] if local is None else local.local_shards():
-        tensor[_shard_index(shard)] = shard.tensor.detach().to(device)
+    tensor = torch.zeros(tuple(size), dtype=dtype, device=device)
+    for index, piece in pieces:
+        tensor[index] = piece.detach().to(device)
     dist.all_reduce(tensor)
     return tensor.cpu()
 

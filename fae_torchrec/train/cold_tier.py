@@ -39,7 +39,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection, part_table_name
 from fae_torchrec.modules.split_features import SplitFeatures
-from fae_torchrec.modules.state import initial_blocks
+from fae_torchrec.modules.state import assemble_full_tensor, initial_blocks
 from fae_torchrec.stats.hot_set import COLD, HOT, HotSet
 from fae_torchrec.torchrec_compat import ShardedTensor
 from fae_torchrec.train.partition import HotColdPartition
@@ -245,20 +245,19 @@ class PlannedColdTier:
     def gather_cold_state(self) -> dict[str, torch.Tensor]:
         """Every cold table's rows, keyed as the cold part's weights in the split module's state dict,
         on every rank (a collective); :meth:`flush` first."""
-        result = {}
-        for table in self.fae.cold_slots:
-            rows = self.fae.num_cold[table]
-            full = torch.zeros(rows, self._dim(table))
-            for local in self._local:
-                if local.group.table == table:
-                    full[local.group.row_start : local.group.row_stop] = local.rows["weight"]
-            if dist.is_initialized():
-                dist.all_reduce(full)
-            result[f"{COLD}.embedding_bags.{part_table_name(table, COLD)}.weight"] = full
-        return result
-
-    def _dim(self, table: str) -> int:
-        return next(c.embedding_dim for c in self.fae.embedding_bag_configs() if c.name == table)
+        dims = {c.name: c.embedding_dim for c in self.fae.embedding_bag_configs()}
+        return {
+            f"{COLD}.embedding_bags.{part_table_name(table, COLD)}.weight": assemble_full_tensor(
+                (self.fae.num_cold[table], dims[table]),
+                torch.float32,
+                [
+                    ((slice(local.group.row_start, local.group.row_stop),), local.rows["weight"])
+                    for local in self._local
+                    if local.group.table == table
+                ],
+            )
+            for table in self.fae.cold_slots
+        }
 
     def _slot_ids(
         self, cold: KeyedJaggedTensor, slot_of: Callable[[SlotGroup, np.ndarray], np.ndarray]
