@@ -30,6 +30,8 @@ ORDERS = ("stream", "time", "shuffled", "phases", "adaptive")
 STREAM_ORDERS = ("stream", "time")
 #: ``StepRunner``'s kinds: TorchRec's train pipeline, its prefetch pipeline (CUDA), or a plain loop.
 PIPELINES = ("sparse", "prefetch", "none")
+#: FAE's cold tiers: TorchRec/FBGEMM's UVM caches, or host rows in slots filled by the epoch's plan.
+COLD_TIERS = ("caching", "planned")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -22,7 +22,7 @@ from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import CacheAlgorithm, CacheParams, ShardingType
 
 from fae_torchrec.modules import part_table_name
-from fae_torchrec.modules.fae_embedding_bag import HOT_KERNELS
+from fae_torchrec.modules.fae_embedding_bag import HOT_KERNELS, SLOT_KERNEL, SLOT_SHARDING_TYPES
 from fae_torchrec.stats import AccessStats, HotSet
 from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.stats.hot_share import holdout_cold_inputs, holdout_rows_hot
@@ -43,12 +43,17 @@ CPU_SHARDING_TYPES = [
     ShardingType.COLUMN_WISE.value,
     ShardingType.TABLE_COLUMN_WISE.value,
 ]
-#: (sharding types, kernels) a part may use, by compute device; None leaves TorchRec every choice.
+#: The rule of a cold part held in slots (a planned cold tier's slot table).
+SLOTS = "slots"
+#: (sharding types, kernels) a part may use, by compute device and rule (the part, or ``SLOTS``); None
+#: leaves TorchRec every choice.
 ALLOWED = {
     ("cuda", HOT): (None, list(HOT_KERNELS)),
     ("cuda", COLD): (CUDA_COLD_SHARDING_TYPES, [EmbeddingComputeKernel.FUSED_UVM_CACHING.value]),
+    ("cuda", SLOTS): (list(SLOT_SHARDING_TYPES), [SLOT_KERNEL]),
     ("cpu", HOT): (CPU_SHARDING_TYPES, list(HOT_KERNELS)),
     ("cpu", COLD): (CPU_SHARDING_TYPES, list(HOT_KERNELS)),
+    ("cpu", SLOTS): ([t for t in CPU_SHARDING_TYPES if t in SLOT_SHARDING_TYPES], [SLOT_KERNEL]),
 }
 
 
@@ -155,6 +160,7 @@ def fae_constraints(
     torchrec_choice: bool = False,
     pooling: StepPooling | None = None,
     cache_params: CacheParams | None = None,
+    slots: bool = False,
 ) -> dict[str, ParameterConstraints]:
     """Constraints keyed by part table name (``t_hot``, ``t_cold``) for every part that has rows.
 
@@ -168,8 +174,9 @@ def fae_constraints(
     model prices a cache by its load factor, not its hit rate, so it would prefer no cache to a small
     one that hits often). With ``torchrec_choice`` only the
     pooling factors and the user's constraints are set: kernels, sharding types and caches are
-    TorchRec's choice, as in its own plan of the unsplit model (``caches`` is not used). ``pooling`` is
-    ``step_pooling(stats, hot_set)``, computed when not given.
+    TorchRec's choice, as in its own plan of the unsplit model (``caches`` is not used). With ``slots``
+    the cold parts are a planned cold tier's slot tables: whole-row shards on the ``fused`` kernel
+    (``caches`` is not used). ``pooling`` is ``step_pooling(stats, hot_set)``, computed when not given.
     """
     user = user or {}
     pooling = pooling or step_pooling(stats, hot_set)
@@ -181,7 +188,9 @@ def fae_constraints(
         if len(hot_set.hot_ids[t]):
             per_part[HOT] = (pooling.expected_hot[t], base.cache_params, HOT)
         if len(hot_set.hot_ids[t]) < config.num_embeddings:
-            if torchrec_choice:  # TorchRec may choose a cache (on CUDA), with the cold caches' params
+            if slots:
+                per_part[COLD] = (pooling.expected_cold[t], None, SLOTS)
+            elif torchrec_choice:  # TorchRec may choose a cache (on CUDA), with the cold caches' params
                 chosen = (
                     base.cache_params
                     if compute_device == "cpu" or cold_cache == CacheParams()

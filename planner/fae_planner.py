@@ -25,7 +25,7 @@ import logging
 import multiprocessing
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from copy import deepcopy
 from dataclasses import replace
@@ -47,7 +47,7 @@ from fae_torchrec.modules import FAEEmbeddingBagCollection
 from fae_torchrec.stats import COLD, HOT, AccessStats, HotSet
 from fae_torchrec.torchrec_compat import best_plan
 from fae_torchrec.units import format_bytes
-from planner.cache_sizing import ColdCacheSizing, smallest_load_factors
+from planner.cache_sizing import ColdCacheSizing, cold_rows, smallest_load_factors
 from planner.constraints import (
     StepPooling,
     check_cache_params,
@@ -270,7 +270,10 @@ class FAEShardingPlanner(ShardingPlanner):
         hot_set = split.hot_set()
         if hot_set.layout.describe() != self.stats.layout.describe():
             raise ValueError("the statistics are for other tables than the model's FAEEmbeddingBagCollection")
-        plan, self.report, _ = self._plan(module, hot_set, sharders, path, self._sizing(hot_set))
+        if split.cold_slots is not None:  # a planned cold tier: no cache to size
+            plan, self.report, _ = self._plan(module, hot_set, sharders, path, slots=True)
+        else:
+            plan, self.report, _ = self._plan(module, hot_set, sharders, path, self._sizing(hot_set))
         logger.info("%s", self.report)
         return plan
 
@@ -288,6 +291,27 @@ class FAEShardingPlanner(ShardingPlanner):
             return None
         self._chosen = (hot_set, sizing)
         return sizing
+
+    def cold_slots(self, hot_set: HotSet, floor: Mapping[str, int]) -> dict[str, int]:
+        """The slots of each cold table of ``hot_set`` for a planned cold tier (``cold_slots``): as many
+        rows with their optimizer state as the device memory the knob's plan gives that table's UVM
+        cache (or its whole cold part), so that the tier has the caches' memory; at least ``floor`` (the
+        distinct rows of a cold step, ``min_cold_slots``) and at most the table's cold rows. On a CPU
+        topology, which has no device memory to fill, and where no sizing places, ``floor``."""
+        sizing = self._sizing(hot_set) if self.topology.compute_device == "cuda" else None
+        slots = dict(floor)
+        if sizing is None or not sizing[0]:
+            return slots
+        world = self.topology.world_size
+        caches = cold_cache_statistics(self.stats, hot_set, self.batch_size * world)
+        cold = ColdCacheSizing(self.stats, hot_set, caches, self.optimizer_class)
+        device_bytes = cold.device_bytes(sizing[0])
+        row_bytes = self.stats.layout.row_bytes(self.optimizer_class)
+        for t, (config, rows) in enumerate(zip(self.stats.tables, cold_rows(hot_set), strict=True)):
+            if config.name in slots:
+                fitting = int(device_bytes[t] // row_bytes[t])
+                slots[config.name] = int(min(rows, max(slots[config.name], fitting)))
+        return slots
 
     def collective_plan(
         self,
@@ -318,8 +342,12 @@ class FAEShardingPlanner(ShardingPlanner):
         sharders: list,
         fae_path: str = "",
         known: Sizing | None = None,
+        slots: bool = False,
     ) -> tuple[ShardingPlan, FAEPlanReport, Sizing]:
         """The plan of ``module`` split by ``hot_set``, its report and the cold sizing it has.
+
+        With ``slots`` the cold parts are a planned cold tier's slot tables (``cold_slots``), planned
+        as they are, whole rows on the ``fused`` kernel (``fae_constraints``).
 
         The cold parts go whole into HBM where the cache budget pays for them, else into caches sized
         from the whole budget; where TorchRec places neither, into the largest of the smaller caches
@@ -386,7 +414,9 @@ class FAEShardingPlanner(ShardingPlanner):
 
         whole = self._load_factors(cold, cache_budget, whole_parts=True)
         full = self._load_factors(cold, cache_budget, whole_parts=False)
-        if not (known and place(known[0], **known[1])):
+        if slots:
+            place({}, slots=True)
+        elif not (known and place(known[0], **known[1])):
             if not (place(whole) or (full != whole and place(full))):
                 place_largest(self._smaller_sizings(cold, cache_budget, full), place)
                 place(full, uncached=True)
@@ -394,7 +424,8 @@ class FAEShardingPlanner(ShardingPlanner):
                 place({}, config)
         if not candidates:
             failure = failures[-1]
-            needed = self._smallest_storage(module, sharders, constraints(full, uncached=True))
+            smallest = constraints({}, slots=True) if slots else constraints(full, uncached=True)
+            needed = self._smallest_storage(module, sharders, smallest)
             raise PlannerError(
                 self._too_small_message(needed, float(memory.sum()), failure), failure.error_type
             ) from failure

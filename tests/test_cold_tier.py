@@ -268,7 +268,7 @@ def _misuses(rank: int, world_size: int, directory: str) -> None:
     with pytest.raises(ValueError, match="plans another partition"):
         BatchRouter(other, 32, world_size, rank, split=model, cold_tier=tier)
     router = BatchRouter(partition, 32, world_size, rank, split=model, cold_tier=tier)
-    with pytest.raises(ValueError, match="resuming mid-epoch with a planned cold tier"):
+    with pytest.raises(ValueError, match=r"resuming at cold step \d+ of the epoch: load the tier's state"):
         next(router.epoch(0, start_step=3))
     plain = next(step for step in BatchRouter(partition, 32, world_size, rank).epoch(0) if not step.hot)
     with pytest.raises(RuntimeError, match="a batch the tier did not route"):
@@ -277,8 +277,13 @@ def _misuses(rank: int, world_size: int, directory: str) -> None:
     cold = next(step for step in steps if not step.hot)
     with pytest.raises(ValueError, match="routed cold steps have not run yet"):
         tier.flush()
+    with pytest.raises(ValueError, match="routed cold steps have not run yet: save after them"):
+        tier.state_dict()
     train_step(model, cold.batch, optimizer)
     tier.flush()
+    saved = tier.state_dict()
+    with pytest.raises(ValueError, match="give its PlannedColdTier"):
+        Checkpoints(directory, {}).save(0, model, optimizer, {})
     few = {table: 2 for table in slots}
     model, optimizer = sharded(few)
     tier = PlannedColdTier(model, partition)
@@ -286,8 +291,8 @@ def _misuses(rank: int, world_size: int, directory: str) -> None:
         ValueError, match=r"cold table \w+, slots 0:2: step \d+ looks up \d+ distinct rows, more"
     ):
         next(BatchRouter(partition, 32, world_size, rank, split=model, cold_tier=tier).epoch(0))
-    with pytest.raises(ValueError, match="checkpoints of a planned cold tier are not supported yet"):
-        Checkpoints(directory, {}).save(0, model, optimizer, {})
+    with pytest.raises(ValueError, match="the cold tier's state holds slot groups"):
+        tier.load_state_dict(saved)
 
 
 def test_misuses_of_a_planned_cold_tier_are_refused(tmp_path):

@@ -16,6 +16,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
 from fae_torchrec.data import SyntheticCriteo, SyntheticTaobao
+from fae_torchrec.modules.fae_embedding_bag import SLOT_SHARDING_TYPES
 from fae_torchrec.stats import estimate_hot_share
 from fae_torchrec.train.checkpoint import plan_layout
 from planner import FAEShardingPlanner
@@ -431,3 +432,38 @@ def test_a_plans_step_in_hbm_prices_its_own_layout_without_transfers(tbsm_stats)
     roomy = Topology(world_size=1, compute_device="cuda", hbm_cap=1 << 30)
     in_hbm = dry_run(hbm_planner(roomy, tbsm_stats.tables, 256), tbsm_stats.tables)
     assert in_hbm.step_in_hbm == pytest.approx(in_hbm.totals.step, rel=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compute_device", ["cuda", "cpu"])
+def test_a_planned_cold_tiers_slots_get_the_caches_memory_and_plan_as_plain_rows(
+    kaggle_stats, compute_device
+):
+    """``cold_slots`` gives each cold table the device memory the knob's plan gives its cache (as many rows
+    with their optimizer state; at least the floor, at most the cold rows; on CPU the floor), and TorchRec,
+    unconstrained by the user, plans the slot tables on the fused kernel in whole-row shards."""
+    stats = _stats_at_dim(kaggle_stats, 128)
+    hbm_cap = GIB
+    topology = Topology(world_size=8, compute_device=compute_device, hbm_cap=hbm_cap)
+    planner = FAEShardingPlanner(topology, stats, batch_size=2048, hot_budget_bytes=GIB // 8)
+    hot_set = planner.choose_hot_set()
+    cold_rows = {
+        c.name: c.num_embeddings - len(h) for c, h in zip(stats.tables, hot_set.hot_ids, strict=True)
+    }
+    floor = {name: min(rows, 4096) for name, rows in cold_rows.items() if rows}
+    slots = planner.cold_slots(hot_set, floor)
+    assert slots.keys() == floor.keys()
+    assert all(floor[name] <= slots[name] <= cold_rows[name] for name in slots)
+    if compute_device == "cpu":
+        assert slots == floor
+    else:
+        assert floor["t_cat_2"] < slots["t_cat_2"] < cold_rows["t_cat_2"], (
+            "the largest cold part gets a cache's rows"
+        )
+    model = FAEEmbeddingBagCollection(stats.tables, hot_set, device=torch.device("meta"), cold_slots=slots)
+    plan = planner.plan(model, get_default_sharders())
+    cold = plan.plan["cold"]
+    assert {p.compute_kernel for p in cold.values()} == {EmbeddingComputeKernel.FUSED.value}
+    assert {p.sharding_type for p in cold.values()} <= set(SLOT_SHARDING_TYPES)
+    if compute_device == "cuda":
+        assert max(planner.report.rank_hbm) <= hbm_cap

@@ -226,6 +226,8 @@ def test_exclude_profiled_refuses_a_sample_of_every_input(tmp_path):
     [
         (["--sample", "1"], "the statistics have no holdout inputs"),  # refused by the planner
         (["--pipeline", "prefetch"], "--pipeline prefetch: TorchRec's prefetch pipeline runs on CUDA only"),
+        (["--cold-tier", "planned", "--baseline"], "--cold-tier planned with --baseline: TorchRec's unsplit"),
+        (["--cold-tier", "planned", "--replan", "auto"], "--cold-tier planned with --replan: re-plans of a"),
         (
             ["--batch-size", "100000"],
             "--batch-size 100000 is larger than the training data: --data synthetic has 2,700 training "
@@ -374,3 +376,45 @@ def test_two_ranks_replan_alike(tmp_path):
     )  # fmt: skip
     assert metrics["world_size"] == 2 and metrics["checks"] >= 5
     assert metrics["replans"] and all(r["move"]["state_bytes"] > 0 for r in metrics["replans"])
+
+
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
+
+
+@pytest.mark.parametrize(("launcher", "order"), [((sys.executable,), "adaptive"), (TORCHRUN, "stream")])
+def test_the_planned_cold_tier_trains_the_caching_tiers_model_and_resumes_mid_epoch(
+    tmp_path, launcher, order
+):
+    """``--cold-tier planned`` against the default tier on the same batches, at 1 and 2 ranks: the same
+    losses and validation AUCs, evaluations mid-epoch included (each cold row copied into a slot ahead of
+    its step with its optimizer state, and back when evicted); resumed mid-epoch from a checkpoint (host
+    rows, slots and the plan's position), the same again."""
+    ranks = 2 if launcher == TORCHRUN else 1
+    common = [*SMALL[:4], "--batch-size", str(64 // ranks), "--order", order, "--eval-every", "10"]
+    common += ["--epochs", "2"]
+    checkpoints = tmp_path / "ck"
+    planned_args = [*common, "--cold-tier", "planned", "--checkpoint-dir", str(checkpoints)]
+    caching = _run(tmp_path / "caching", *common, launcher=launcher)
+    planned = _run(
+        tmp_path / "planned",
+        *planned_args,
+        "--checkpoint-every",
+        "25",
+        launcher=launcher,
+        outputs=[checkpoints],
+    )
+    assert "cold_tier" not in caching and planned["world_size"] == ranks
+    assert planned["history"] == caching["history"] and len(planned["history"]["auc"]) > 4
+    tier = planned["cold_tier"]
+    assert tier["rows_in"] > sum(tier["slots"].values()) > 0, "slots were filled more than once"
+    assert tier["bytes_in"] > tier["bytes_out"] > 0
+    steps = planned["hot_steps"] + planned["cold_steps"]
+    last = steps - steps % 25  # the last checkpoint, in the second epoch's middle
+    assert steps / 2 < last < steps
+    log = []
+    resumed = _run(
+        tmp_path / "resumed", *planned_args, "--resume", launcher=launcher, log=log, outputs=[checkpoints]
+    )
+    assert f"resumed at epoch 1, step {last - steps // 2}" in log[0]
+    assert resumed["history"] == planned["history"]
+    assert 0 < resumed["cold_tier"]["rows_in"] < tier["rows_in"], "this run's copies, from the checkpoint on"

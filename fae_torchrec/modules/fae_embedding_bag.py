@@ -27,6 +27,7 @@ from functools import cached_property
 import numpy as np
 import torch
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingBagCollectionInterface
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
@@ -38,6 +39,14 @@ from fae_torchrec.torchrec_compat import is_fx_symbolic_tracing, is_pipelined
 
 #: The kernels that keep a table's rows in device memory (HBM on CUDA): the only ones for hot rows.
 HOT_KERNELS = (EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.value)
+#: The kernel of a slot table (``cold_slots``): plain FBGEMM rows in device memory, no cache.
+SLOT_KERNEL = EmbeddingComputeKernel.FUSED.value
+#: Sharding types of a slot table: each shard holds whole rows (a slot group of a planned cold tier).
+SLOT_SHARDING_TYPES = (
+    ShardingType.TABLE_WISE.value,
+    ShardingType.ROW_WISE.value,
+    ShardingType.TABLE_ROW_WISE.value,
+)
 
 
 def part_table_name(table: str, part: str) -> str:

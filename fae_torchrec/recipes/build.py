@@ -8,6 +8,7 @@ import logging
 import os
 import tempfile
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,13 +23,15 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.keyed import CombinedOptimizer
 
+from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.modules import FAEEmbeddingBagCollection, load_initial_tables
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import EVERYTHING_HOT, HotSet
 from fae_torchrec.stats.hot_share import estimate_hot_share
 from fae_torchrec.tables import TableLayout
-from fae_torchrec.train.evaluation import repeated_inputs
+from fae_torchrec.train.cold_tier import PlannedColdTier, min_cold_slots
+from fae_torchrec.train.evaluation import evaluation_cold_slots, repeated_inputs
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS, EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.prepare import NAMED_PARAMETERS, PreparedData, on_rank_zero, prepare_data
@@ -80,6 +83,8 @@ class Training:
     fae: bool
     #: The statistics the plan was made from (the profile's, or a re-plan's recent counts).
     stats: AccessStats
+    #: The planned cold tier (``--cold-tier planned``), else None.
+    cold_tier: PlannedColdTier | None = None
 
 
 @dataclass(frozen=True)
@@ -214,7 +219,9 @@ def build_training(
         raise ValueError(
             "--pipeline prefetch: TorchRec's prefetch pipeline runs on CUDA only; use --pipeline sparse here"
         )
-    args.pipeline = args.pipeline or ("prefetch" if device.type == "cuda" else "sparse")
+    # a planned cold tier has no cache to prefetch into
+    prefetching = device.type == "cuda" and args.cold_tier != "planned"
+    args.pipeline = args.pipeline or ("prefetch" if prefetching else "sparse")
     if args.hbm_cap is not None and device.type == "cpu":
         logger.warning("--hbm-cap %s ignored: there is no device memory to cap on CPU", args.hbm_cap)
     plan_file = _plan_file(args, device) if args.plan else None
@@ -226,10 +233,18 @@ def build_training(
         hot_set = stats.hot_set(parse_bytes(args.budget), EMBEDDING_OPTIMIZERS[args.optimizer])
     # a resumed re-plan's hot set is not the plan's: planned again, as the re-plan was
     plan_file = plan_file if replanned is None else None
-    plan, dmp, dense = shard_model(args, family, tables, stats, hot_set, world, device, plan_file)
+    warmup = args.warmup if replanned is None else 0.0
+    floor = None
+    if hot_set is not None and args.cold_tier == "planned":
+        floor = _slot_floor(args, partition, data.validation, hot_set, world, warmup)
+    plan, dmp, dense = shard_model(args, family, tables, stats, hot_set, world, device, plan_file, floor)
     # the same initial tables on every rank and in both layouts, made a block at a time in the shards
     load_initial_tables(dmp.module.get_submodule(family.sparse_path), tables, args.seed)
-    router = make_router(args, partition, world, rank, dmp, warmup=args.warmup if replanned is None else 0.0)
+    cold_tier = None
+    if floor is not None:
+        cold_tier = PlannedColdTier(dmp, partition)
+        cold_tier.load_initial_tables(tables, args.seed)
+    router = make_router(args, partition, world, rank, dmp, warmup=warmup, cold_tier=cold_tier)
     mode = args.baseline or "fae"
     num_train = len(partition.hot) + len(partition.cold)
     logger.info(
@@ -237,7 +252,28 @@ def build_training(
         mode, num_train, len(partition.hot), 100 * len(partition.hot) / num_train, len(data.validation),
         world,
     )  # fmt: skip
-    return Training(mode, tables, data, plan, dmp, dense, router, hot_set is not None, stats)
+    return Training(mode, tables, data, plan, dmp, dense, router, hot_set is not None, stats, cold_tier)
+
+
+def _slot_floor(
+    args: argparse.Namespace,
+    partition: HotColdPartition,
+    validation: SampleBlock | None,
+    hot_set: HotSet,
+    world: int,
+    warmup: float,
+) -> dict[str, int]:
+    """The fewest slots of each cold table that every epoch of the run can train and evaluate with: the
+    most distinct cold rows of one cold step of its schedules (``min_cold_slots``) or of one evaluation
+    step (``evaluation_cold_slots``)."""
+    schedules = BatchRouter(
+        partition, args.batch_size, world, order=args.order, seed=_order_seed(args), warmup=warmup
+    )
+    floors = [min_cold_slots(partition, schedules.schedule(epoch), hot_set) for epoch in range(args.epochs)]
+    if validation is not None and len(validation):
+        keys = partition.keys
+        floors.append(evaluation_cold_slots(validation, keys, hot_set, args.batch_size, world))
+    return {table: max(floor[table] for floor in floors) for table in floors[0]}
 
 
 def shard_model(
@@ -249,27 +285,35 @@ def shard_model(
     world: int,
     device: torch.device,
     plan_file: PlanFile | None = None,
+    slot_floor: Mapping[str, int] | None = None,
 ) -> tuple[ShardingPlan, DistributedModelParallel, CombinedOptimizer]:
     """``args``' model, split by ``hot_set`` (None: the baseline's, unsplit), planned from ``stats`` (or
     with ``plan_file``'s plan, made for ``hot_set``) and sharded by DMP with its tables not yet set, and
-    its unfused optimizer (collective)."""
+    its unfused optimizer (collective). With ``slot_floor`` (the fewest slots of each cold table) its
+    cold part is a planned cold tier's slot tables, as many slots as the planner sizes."""
     mode = args.baseline or "fae"
     hbm_cap = parse_bytes(args.hbm_cap) if args.hbm_cap is not None and device.type != "cpu" else None
     budget = parse_bytes(args.budget)
     torch.manual_seed(args.seed)  # the same dense layers on every rank
     # the tables are made in their shards (load_initial_tables): here they take no memory
     meta = torch.device("meta")
-    sparse = (
-        EmbeddingBagCollection(tables, device=meta)
-        if hot_set is None
-        else FAEEmbeddingBagCollection(tables, hot_set, device=meta)
-    )
     planner = None
     if plan_file is None:
         planner = _planner(
             mode, world, device, hbm_cap, stats, args.batch_size, budget, args.pipeline == "prefetch",
             optimizer_class=EMBEDDING_OPTIMIZERS[args.optimizer],
         )  # fmt: skip
+    cold_slots = None
+    if slot_floor is not None:
+        cold_slots = planner.cold_slots(hot_set, slot_floor)
+        logger.info(
+            "planned cold tier: slots per cold table %s (one cold step needs %s)", cold_slots, slot_floor
+        )
+    sparse = (
+        EmbeddingBagCollection(tables, device=meta)
+        if hot_set is None
+        else FAEEmbeddingBagCollection(tables, hot_set, device=meta, cold_slots=cold_slots)
+    )
     model = family.build_model(sparse, args)
     embedding_optimizer(args).apply(sparse)
     del sparse  # DMP replaces it (or its parts) by sharded modules
@@ -336,15 +380,20 @@ def make_router(
     rank: int,
     model: nn.Module,
     warmup: float,
+    cold_tier: PlannedColdTier | None = None,
 ) -> BatchRouter:
     """The router of ``partition`` for ``model`` (FAE's: it splits the batches for the parts, by the
-    part ids)."""
+    part ids, and routes cold batches through ``cold_tier``)."""
     fae = find_fae_module(model)
     return BatchRouter(
-        partition, args.batch_size, world, rank, order=args.order,
-        seed=args.seed if args.order_seed is None else args.order_seed, warmup=warmup,
-        split=None if fae is None else fae.split,
+        partition, args.batch_size, world, rank, order=args.order, seed=_order_seed(args), warmup=warmup,
+        split=None if fae is None else fae.split, cold_tier=cold_tier,
     )  # fmt: skip
+
+
+def _order_seed(args: argparse.Namespace) -> int:
+    """The seed of the step orders: ``--order-seed``, else ``--seed``."""
+    return args.seed if args.order_seed is None else args.order_seed
 
 
 def _planner(

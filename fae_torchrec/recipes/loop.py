@@ -14,7 +14,7 @@ import resource
 import socket
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from itertools import islice
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from fae_torchrec.recipes.replan import Replanning, resumed_replan
 from fae_torchrec.tables import TableLayout
 from fae_torchrec.threads import share_cores
 from fae_torchrec.train.checkpoint import Checkpoints
+from fae_torchrec.train.cold_tier import PlannedColdTier
 from fae_torchrec.train.evaluation import evaluate, validation_batches
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.train.prepare import on_rank_zero
@@ -149,7 +150,7 @@ def _train(
     if checkpoints is not None:
         checkpoints = checkpoints.for_plan(training.plan)
     if args.resume:
-        position = checkpoints.load(training.model, training.optimizer)
+        position = checkpoints.load(training.model, training.optimizer, cold_tier=training.cold_tier)
         training.router.load_state_dict(position["router"])
         progress, offset = position["progress"], position["offset"]
         history, counts = progress["history"], progress["counts"]
@@ -199,7 +200,7 @@ def _train(
                 if step_index % 20 == 0:
                     bar.set_postfix_str(_postfix(loss, counts, history), refresh=False)
             if args.eval_every and step_index % args.eval_every == 0:
-                _evaluate(runner, validation, device, history, step_index, router, rank)
+                _evaluate(runner, validation, device, history, step_index, router, rank, training.cold_tier)
                 bar.set_postfix_str(_postfix(history["loss"][-1], counts, history))
             moved = None
             if replanning is not None and done < total:
@@ -223,10 +224,13 @@ def _train(
                 if replanning is not None:
                     position["replanning"] = replanning.state_dict()
                     summary = replanning.summary(training)
-                checkpoints.save(step_index, runner.paused(), training.optimizer, position, summary)
+                checkpoints.save(
+                    step_index, runner.paused(), training.optimizer, position, summary,
+                    cold_tier=training.cold_tier,
+                )  # fmt: skip
         bar.close()
         if not history["eval_step"] or history["eval_step"][-1] != step_index:
-            _evaluate(runner, validation, device, history, step_index, router, rank)
+            _evaluate(runner, validation, device, history, step_index, router, rank, training.cold_tier)
     all_steps = step_seconds["hot"] + step_seconds["cold"]
     layout = TableLayout.of(tables)
     metrics = {
@@ -253,6 +257,7 @@ def _train(
         @ layout.row_bytes(EMBEDDING_OPTIMIZERS[args.optimizer])
         / (1 << 30),
         **({} if replanning is None else replanning.metrics(all_steps)),
+        **({} if training.cold_tier is None else {"cold_tier": _tier_metrics(training.cold_tier)}),
         "final_auc": history["auc"][-1],
         "final_log_loss": history["log_loss"][-1],
         "history": history,
@@ -277,6 +282,18 @@ def _pauses(args: argparse.Namespace) -> tuple[int, int, int]:
     return args.eval_every, args.checkpoint_every if args.checkpoint_dir else 0, checks
 
 
+def _tier_metrics(cold_tier: PlannedColdTier) -> dict:
+    """The planned cold tier's slots per table and this rank's copies in this run (training and
+    evaluation; after a resume: since it), rows and bytes host to device (in) and back (out)."""
+    return {
+        "slots": dict(cold_tier.fae.cold_slots),
+        "rows_in": cold_tier.rows_in,
+        "rows_out": cold_tier.rows_out,
+        "bytes_in": cold_tier.bytes_in,
+        "bytes_out": cold_tier.bytes_out,
+    }
+
+
 def _mean_ms(seconds: list[float]) -> float | None:
     """Mean of ``seconds`` in milliseconds; None when there are none."""
     return 1000 * float(np.mean(seconds)) if seconds else None
@@ -290,10 +307,13 @@ def _evaluate(
     step: int,
     router: BatchRouter,
     rank: int,
+    cold_tier: PlannedColdTier | None,
 ) -> None:
-    """Evaluate the model at ``step`` (collective), record the result in ``history``, tell the router
-    (its adaptive orders follow the validation loss) and log it on rank 0 as it happens."""
-    result = evaluate(runner.paused(), (b.to(device) for b in validation))
+    """Evaluate the model at ``step`` (collective; within the planned ``cold_tier``'s ``evaluating``),
+    record the result in ``history``, tell the router (its adaptive orders follow the validation loss)
+    and log it on rank 0 as it happens."""
+    with cold_tier.evaluating() if cold_tier is not None else nullcontext():
+        result = evaluate(runner.paused(), (b.to(device) for b in validation))
     history["eval_step"].append(step)
     history["auc"].append(result["auc"])
     history["log_loss"].append(result["log_loss"])

@@ -16,7 +16,14 @@ from fae_torchrec.arguments import (
     share,
     unwritable_directory,
 )
-from fae_torchrec.command_line import OPTIMIZER_NAMES, ORDERS, PIPELINES, STREAM_ORDERS, HelpFormatter
+from fae_torchrec.command_line import (
+    COLD_TIERS,
+    OPTIMIZER_NAMES,
+    ORDERS,
+    PIPELINES,
+    STREAM_ORDERS,
+    HelpFormatter,
+)
 from fae_torchrec.recipes.curves import compared_run
 from fae_torchrec.recipes.family import ModelFamily
 
@@ -105,6 +112,16 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
         "batch's cache misses, with every UVM cache planned for it (CacheParams(prefetch_pipeline=True)); "
         "none: a plain loop (default: prefetch on CUDA, sparse on CPU)",
     )
+    parser.add_argument(
+        "--cold-tier",
+        choices=COLD_TIERS,
+        default="caching",
+        help="FAE: where cold rows live. caching: cold tables planned by FAEShardingPlanner, in FBGEMM's UVM "
+        "caches on CUDA (fused_uvm_caching); planned: cold rows in host memory with their optimizer state "
+        "and, in device memory, plain fused tables of slots that each cold step's rows are copied into "
+        "ahead of it, chosen from the epoch's schedule (Belady: evict the row used farthest ahead); its "
+        "slots get the caches' device memory, at least one cold step's rows (docs/train.md)",
+    )
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES), help="embedding optimizer")
     parser.add_argument("--lr", type=positive_float, default=0.05, help="embedding learning rate")
     parser.add_argument("--dense-lr", type=positive_float, default=0.05, help="dense (Adagrad) learning rate")
@@ -180,6 +197,16 @@ def _invalid_combination(args: argparse.Namespace) -> str | None:
         return "--plan needs --stats, the statistics file the plan was made from"
     if args.plan and args.baseline:
         return "--plan: a plan of FAE's split tables; a --baseline plans its unsplit tables itself"
+    if args.cold_tier == "planned":
+        refused = (
+            ("--baseline", args.baseline, "TorchRec's unsplit tables have no cold part"),
+            ("--plan", args.plan, "a plan file holds caches for the cold part, not slots; let the run plan"),
+            ("--pipeline prefetch", args.pipeline == "prefetch", "there is no cache to prefetch into"),
+            ("--replan", args.replan != ["never"], "re-plans of a planned cold tier are not built yet"),
+        )
+        for option, given, why in refused:
+            if given:
+                return f"--cold-tier planned with {option}: {why}"
     if args.stats and args.exclude_profiled:
         return "--exclude-profiled: which inputs --stats sampled is not in the statistics file; profile here"
     from fae_torchrec.train.schedule import check_warmup

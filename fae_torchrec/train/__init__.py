@@ -9,7 +9,7 @@ in host memory copied into device slots by the epoch's slot plan (``slot_plan``,
 
 from fae_torchrec.train.checkpoint import CheckpointError, Checkpoints
 from fae_torchrec.train.cold_tier import PlannedColdTier, min_cold_slots
-from fae_torchrec.train.evaluation import evaluate, validation_batches
+from fae_torchrec.train.evaluation import evaluate, evaluation_cold_slots, validation_batches
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS, EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.pipeline import FAEPrefetchTrainPipeline, FAETrainPipeline
@@ -43,6 +43,7 @@ __all__ = [
     "StepRunner",
     "UnsplitState",
     "evaluate",
+    "evaluation_cold_slots",
     "gather_unsplit_state",
     "load_unsplit_state",
     "make_schedule",

@@ -29,6 +29,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan
 
 from fae_torchrec.torchrec_compat import ShardedTensor
+from fae_torchrec.train.cold_tier import PlannedColdTier
 from fae_torchrec.train.step import find_fae_module
 
 logger = logging.getLogger(__name__)
@@ -94,17 +95,15 @@ class Checkpoints:
         unfused_optimizer: torch.optim.Optimizer,
         position: Mapping[str, Any],
         summary: Mapping[str, Any] | None = None,
+        *,
+        cold_tier: PlannedColdTier | None = None,
     ) -> Path:
         """Write this rank's shards at ``step``; once every rank has, drop the older checkpoints.
         ``position`` says where to resume (a router's ``state_dict``, counters); ``summary`` (JSON
         values) goes into the manifests, for :meth:`peek` to read before the model is built (what a
-        resume must build it from); returns the folder."""
-        fae = find_fae_module(model)
-        if fae is not None and fae.cold_slots is not None:
-            raise ValueError(
-                "checkpoints of a planned cold tier are not supported yet: its cold rows live in host "
-                "memory, outside the model's state"
-            )
+        resume must build it from); returns the folder. A model with a planned cold tier saves the
+        tier's state too (its host rows live outside the model)."""
+        _check_tier(model, cold_tier)
         if self.run_id is None:
             run = [uuid.uuid4().hex]
             dist.broadcast_object_list(run, src=0)
@@ -118,7 +117,7 @@ class Checkpoints:
         )
         error = None
         try:
-            self._write(step, model, unfused_optimizer, position, summary)
+            self._write(step, model, unfused_optimizer, position, summary, cold_tier)
         except OSError as failure:
             error = f"rank {self.rank} could not write its checkpoint: {failure}"
         _raise_on_every_rank(error)  # every rank holds the new checkpoint: the older ones may go
@@ -140,6 +139,7 @@ class Checkpoints:
         unfused_optimizer: torch.optim.Optimizer,
         position: Mapping[str, Any],
         summary: Mapping[str, Any] | None,
+        cold_tier: PlannedColdTier | None,
     ) -> None:
         """This rank's files of ``step``: the state, then the manifest that vouches for it."""
         folder = self._folder(step)
@@ -153,6 +153,7 @@ class Checkpoints:
                 "fused_optimizer": _local(model.fused_optimizer.state_dict()),
                 "unfused_optimizer": unfused_optimizer.state_dict(),
                 "position": dict(position),
+                "cold_tier": None if cold_tier is None else cold_tier.state_dict(),
             },
             buffer,
         )
@@ -172,8 +173,15 @@ class Checkpoints:
         _write_atomically(folder / f"rank{self.rank}.pt", data)
         _write_atomically(folder / f"rank{self.rank}.json", json.dumps(manifest, indent=1).encode())
 
-    def load(self, model: DistributedModelParallel, unfused_optimizer: torch.optim.Optimizer) -> dict:
-        """Restore the newest checkpoint every rank holds; return its position.
+    def load(
+        self,
+        model: DistributedModelParallel,
+        unfused_optimizer: torch.optim.Optimizer,
+        *,
+        cold_tier: PlannedColdTier | None = None,
+    ) -> dict:
+        """Restore the newest checkpoint every rank holds (and the model's planned cold tier); return its
+        position.
 
         Raises ``CheckpointError`` naming the file, rank or option when there is none, a file is
         damaged, or the checkpoint is of another run, world size, configuration or plan.
@@ -181,10 +189,18 @@ class Checkpoints:
         step, manifests = self._resumed()
         self._check(manifests, step)
         self._check_plan(manifests, step)
+        _check_tier(model, cold_tier)
         error, state = None, None
         try:
             state = self._read(step, manifests[self.rank])
-        except CheckpointError as failure:
+            if (state.get("cold_tier") is None) != (cold_tier is None):
+                raise CheckpointError(
+                    f"{self._folder(step) / f'rank{self.rank}.pt'}: saved "
+                    f"{'without' if cold_tier is not None else 'with'} a planned cold tier"
+                )
+            if cold_tier is not None:
+                cold_tier.load_state_dict(state["cold_tier"])
+        except (CheckpointError, ValueError) as failure:
             error = str(failure)
         _raise_on_every_rank(error)
         with torch.no_grad():
@@ -333,6 +349,19 @@ class Checkpoints:
             logger.warning("%s: could not remove rank %d's files (%s)", folder, self.rank, error)
         with contextlib.suppress(OSError):  # other ranks' files are still there, or it is gone
             folder.rmdir()
+
+
+def _check_tier(model: DistributedModelParallel, cold_tier: PlannedColdTier | None) -> None:
+    """``ValueError`` unless ``cold_tier`` is given exactly when ``model`` has a planned cold tier."""
+    fae = find_fae_module(model)
+    slotted = fae is not None and fae.cold_slots is not None
+    if slotted and cold_tier is None:
+        raise ValueError(
+            "the model has a planned cold tier, whose cold rows live in host memory outside the model's "
+            "state: give its PlannedColdTier (cold_tier=)"
+        )
+    if cold_tier is not None and (not slotted or cold_tier.fae is not fae):
+        raise ValueError("cold_tier: the planned cold tier of another model")
 
 
 def _first_difference(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:

@@ -26,18 +26,22 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from itertools import pairwise
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection, part_table_name
+from fae_torchrec.modules.fae_embedding_bag import (
+    SLOT_KERNEL,
+    SLOT_SHARDING_TYPES,
+    FAEEmbeddingBagCollection,
+    part_table_name,
+)
 from fae_torchrec.modules.split_features import SplitFeatures
 from fae_torchrec.modules.state import assemble_full_tensor, initial_blocks
 from fae_torchrec.stats.hot_set import COLD, HOT, HotSet
@@ -46,13 +50,6 @@ from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.schedule import Step
 from fae_torchrec.train.slot_plan import SlotPlan, plan_slots
 from fae_torchrec.train.step import find_fae_module
-
-#: Sharding types of a slot table: each shard holds whole rows (a slot group).
-SLOT_SHARDING_TYPES = (
-    ShardingType.TABLE_WISE.value,
-    ShardingType.ROW_WISE.value,
-    ShardingType.TABLE_ROW_WISE.value,
-)
 
 
 @dataclass(frozen=True)
@@ -130,6 +127,7 @@ class PlannedColdTier:
         self._flush_next = False  # the next routed step writes every held row back first
         self._queue: deque[_Copies] = deque()
         self._evaluating = False
+        self._resumed: int | None = None  # the cold steps of the epoch a loaded state was saved after
         self.rows_in = self.rows_out = self.bytes_in = self.bytes_out = 0
         fae.cold.register_forward_pre_hook(self._before_lookup)
 
@@ -170,10 +168,17 @@ class PlannedColdTier:
                         begin - first : end - first
                     ]
 
-    def plan_epoch(self, cold_steps: Sequence[Step]) -> None:
+    def plan_epoch(self, cold_steps: Sequence[Step], start: int = 0) -> None:
         """Plan the slots of every group over ``cold_steps`` (an epoch's cold steps, in order, as every
         rank schedules them): the rows of a step are those of every rank's inputs. The rows held
-        from an earlier epoch are written back before the first of them."""
+        from an earlier epoch are written back before the first of them. ``start``: the cold steps
+        already trained, when resuming mid-epoch from a state (:meth:`load_state_dict`) saved after
+        them."""
+        if start and self._resumed != start:
+            raise ValueError(
+                f"resuming at cold step {start} of the epoch: load the tier's state saved there first "
+                f"(the loaded one: {self._resumed})"
+            )
         ids = cold_step_rows(self.partition, cold_steps, self._features)
         bounds_of = np.arange(len(cold_steps) + 1)
         self.plans = {}
@@ -191,8 +196,10 @@ class PlannedColdTier:
                     "the table more cold_slots"
                 ) from error
             self.plans[group] = plan
-        self._num_steps, self._routed = len(cold_steps), 0
-        self._flush_next = True  # rows an earlier epoch left in the slots (none: nothing to write)
+        self._num_steps, self._routed = len(cold_steps), start
+        # rows an earlier epoch left in the slots (none: nothing to write); mid-epoch, the plan's own
+        self._flush_next = not start
+        self._resumed = None
 
     def route(self, features: SplitFeatures) -> SplitFeatures:
         """The next cold step's ``features`` with its cold ids turned into slot ids; queues the step's
@@ -223,6 +230,35 @@ class PlannedColdTier:
             raise ValueError(f"{len(self._queue)} routed cold steps have not run yet: flush after them")
         for local in self._local:
             self._write_back(local, np.flatnonzero(local.held >= 0))
+
+    def state_dict(self) -> dict:
+        """This rank's part of the tier between steps, for a checkpoint beside the model's (whose slot
+        tables hold the held rows): its host rows with their optimizer state, which row each slot holds,
+        and the cold steps of the epoch routed so far."""
+        if self._queue:
+            raise ValueError(f"{len(self._queue)} routed cold steps have not run yet: save after them")
+        return {
+            "routed": self._routed,
+            "groups": [
+                {"group": astuple(local.group), "rows": dict(local.rows), "held": local.held.copy()}
+                for local in self._local
+            ],
+        }
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restore :meth:`state_dict` (with the model's state saved beside it); the epoch's plan is made
+        again when its router resumes it (``plan_epoch(..., start=)``). ``ValueError`` for the state of
+        other slot groups."""
+        groups = [tuple(saved["group"]) for saved in state["groups"]]
+        mine = [astuple(local.group) for local in self._local]
+        if groups != mine:
+            raise ValueError(f"the cold tier's state holds slot groups {groups}, this rank's are {mine}")
+        with torch.no_grad():
+            for local, saved in zip(self._local, state["groups"], strict=True):
+                for name, rows in local.rows.items():
+                    rows.copy_(saved["rows"][name])
+                local.held[:] = saved["held"]
+        self._resumed = state["routed"]
 
     @contextmanager
     def evaluating(self) -> Iterator[None]:
@@ -382,7 +418,7 @@ def _slot_groups(fae: FAEEmbeddingBagCollection) -> list[SlotGroup]:
     groups = []
     for table, num_slots in fae.cold_slots.items():
         sharding = plan[part_table_name(table, COLD)]
-        if sharding.sharding_type not in SLOT_SHARDING_TYPES or sharding.compute_kernel != "fused":
+        if sharding.sharding_type not in SLOT_SHARDING_TYPES or sharding.compute_kernel != SLOT_KERNEL:
             raise ValueError(
                 f"cold table {table}: a planned cold tier's slot table must be sharded "
                 f"{'/'.join(SLOT_SHARDING_TYPES)} on the fused kernel, not {sharding.sharding_type} on "

@@ -12,7 +12,9 @@ from torchmetrics.functional.classification import binary_auroc
 from torchrec.datasets.utils import Batch
 
 from fae_torchrec.data.block import SampleBlock
-from fae_torchrec.train.partition import HotColdPartition
+from fae_torchrec.stats.hot_set import HotSet
+from fae_torchrec.train.cold_tier import min_cold_slots
+from fae_torchrec.train.partition import HotColdPartition, with_part_ids
 from fae_torchrec.train.router import BatchRouter
 
 
@@ -44,11 +46,27 @@ def validation_batches(
 ) -> list[Batch]:
     """This rank's batches of the ``validation`` inputs (features ``keys``), the same number on every rank
     (as :func:`evaluate` needs), cut by :class:`BatchRouter` as training batches are."""
+    return [routed.batch for routed in _router(validation, keys, batch_size, world_size, rank).epoch(0)]
+
+
+def evaluation_cold_slots(
+    validation: SampleBlock, keys: tuple[str, ...], hot_set: HotSet, batch_size: int, world_size: int
+) -> dict[str, int]:
+    """Per table with cold rows of ``hot_set``, the most distinct cold rows that one evaluation step
+    (the :func:`validation_batches` of every rank) looks up: the fewest slots a planned cold tier
+    evaluates with (``PlannedColdTier.evaluating``)."""
+    router = _router(with_part_ids(validation, hot_set, keys), keys, batch_size, world_size, 0)
+    return min_cold_slots(router.partition, router.schedule(0), hot_set)
+
+
+def _router(
+    validation: SampleBlock, keys: tuple[str, ...], batch_size: int, world_size: int, rank: int
+) -> BatchRouter:
+    """The router of the ``validation`` inputs, all in cold steps, in their order."""
     everything_cold = HotColdPartition(
         validation.slice(0, 0), validation, np.zeros(len(validation), dtype=bool), keys
     )
-    router = BatchRouter(everything_cold, batch_size, world_size, rank, order="phases")
-    return [routed.batch for routed in router.epoch(0)]
+    return BatchRouter(everything_cold, batch_size, world_size, rank, order="phases")
 
 
 def repeated_inputs(validation: SampleBlock, training: HotColdPartition, chunk: int = 1 << 18) -> int:

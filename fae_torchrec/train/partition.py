@@ -227,6 +227,12 @@ def _with_part_ids(
 ) -> tuple[SampleBlock, np.ndarray]:
     """``block`` with its part ids, and which of its inputs go to the hot part: the entirely hot ones
     (no negative part id), label-balanced by ``balance``."""
+    block = with_part_ids(block, hot_set, keys)
+    return block, balanced((block.part_ids >= 0).all(axis=1), block.labels, balance, rng)
+
+
+def with_part_ids(block: SampleBlock, hot_set: HotSet, keys: Sequence[str]) -> SampleBlock:
+    """``block`` (features ``keys``) with the ids of ``hot_set``'s parts (``HotSet.signed_part_ids``)."""
     layout = hot_set.layout
     if sorted(keys) != sorted(layout.features):
         raise ValueError(f"batch features do not match the tables: {list(keys)} against {layout.features}")
@@ -237,5 +243,4 @@ def _with_part_ids(
         ],
         axis=1,
     )
-    block = SampleBlock(block.dense, block.ids, block.labels, block.ids_per_feature, part_ids)
-    return block, balanced((part_ids >= 0).all(axis=1), block.labels, balance, rng)
+    return SampleBlock(block.dense, block.ids, block.labels, block.ids_per_feature, part_ids)

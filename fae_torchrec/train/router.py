@@ -116,13 +116,18 @@ class BatchRouter:
         """This rank's batches of ``epoch`` from step ``start_step`` on.
 
         To resume mid-epoch, load the router's ``state_dict`` from the checkpoint first (the adaptive
-        order needs it) and start at its ``step``.
+        order needs it), and the planned cold tier's, and start at its ``step``.
         """
         steps = self.schedule(epoch)
         if self.cold_tier is not None:
-            if start_step:
-                raise ValueError("resuming mid-epoch with a planned cold tier is not supported yet")
-            self.cold_tier.plan_epoch([step for step in steps if not step.hot])
+            cold_done = (
+                self._position.get("cold_done", 0)
+                if self.order == "adaptive"
+                else sum(not step.hot for step in steps[:start_step])
+            )
+            self.cold_tier.plan_epoch(
+                [step for step in steps if not step.hot], start=cold_done if start_step else 0
+            )
         if self.order != "adaptive":
             for index in range(start_step, len(steps)):
                 self._position = {"epoch": epoch, "step": index + 1}
