@@ -13,11 +13,13 @@ counted steps, the pairs' mean ratio with its standard error and their median (a
 moment of the machine moves the mean), how many pairs reach 1.0x, each half's mean (a drift along the run
 would show there), and the routing time per step with the ratio over all counted steps and their routing
 (the end-to-end figure: routing runs before each step, on its critical path). ``bench_interleaved.png``
-plots the ratio per pair.
+plots the ratio per pair. ``--modes`` measures another pair of modes (``MODES``), the first over the
+second, such as FAE's planned cold tier over its caching tier (``bench_interleaved_planned_fae.png``).
 
     python benchmarks/bench_interleaved.py                            # world sizes 1 and 2: ~5 min on 2 cores
     python benchmarks/bench_interleaved.py --epochs 4 --stretch 40    # the doubling: ~10 min
     python benchmarks/bench_interleaved.py --model tbsm --batch-size 256   # TBSM, 50,000 synthetic users
+    python benchmarks/bench_interleaved.py --modes planned fae     # the planned cold tier against caching
 
 World size 1 is one process with torch's default threads; more ranks run under torchrun (one thread a
 rank). Each rank holds both models, so memory is about twice ``bench_train.py``'s.
@@ -54,8 +56,9 @@ from benchmarks.common.statistics import standard_error
 from fae_torchrec.arguments import non_negative_int, positive_int
 from fae_torchrec.train.runner import StepRunner
 
-#: Each mode with the example options that select it.
-MODES = {"fae": [], "torchrec": ["--baseline"]}
+#: Each mode with the example options that select it: FAE (its cold tier FBGEMM's caches, TorchRec's CPU
+#: kernels here), TorchRec's default planner, and FAE with the planned cold tier.
+MODES = {"fae": [], "torchrec": ["--baseline"], "planned": ["--cold-tier", "planned"]}
 #: Per stretch, as the worker records it: inputs, step seconds, routing seconds, hot steps, steps.
 FIELDS = ("inputs", "seconds", "routing_seconds", "hot_steps", "steps")
 
@@ -63,6 +66,15 @@ FIELDS = ("inputs", "seconds", "routing_seconds", "hot_steps", "steps")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--world-sizes", type=positive_int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--modes",
+        nargs=2,
+        choices=list(MODES),
+        default=["fae", "torchrec"],
+        metavar="MODE",
+        help=f"the mode measured and the one it is measured against, of {list(MODES)} (planned: FAE with "
+        "--cold-tier planned)",
+    )
     add_training_options(parser)
     parser.add_argument("--epochs", type=positive_int, default=2, help="epochs each model trains")
     parser.add_argument("--stretch", type=positive_int, default=20, help="steps of one model in a row")
@@ -110,7 +122,8 @@ def worker(args: argparse.Namespace) -> None:
     out = Path(args.out)
     try:
         steps = {}
-        for mode, extra in MODES.items():
+        for mode in args.modes:
+            extra = MODES[mode]
             options = recipes.parse_args(family, [*example_args(args), *extra, "--out", str(out / mode)])
             training = recipes.build_training(options, rank, world, device, family)
             runner = StepRunner(options.pipeline, training.model, training.optimizer, device, training.fae)
@@ -124,9 +137,10 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def summarize(stretches: dict[str, list[list[float]]], warmup_pairs: int) -> dict:
-    """Ratios FAE / baseline of the pairs counted (the warm-up and the last, partial pair left out)."""
+    """Ratios of the first mode over the second (``--modes``; FAE over the baseline) of the pairs counted
+    (the warm-up and the last, partial pair left out)."""
     counted = {mode: np.asarray(rows[warmup_pairs:-1], dtype=np.float64) for mode, rows in stretches.items()}
-    fae, baseline = counted["fae"], counted["torchrec"]
+    fae, baseline = counted.values()  # the first mode, the second
     if len(fae) < 2:
         raise ValueError(
             f"{len(fae)} pairs of stretches counted after --warmup-pairs {warmup_pairs}: need at least 2 "
@@ -149,18 +163,19 @@ def summarize(stretches: dict[str, list[list[float]]], warmup_pairs: int) -> dic
 def report(world_size: int, summary: dict, stretch: int) -> str:
     """The lines printed for one world size."""
     ratios, sps, routing = summary["ratios"], summary["samples_per_second"], summary["routing_ms"]
+    first, second = sps
     return "\n".join(
         [
             f"\nworld size {world_size}: {len(ratios)} pairs of {stretch}-step stretches counted, "
-            f"{summary['hot_share']:.1%} of FAE's steps hot",
-            f"samples/s: fae {sps['fae']:,.0f}, torchrec {sps['torchrec']:,.0f}: "
-            f"FAE / torchrec {summary['overall']:.3f}x over all counted steps",
+            f"{summary['hot_share']:.1%} of {first}'s steps hot",
+            f"samples/s: {first} {sps[first]:,.0f}, {second} {sps[second]:,.0f}: "
+            f"{first} / {second} {summary['overall']:.3f}x over all counted steps",
             f"per pair: mean {ratios.mean():.3f}x (SE {standard_error(ratios):.3f}), median "
             f"{np.median(ratios):.3f}x, "
             f"{int(np.sum(ratios >= 1))} of {len(ratios)} at least 1.0x; first half "
             f"{summary['halves'][0]:.3f}x, second half {summary['halves'][1]:.3f}x",
-            f"routing ms per step: fae {routing['fae']:.2f}, torchrec {routing['torchrec']:.2f}; "
-            f"FAE / torchrec with routing included {summary['with_routing']:.3f}x",
+            f"routing ms per step: {first} {routing[first]:.2f}, {second} {routing[second]:.2f}; "
+            f"{first} / {second} with routing included {summary['with_routing']:.3f}x",
         ]
     )
 
@@ -175,7 +190,8 @@ def plot(summaries: dict[int, dict], model: str, path: Path) -> None:
         )
     axis.axhline(1.0, color="gray", linewidth=0.8)
     axis.set_xlabel("pair of stretches")
-    axis.set_ylabel("FAE / torchrec samples/s")
+    first, second = next(iter(summaries.values()))["samples_per_second"]
+    axis.set_ylabel(f"{first} / {second} samples/s")
     axis.set_title(f"{model.upper()} on CPU, both models in one process")
     axis.legend()
     fig.tight_layout()
@@ -206,7 +222,8 @@ def main(argv: list[str] | None = None) -> dict[int, dict]:
             raise RuntimeError(f"{' '.join(command)} failed with exit status {run.returncode}:\n{tail}")
         summaries[world_size] = summarize(json.loads((out / "stretches.json").read_text()), args.warmup_pairs)
         print(report(world_size, summaries[world_size], args.stretch))
-    figure = Path(args.figures) / "bench_interleaved.png"
+    modes = "" if args.modes == ["fae", "torchrec"] else "_" + "_".join(args.modes)
+    figure = Path(args.figures) / f"bench_interleaved{modes}.png"
     plot(summaries, args.model, figure)
     print(f"\nwrote {figure}; total wall time {time.perf_counter() - started:.0f} s")
     return summaries

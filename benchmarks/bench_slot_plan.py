@@ -55,7 +55,7 @@ from benchmarks.common.id_stream import IdStream, synthetic_stream
 from fae_torchrec.arguments import non_negative_int, positive_int
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import KAGGLE_INPUTS
-from fae_torchrec.train.slot_plan import plan_slots
+from fae_torchrec.train.slot_plan import allocate_slots, plan_slots
 from fae_torchrec.units import format_bytes
 from planner import FAEShardingPlanner
 from planner.topology import make_topology
@@ -107,13 +107,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+#: A pool of slots: its lookups' steps and row keys, and its slots (in the row sample).
+Pool = tuple[np.ndarray, np.ndarray, int]
+
+
 def planned_rows(
     stream: IdStream, dim: int, world_size: int, hbm_cap: int, args: argparse.Namespace
-) -> tuple[dict[str, tuple[np.ndarray, np.ndarray, int, int]], int, int]:
-    """Per planned tier: each lookup's step and row key, the slots (in the row sample) and the step the
-    counting starts at; and the rows of device memory (d's) and FAE's hot budget (bytes)."""
+) -> tuple[dict[str, tuple[list[Pool], int]], int, int]:
+    """Per planned tier: its pools of slots and the step the counting starts at; and the rows of device
+    memory (d's) and FAE's hot budget (bytes)."""
+    topology = make_topology(world_size, hbm_cap=hbm_cap)
     fae = FAEShardingPlanner(
-        make_topology(world_size, hbm_cap=hbm_cap),
+        topology,
         stream.stats.with_embedding_dim(dim),
         batch_size=args.batch_size,
         num_candidates=args.knob_candidates,
@@ -121,26 +126,66 @@ def planned_rows(
     )
     hot_set = fae.choose_hot_set()
     capacity = int(fae.device_memory(fae.meta_module(hot_set)).sum()) // (dim * ELEMENT_BYTES)
+    no_hot = FAEShardingPlanner(
+        topology, stream.stats.with_embedding_dim(dim), batch_size=args.batch_size, hot_budget_bytes=0
+    )
     global_batch = args.batch_size * world_size
     rows = stream.rows()
     cold_inputs = ~stream.hot_inputs(hot_set)
     cold_before = np.r_[0, np.cumsum(cold_inputs)]
     cold = cold_inputs[stream.inputs] & (stream.ranks >= stream.num_hot(hot_set))
+    cold_steps = cold_before[stream.inputs[cold]] // global_batch
+    every_step = stream.inputs // global_batch
+    counted = {
+        "cold": steps_of(int(cold_before[args.warmup]), global_batch),
+        "every": steps_of(args.warmup, global_batch),
+    }
+    everything = np.ones(len(rows), dtype=bool)
     tiers = {
         "planned": (
-            cold_before[stream.inputs[cold]] // global_batch,
-            rows[cold],
-            (capacity - hot_set.total_hot) // args.sampling,
-            steps_of(int(cold_before[args.warmup]), global_batch),
+            [(cold_steps, rows[cold], (capacity - hot_set.total_hot) // args.sampling)],
+            counted["cold"],
         ),
-        "planned, no hot": (
-            stream.inputs // global_batch,
-            rows,
-            capacity // args.sampling,
-            steps_of(args.warmup, global_batch),
+        "planned, no hot": ([(every_step, rows, capacity // args.sampling)], counted["every"]),
+        "tier": (
+            table_pools(stream, cold, cold_steps, fae.cold_slot_budget(hot_set) / args.sampling, dim),
+            counted["cold"],
+        ),
+        "tier, no hot": (
+            table_pools(
+                stream,
+                everything,
+                every_step,
+                no_hot.cold_slot_budget(no_hot.choose_hot_set()) / args.sampling,
+                dim,
+            ),
+            counted["every"],
         ),
     }
     return tiers, capacity, fae.report.hot_budget_bytes
+
+
+def table_pools(stream: IdStream, mask: np.ndarray, steps: np.ndarray, budget: float, dim: int) -> list[Pool]:
+    """The planned cold tier's pools of the lookups ``mask`` selects (``steps``: theirs): one per table,
+    as a table-wise slot table is, at least a step's rows, grown within ``budget`` bytes (of the row
+    sample) where the plans copy fewest rows per byte (``allocate_slots``), as the recipe sizes them."""
+    tables, rows = stream.tables[mask], stream.rows()[mask]
+    order = np.lexsort((rows, steps, tables))
+    table, step, row = tables[order], steps[order], rows[order]
+    new_group = np.r_[True, (table[1:] != table[:-1]) | (step[1:] != step[:-1])]
+    new_row = new_group | np.r_[True, row[1:] != row[:-1]]
+    distinct = np.bincount(np.cumsum(new_group) - 1, weights=new_row)
+    floor = np.zeros(len(stream.stats.tables), dtype=np.int64)
+    np.maximum.at(floor, table[new_group], distinct.astype(np.int64))
+    present = np.flatnonzero(floor).tolist()
+    bounds = np.arange(int(steps.max(initial=-1)) + 2)
+    pools = {}
+    for t in present:
+        mine = table == t  # in step order
+        pools[t] = (row[mine], np.searchsorted(step[mine], bounds))
+    row_bytes = dict.fromkeys(present, float(dim * ELEMENT_BYTES))
+    slots = allocate_slots(pools, row_bytes, budget, {t: int(floor[t]) for t in present})
+    return [(steps[tables == t], rows[tables == t], slots[t]) for t in present]
 
 
 def compared(
@@ -166,24 +211,23 @@ def measure(
     traffic, least = compared(stream, key, fixed, capacity, args)
     where = f"{dim:>4} {world_size:>4} {format_bytes(hbm_cap):>9} {format_bytes(hot_budget):>9}"
     lines = []
-    for name, (steps, keys, slots, count_from) in tiers.items():
-        order = np.argsort(steps, kind="stable")
-        bounds = np.searchsorted(steps[order], np.arange(int(steps.max(initial=-1)) + 2))
+    for name, (pools, count_from) in tiers.items():
+        num_steps = max(int(steps.max(initial=-1)) for steps, _, _ in pools) + 1
+        slots = sum(pool[2] for pool in pools)
+        if slots > capacity // args.sampling:  # a step's rows per table, more than the memory holds
+            lines.append(
+                f"{where} | {name}: {slots * args.sampling:,} slots, more than d's {capacity:,} rows"
+            )
+            continue
         whole = None
         for window in (None, *args.windows):
-            started = time.perf_counter()
             try:
-                plan = plan_slots(keys[order], bounds, slots, window)
+                moved_rows, first_rows, seconds, nbytes = _replayed(pools, num_steps, count_from, window)
             except ValueError as error:
                 lines.append(f"{where} | {name}: {error}")
                 break
-            seconds = time.perf_counter() - started
-            loads, evictions = plan.loads_per_step(), plan.evictions_per_step()
-            # the slots' first rows loaded for free at the start, as (d)'s are
-            first_fill = np.diff(np.minimum(np.r_[0, np.cumsum(loads)], slots))
-            rows_moved = (loads - first_fill + evictions)[count_from:].sum()
             scale = dim * ELEMENT_BYTES * args.sampling / args.num_samples
-            moved, start = float(rows_moved) * scale, float(first_fill[count_from:].sum()) * scale
+            moved, start = moved_rows * scale, first_rows * scale
             whole = moved if window is None else whole
             millions = stream.num_inputs / 1e6
             lines.append(
@@ -192,9 +236,31 @@ def measure(
                 f"{_cell(traffic, 'd')} {_cell(traffic, FAE_PLAN)} {_cell(traffic, LEAST)} | "
                 f"{_ratio(moved, traffic['d']):>5} {_ratio(moved, traffic.get(LEAST)):>5} "
                 f"{_ratio(moved, whole):>6} | {seconds / millions:>6.2f} "
-                f"{plan.nbytes / millions / (1 << 20):>6.1f}{'' if window else f'  {least}'}"
+                f"{nbytes / millions / (1 << 20):>6.1f}{'' if window else f'  {least}'}"
             )
     return lines
+
+
+def _replayed(
+    pools: list[Pool], num_steps: int, count_from: int, window: int | None
+) -> tuple[float, float, float, int]:
+    """The slot plans of ``pools`` over ``num_steps`` steps (look-ahead ``window``): the rows they move
+    from step ``count_from`` on (in and back) once each pool's first rows are loaded for free, as (d)'s
+    are, and those first rows; the plans' seconds and the bytes of their arrays."""
+    moved = first = seconds = 0.0
+    nbytes = 0
+    for steps, keys, slots in pools:
+        order = np.argsort(steps, kind="stable")
+        bounds = np.searchsorted(steps[order], np.arange(num_steps + 1))
+        started = time.perf_counter()
+        plan = plan_slots(keys[order], bounds, slots, window)
+        seconds += time.perf_counter() - started
+        nbytes += plan.nbytes
+        loads, evictions = plan.loads_per_step(), plan.evictions_per_step()
+        first_fill = np.diff(np.minimum(np.r_[0, np.cumsum(loads)], slots))
+        moved += float((loads - first_fill + evictions)[count_from:].sum())
+        first += float(first_fill[count_from:].sum())
+    return moved, first, seconds, nbytes
 
 
 def _cell(traffic: dict[str, float], name: str) -> str:

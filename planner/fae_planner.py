@@ -25,7 +25,7 @@ import logging
 import multiprocessing
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from copy import deepcopy
 from dataclasses import replace
@@ -47,7 +47,7 @@ from fae_torchrec.modules import FAEEmbeddingBagCollection
 from fae_torchrec.stats import COLD, HOT, AccessStats, HotSet
 from fae_torchrec.torchrec_compat import best_plan
 from fae_torchrec.units import format_bytes
-from planner.cache_sizing import ColdCacheSizing, cold_rows, smallest_load_factors
+from planner.cache_sizing import ColdCacheSizing, smallest_load_factors
 from planner.constraints import (
     StepPooling,
     check_cache_params,
@@ -292,26 +292,18 @@ class FAEShardingPlanner(ShardingPlanner):
         self._chosen = (hot_set, sizing)
         return sizing
 
-    def cold_slots(self, hot_set: HotSet, floor: Mapping[str, int]) -> dict[str, int]:
-        """The slots of each cold table of ``hot_set`` for a planned cold tier (``cold_slots``): as many
-        rows with their optimizer state as the device memory the knob's plan gives that table's UVM
-        cache (or its whole cold part), so that the tier has the caches' memory; at least ``floor`` (the
-        distinct rows of a cold step, ``min_cold_slots``) and at most the table's cold rows. On a CPU
-        topology, which has no device memory to fill, and where no sizing places, ``floor``."""
-        sizing = self._sizing(hot_set) if self.topology.compute_device == "cuda" else None
-        slots = dict(floor)
-        if sizing is None or not sizing[0]:
-            return slots
-        world = self.topology.world_size
-        caches = cold_cache_statistics(self.stats, hot_set, self.batch_size * world)
-        cold = ColdCacheSizing(self.stats, hot_set, caches, self.optimizer_class)
-        device_bytes = cold.device_bytes(sizing[0])
-        row_bytes = self.stats.layout.row_bytes(self.optimizer_class)
-        for t, (config, rows) in enumerate(zip(self.stats.tables, cold_rows(hot_set), strict=True)):
-            if config.name in slots:
-                fitting = int(device_bytes[t] // row_bytes[t])
-                slots[config.name] = int(min(rows, max(slots[config.name], fitting)))
-        return slots
+    def cold_slot_budget(self, hot_set: HotSet) -> float | None:
+        """The device memory (bytes, all devices together) that a planned cold tier's slot tables may
+        take beside ``hot_set``'s hot rows: what the caching tier's cold caches may take; None on a CPU
+        topology, which has no device memory to fill."""
+        if self.topology.compute_device != "cuda":
+            return None
+        return self._cache_budget(self.device_memory(self.meta_module(hot_set)), hot_set)
+
+    def _cache_budget(self, memory: np.ndarray, hot_set: HotSet) -> float:
+        """The device memory the cold parts may take: ``CACHE_SHARE`` of what the hot rows leave of
+        ``memory`` (``device_memory``)."""
+        return CACHE_SHARE * max(float(memory.sum()) - hot_set.hot_bytes(self.optimizer_class), 0.0)
 
     def collective_plan(
         self,
@@ -366,7 +358,7 @@ class FAEShardingPlanner(ShardingPlanner):
         pooling = step_pooling(self.stats, hot_set)
         caches = cold_cache_statistics(self.stats, hot_set, self.batch_size * world, pooling)
         memory = self.device_memory(module)
-        cache_budget = CACHE_SHARE * max(float(memory.sum()) - hot_set.hot_bytes(self.optimizer_class), 0.0)
+        cache_budget = self._cache_budget(memory, hot_set)
         device = self.topology.compute_device
         candidates, failures = [], []
 

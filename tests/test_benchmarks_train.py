@@ -217,3 +217,18 @@ def test_bench_accuracy_reads_real_rows_where_they_are(tmp_path):
     for mode in ("stream", "baseline"):
         metrics = json.loads((tmp_path / f"{mode}-1" / "metrics.json").read_text())
         assert metrics["train_inputs"] == 9_000, "the real rows, one in ten held out"
+
+
+@pytest.mark.benchmark
+def test_bench_interleaved_measures_the_planned_cold_tier_against_caching(tmp_path):
+    """``--modes planned fae``: FAE with its planned cold tier over FAE with its caching tier, both on the
+    same schedule (the same hot steps in the same stretches)."""
+    out = _script("benchmarks/bench_interleaved.py", *TINY, "--world-sizes", "1", "--stretch", "2",
+                  "--epochs", "1", "--modes", "planned", "fae", "--out", str(tmp_path), "--figures",
+                  str(tmp_path))  # fmt: skip
+    stretches = json.loads((tmp_path / "ws1" / "stretches.json").read_text())
+    assert list(stretches) == ["planned", "fae"]
+    planned, fae = (np.asarray(rows) for rows in stretches.values())
+    assert planned[:, 3].sum() > 0 and np.array_equal(planned[:, 3], fae[:, 3]), "the same hot steps"
+    assert re.search(r"^samples/s: planned [\d,]+, fae [\d,]+: planned / fae [\d.]+x", out, re.M), out
+    assert (tmp_path / "bench_interleaved_planned_fae.png").read_bytes()[:4] == b"\x89PNG"

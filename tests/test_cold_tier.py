@@ -7,6 +7,7 @@ go; both models train on the same batches under DMP (gloo, CPU), the slot tables
 row-wise, and the parameters end equal in the original layout, with exactly the used rows moved.
 """
 
+import argparse
 from itertools import islice
 
 import numpy as np
@@ -21,10 +22,11 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from fae_torchrec import FAEEmbeddingBagCollection
 from fae_torchrec.modules.fae_embedding_bag import part_table_name
 from fae_torchrec.modules.state import gather_full_state_dict, load_initial_tables
+from fae_torchrec.recipes.slots import slot_sizing
 from fae_torchrec.stats.hot_set import COLD
 from fae_torchrec.train.checkpoint import Checkpoints
 from fae_torchrec.train.cold_tier import PlannedColdTier, cold_step_rows, min_cold_slots
-from fae_torchrec.train.evaluation import evaluate, validation_batches
+from fae_torchrec.train.evaluation import evaluate, evaluation_cold_slots, validation_batches
 from fae_torchrec.train.optimizers import EmbeddingOptimizer
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.router import BatchRouter
@@ -111,7 +113,7 @@ def _planned_training(
     assert cold_types == {"row_wise" if row_wise_cold else "table_wise"}
 
     partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
-    tier = PlannedColdTier(fae_dmp, partition, window=window)
+    tier = PlannedColdTier(fae_dmp, window=window)
     assert len(tier.groups) == len(slots) * (2 if row_wise_cold else 1)  # a group per row-wise shard
     tier.load_ebc_state_dict(initial)
     router = BatchRouter(partition, 32, world_size=world_size, rank=rank, seed=1)
@@ -154,7 +156,7 @@ def _planned_training(
         assert rows_in == sum(int(p.loads_per_step()[:cold_steps].sum()) for p in tier.plans.values())
         assert sum(int(p.evictions_per_step()[:cold_steps].sum()) for p in tier.plans.values()) > 0
     batches = [step.batch for step in routed]
-    cold = tier.gather_cold_state()
+    cold = tier.gather_cold_state()["weight"]
     _assert_trained_alike(base_dmp, fae_dmp, "dlrm", tables, batches, initial, initial_dense, tolerance, cold)
 
 
@@ -228,16 +230,18 @@ def _sharded(tables, hot_set, slots, world_size: int, sharding_type: str = "tabl
 
 
 def _initial_tables(rank: int, world_size: int) -> None:
-    data, tables, _, hot_set = _setup("dlrm", world_size)
+    _, tables, _, hot_set = _setup("dlrm", world_size)
     baseline, _ = _sharded(tables, None, None, world_size)
     load_initial_tables(baseline.module.get_submodule(PREFIX.rstrip(".")), tables, seed=7)
     model, _ = _sharded(tables, hot_set, _slots(hot_set, world_size, False), world_size)
     split = model.module.get_submodule(PREFIX.rstrip("."))
     load_initial_tables(split, tables, seed=7)
-    tier = PlannedColdTier(model, HotColdPartition.of(data.blocks(), hot_set, data.feature_names))
+    tier = PlannedColdTier(model)
     tier.load_initial_tables(tables, seed=7)
     expected = gather_full_state_dict(baseline)
-    actual = gather_full_state_dict(model) | {PREFIX + k: v for k, v in tier.gather_cold_state().items()}
+    actual = gather_full_state_dict(model) | {
+        PREFIX + k: v for k, v in tier.gather_cold_state()["weight"].items()
+    }
     for name, value in split.ebc_state_dict(actual, PREFIX).items():
         assert torch.equal(value, expected[PREFIX + name]), name
 
@@ -250,7 +254,7 @@ def test_the_cold_rows_start_as_the_baselines_initial_tables(tmp_path):
 
 def _misuses(rank: int, world_size: int, directory: str) -> None:
     """Each misuse of a planned cold tier is refused with a message that names it."""
-    data, tables, _, hot_set = _setup("dlrm", world_size)
+    data, tables, stats, hot_set = _setup("dlrm", world_size)
     partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
 
     def sharded(slots, sharding_type="table_wise"):
@@ -259,14 +263,14 @@ def _misuses(rank: int, world_size: int, directory: str) -> None:
     slots = _slots(hot_set, world_size, False)
     model, optimizer = sharded(slots, "data_parallel")
     with pytest.raises(ValueError, match=r"slot table must be sharded .* not data_parallel on dense"):
-        PlannedColdTier(model, partition)
+        PlannedColdTier(model)
     model, optimizer = sharded(slots)
-    tier = PlannedColdTier(model, partition)
+    tier = PlannedColdTier(model)
     with pytest.raises(ValueError, match="give the router split= too"):
         BatchRouter(partition, 32, world_size, rank, cold_tier=tier)
-    other = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
-    with pytest.raises(ValueError, match="plans another partition"):
-        BatchRouter(other, 32, world_size, rank, split=model, cold_tier=tier)
+    other = HotColdPartition.of(data.blocks(), stats.hot_set(24 << 10), data.feature_names)
+    with pytest.raises(ValueError, match="the partition was made with another hot set"):
+        tier.plan_epoch(other, [])
     router = BatchRouter(partition, 32, world_size, rank, split=model, cold_tier=tier)
     with pytest.raises(ValueError, match=r"resuming at cold step \d+ of the epoch: load the tier's state"):
         next(router.epoch(0, start_step=3))
@@ -286,7 +290,7 @@ def _misuses(rank: int, world_size: int, directory: str) -> None:
         Checkpoints(directory, {}).save(0, model, optimizer, {})
     few = {table: 2 for table in slots}
     model, optimizer = sharded(few)
-    tier = PlannedColdTier(model, partition)
+    tier = PlannedColdTier(model)
     with pytest.raises(
         ValueError, match=r"cold table \w+, slots 0:2: step \d+ looks up \d+ distinct rows, more"
     ):
@@ -297,3 +301,26 @@ def _misuses(rank: int, world_size: int, directory: str) -> None:
 
 def test_misuses_of_a_planned_cold_tier_are_refused(tmp_path):
     run_on_ranks(_misuses, 1, tmp_path, str(tmp_path / "checkpoints"))
+
+
+def test_the_recipe_sizes_slots_from_a_step_and_grows_them_within_a_budget():
+    """``slot_sizing``: without a budget (CPU) each cold table gets the rows of its busiest training or
+    evaluation step; within a budget (CUDA's ``cold_slot_budget``) the slots grow, never past it; a
+    resumed run's slots are kept."""
+    data, _, _, hot_set = _setup("dlrm", 1)
+    partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
+    args = argparse.Namespace(
+        batch_size=32, order="stream", order_seed=None, seed=0, epochs=2, optimizer="sgd"
+    )
+    validation = partition.cold.slice(0, 64).without_part_ids()
+    floor = slot_sizing(args, [partition], validation, hot_set, 1, 0.0)(None)
+    steps = [BatchRouter(partition, 32, seed=0).schedule(e) for e in range(2)]
+    trained = [min_cold_slots(partition, s, hot_set) for s in steps]
+    evaluated = evaluation_cold_slots(validation, partition.keys, hot_set, 32, 1)
+    assert floor == {t: max(evaluated[t], *(f[t] for f in trained)) for t in evaluated}
+    row_bytes = dict(zip(hot_set.layout.names, hot_set.layout.row_bytes(), strict=True))
+    budget = 2.0 * sum(floor[t] * row_bytes[t] for t in floor)
+    grown = slot_sizing(args, [partition], validation, hot_set, 1, 0.0)(budget)
+    assert all(grown[t] >= floor[t] for t in floor) and grown != floor
+    assert sum(grown[t] * row_bytes[t] for t in grown) <= budget
+    assert slot_sizing(args, [partition], validation, hot_set, 1, 0.0, saved={"t": 3})(budget) == {"t": 3}

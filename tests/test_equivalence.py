@@ -104,10 +104,13 @@ def _setup(model: str, world_size: int):
     return data, tables, stats, stats.hot_set(48 << 10)
 
 
-def _baseline_and_fae(model: str, world_size: int, embedding: EmbeddingOptimizer, constrained: bool, setup):
+def _baseline_and_fae(
+    model: str, world_size: int, embedding: EmbeddingOptimizer, constrained: bool, setup, cold_slots=None
+):
     """The baseline and the FAE model of ``setup`` (``_setup``'s data, tables, stats and hot set) sharded
     under DMP from the same initial state, their unfused optimizers, and that state: (baseline DMP,
-    its optimizer, FAE DMP, its optimizer, initial tables, initial model state)."""
+    its optimizer, FAE DMP, its optimizer, initial tables, initial model state). With ``cold_slots`` the
+    FAE model's cold part holds slots (its cold rows are for a planned cold tier to set)."""
     prefix = PREFIXES[model]
     _, tables, stats, hot_set = setup
     table_wise = {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in tables}
@@ -119,7 +122,13 @@ def _baseline_and_fae(model: str, world_size: int, embedding: EmbeddingOptimizer
     initial = {name: value.clone() for name, value in baseline_ebc.state_dict().items()}
     baseline = _model(model, baseline_ebc)
     initial_dense = {name: value.clone() for name, value in baseline.state_dict().items()}
-    fae = _model(model, FAEEmbeddingBagCollection.from_ebc(baseline_ebc, hot_set))
+    if cold_slots is None:
+        split = FAEEmbeddingBagCollection.from_ebc(baseline_ebc, hot_set)
+    else:
+        split = FAEEmbeddingBagCollection(tables, hot_set, cold_slots=cold_slots)
+        hot_rows = {k: v for k, v in split.split_state(initial).items() if not k.startswith("cold.")}
+        split.load_state_dict(hot_rows, strict=False)
+    fae = _model(model, split)
     fae.load_state_dict(baseline.state_dict(), strict=False)  # the same dense layers
     base_dmp, base_optimizer, base_plan = _shard(
         baseline,

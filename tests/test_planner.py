@@ -439,27 +439,29 @@ def test_a_plans_step_in_hbm_prices_its_own_layout_without_transfers(tbsm_stats)
 def test_a_planned_cold_tiers_slots_get_the_caches_memory_and_plan_as_plain_rows(
     kaggle_stats, compute_device
 ):
-    """``cold_slots`` gives each cold table the device memory the knob's plan gives its cache (as many rows
-    with their optimizer state; at least the floor, at most the cold rows; on CPU the floor), and TorchRec,
-    unconstrained by the user, plans the slot tables on the fused kernel in whole-row shards."""
+    """``cold_slot_budget`` gives the slot tables the device memory the cold caches may take (none on
+    CPU), and TorchRec, unconstrained by the user, plans slot tables of that size on the fused kernel in
+    whole-row shards, within the device memory."""
     stats = _stats_at_dim(kaggle_stats, 128)
     hbm_cap = GIB
     topology = Topology(world_size=8, compute_device=compute_device, hbm_cap=hbm_cap)
     planner = FAEShardingPlanner(topology, stats, batch_size=2048, hot_budget_bytes=GIB // 8)
     hot_set = planner.choose_hot_set()
+    budget = planner.cold_slot_budget(hot_set)
     cold_rows = {
         c.name: c.num_embeddings - len(h) for c, h in zip(stats.tables, hot_set.hot_ids, strict=True)
     }
-    floor = {name: min(rows, 4096) for name, rows in cold_rows.items() if rows}
-    slots = planner.cold_slots(hot_set, floor)
-    assert slots.keys() == floor.keys()
-    assert all(floor[name] <= slots[name] <= cold_rows[name] for name in slots)
+    cold_rows = {name: rows for name, rows in cold_rows.items() if rows}
     if compute_device == "cpu":
-        assert slots == floor
+        assert budget is None
+        slots = dict.fromkeys(cold_rows, 4096)
     else:
-        assert floor["t_cat_2"] < slots["t_cat_2"] < cold_rows["t_cat_2"], (
-            "the largest cold part gets a cache's rows"
-        )
+        memory = float(planner.device_memory(planner.meta_module(hot_set)).sum())
+        assert 0 < budget < memory - hot_set.hot_bytes()
+        row_bytes = stats.layout.row_bytes()[0]  # dim 128, every table
+        slots = {
+            name: min(rows, int(budget / len(cold_rows) / row_bytes)) for name, rows in cold_rows.items()
+        }
     model = FAEEmbeddingBagCollection(stats.tables, hot_set, device=torch.device("meta"), cold_slots=slots)
     plan = planner.plan(model, get_default_sharders())
     cold = plan.plan["cold"]

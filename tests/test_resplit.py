@@ -13,6 +13,7 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.modules.state import gather_full_state_dict
+from fae_torchrec.train.cold_tier import PlannedColdTier
 from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.resplit import gather_unsplit_state, load_unsplit_state
@@ -21,6 +22,7 @@ from fae_torchrec.train.schedule import make_schedule, trained_inputs
 from fae_torchrec.train.step import find_fae_module, train_step
 from planner import FAEShardingPlanner
 from tests.distributed import run_on_ranks
+from tests.test_cold_tier import _slots
 from tests.test_equivalence import (
     OPTIMIZERS,
     STEPS,
@@ -59,16 +61,28 @@ def _replanned(model, stats, hot_set, world_size: int, embedding: EmbeddingOptim
     return dmp, unfused_optimizer(dmp, embedding, lambda params: torch.optim.SGD(params, lr=0.1))
 
 
-def _training_with_a_replan(rank: int, world_size: int, optimizer_name: str, constrained: bool) -> None:
+def _training_with_a_replan(
+    rank: int, world_size: int, optimizer_name: str, constrained: bool, tiered: bool = False
+) -> None:
+    """The baseline and FAE trained on the same batches, FAE re-planned after ``REPLAN_AT`` steps; with
+    ``tiered`` its cold rows in a planned cold tier before and after the re-plan."""
     optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
     embedding = EmbeddingOptimizer(optimizer, kwargs)
     setup = _setup("dlrm", world_size)
     data, tables, _, hot_set = setup
     keys = data.feature_names
-    base_dmp, base_optimizer, fae_dmp, fae_optimizer, initial, initial_dense = _baseline_and_fae(
-        "dlrm", world_size, embedding, constrained, setup
-    )
     new_stats, new_hot_set = _new_hot_set(data, tables)
+    # a planned cold tier's slots before and after: room for a step's rows
+    slots = {
+        name: _slots(h, world_size, False) if tiered else None
+        for name, h in (("old", hot_set), ("new", new_hot_set))
+    }
+    base_dmp, base_optimizer, fae_dmp, fae_optimizer, initial, initial_dense = _baseline_and_fae(
+        "dlrm", world_size, embedding, constrained, setup, slots["old"]
+    )
+    tier = PlannedColdTier(fae_dmp) if tiered else None
+    if tier is not None:
+        tier.load_ebc_state_dict(initial)
     old_hot = [set(ids.tolist()) for ids in hot_set.hot_ids]
     new_hot = [set(ids.tolist()) for ids in new_hot_set.hot_ids]
     assert any(o - n for o, n in zip(old_hot, new_hot, strict=True)), "no row cools"
@@ -87,28 +101,34 @@ def _training_with_a_replan(rank: int, world_size: int, optimizer_name: str, con
         assert any(r.hot for r in routed) and not all(r.hot for r in routed), "hot and cold steps"
         phases.append([r.batch for r in routed])
 
-    split = BatchRouter(
-        partition, 32, world_size=world_size, rank=rank, seed=1, split=find_fae_module(fae_dmp).split
-    )
+    split = BatchRouter(partition, 32, world_size, rank, seed=1, split=fae_dmp, cold_tier=tier)
     for batch, routed in zip(phases[0], split.epoch(0), strict=False):
         train_step(base_dmp, batch, base_optimizer)
         train_step(fae_dmp, routed.batch, fae_optimizer)
 
-    state = gather_unsplit_state(fae_dmp, fae_optimizer, embedding)
+    state = gather_unsplit_state(fae_dmp, fae_optimizer, embedding, tier)
     torch.manual_seed(0)
-    meta = _model("dlrm", FAEEmbeddingBagCollection(tables, new_hot_set, device=torch.device("meta")))
-    new_dmp, new_optimizer = _replanned(meta, new_stats, new_hot_set, world_size, embedding, constrained)
-    load_unsplit_state(new_dmp, new_optimizer, embedding, state)
+    meta = FAEEmbeddingBagCollection(
+        tables, new_hot_set, device=torch.device("meta"), cold_slots=slots["new"]
+    )
+    new_dmp, new_optimizer = _replanned(
+        _model("dlrm", meta), new_stats, new_hot_set, world_size, embedding, constrained
+    )
+    tier = PlannedColdTier(new_dmp) if tiered else None
+    load_unsplit_state(new_dmp, new_optimizer, embedding, state, tier)
     del fae_dmp, fae_optimizer
 
-    split = BatchRouter(
-        remainder, 32, world_size=world_size, rank=rank, seed=1, split=find_fae_module(new_dmp).split
-    )
+    split = BatchRouter(remainder, 32, world_size, rank, seed=1, split=new_dmp, cold_tier=tier)
     for batch, routed in zip(phases[1], split.epoch(0), strict=False):
         train_step(base_dmp, batch, base_optimizer)
         train_step(new_dmp, routed.batch, new_optimizer)
     batches = phases[0] + phases[1]
-    _assert_trained_alike(base_dmp, new_dmp, "dlrm", tables, batches, initial, initial_dense, tolerance)
+    cold = None
+    if tier is not None:
+        tier.flush()
+        cold = tier.gather_cold_state()["weight"]
+        assert tier.rows_in > 0
+    _assert_trained_alike(base_dmp, new_dmp, "dlrm", tables, batches, initial, initial_dense, tolerance, cold)
 
 
 @pytest.mark.slow
@@ -123,6 +143,15 @@ def test_training_with_a_replan_ends_with_the_baseline_parameters(tmp_path, worl
 @pytest.mark.slow
 def test_a_replan_between_table_wise_plans_is_exact(tmp_path):
     run_on_ranks(_training_with_a_replan, 2, tmp_path, "adagrad", True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("optimizer_name", "world_size"), [("rowwise_adagrad", 1), ("adagrad", 2)])
+def test_a_replan_with_a_planned_cold_tier_is_exact(tmp_path, optimizer_name, world_size):
+    """The cold rows and their optimizer state move from the old tier's host rows, through the unsplit
+    layout, into the new model's hot part and the new tier's host rows; TorchRec's unconstrained plans
+    (slot tables on the fused kernel, table-wise, whatever the rest)."""
+    run_on_ranks(_training_with_a_replan, world_size, tmp_path, optimizer_name, False, True)
 
 
 def _round_trip(rank: int, world_size: int) -> None:

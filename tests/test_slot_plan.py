@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.common.cache_model import BatchedKeys, belady_moves
-from fae_torchrec.train.slot_plan import SlotPlan, plan_slots
+from fae_torchrec.train.slot_plan import SlotPlan, allocate_slots, plan_slots
 
 
 def _skewed_steps(seed: int, steps: int = 60, per_step: int = 12, rows: int = 200) -> tuple:
@@ -145,3 +145,28 @@ def test_bad_inputs_are_refused_by_name():
 def test_an_empty_epoch_plans_nothing():
     plan = plan_slots(np.zeros(0, dtype=np.int64), np.array([0, 0, 0]), 3)
     assert plan.num_steps == 2 and plan.rows_in == plan.rows_out == 0 and len(plan.resident_rows) == 0
+
+
+def _copies(pool: tuple, slots: int) -> int:
+    plan = plan_slots(*pool, slots)
+    return plan.rows_in + plan.rows_out
+
+
+def test_slots_go_where_the_copies_fall_most_per_byte():
+    """A pool whose rows come back (a skewed stream) gets the budget; one whose every row is new (no
+    plan copies fewer with more slots) keeps its floor; the sizes fit the budget and copy no more than
+    the same budget split evenly."""
+    skewed = _skewed_steps(3, steps=80)
+    fresh = (np.arange(80 * 12), np.arange(0, 80 * 12 + 1, 12))
+    pools, floor = {"skewed": skewed, "fresh": fresh}, {"skewed": 12, "fresh": 12}
+    row_bytes = {"skewed": 8.0, "fresh": 16.0}
+    budget = 8.0 * 12 + 16.0 * 12 + 8.0 * 60
+    sizes = allocate_slots(pools, row_bytes, budget, floor)
+    assert sizes["fresh"] == 12 and 12 < sizes["skewed"] <= len(np.unique(skewed[0]))
+    assert sum(sizes[p] * row_bytes[p] for p in pools) <= budget
+    even = {"skewed": 12 + 30, "fresh": 12 + 15}  # the same bytes split evenly
+    assert sum(_copies(pools[p], sizes[p]) for p in pools) < sum(_copies(pools[p], even[p]) for p in pools)
+    assert allocate_slots(pools, row_bytes, budget, floor, window=4)["fresh"] == 12
+    assert allocate_slots(pools, row_bytes, 100.0, floor) == floor, "floors over the budget: as they are"
+    roomy = allocate_slots(pools, row_bytes, 1e9, floor)
+    assert roomy["skewed"] == len(np.unique(skewed[0])), "no more slots than distinct rows"

@@ -23,15 +23,16 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.keyed import CombinedOptimizer
 
-from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.modules import FAEEmbeddingBagCollection, load_initial_tables
 from fae_torchrec.recipes.family import ModelFamily
+from fae_torchrec.recipes.options import order_seed
+from fae_torchrec.recipes.slots import SlotSizing, slot_sizing
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import EVERYTHING_HOT, HotSet
 from fae_torchrec.stats.hot_share import estimate_hot_share
 from fae_torchrec.tables import TableLayout
-from fae_torchrec.train.cold_tier import PlannedColdTier, min_cold_slots
-from fae_torchrec.train.evaluation import evaluation_cold_slots, repeated_inputs
+from fae_torchrec.train.cold_tier import PlannedColdTier
+from fae_torchrec.train.evaluation import repeated_inputs
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS, EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.prepare import NAMED_PARAMETERS, PreparedData, on_rank_zero, prepare_data
@@ -207,10 +208,12 @@ def build_training(
     device: torch.device,
     family: ModelFamily,
     replanned: Replanned | None = None,
+    saved_slots: Mapping[str, int] | None = None,
 ) -> Training:
     """Prepare the data (:func:`prepare`), build and plan the model of ``args`` (FAE's, or the baseline's
     with ``--baseline``), shard it with DMP in its initial state and make its router. ``replanned``: a
-    resumed run's last re-plan, whose hot set, statistics and partition replace the profile's."""
+    resumed run's last re-plan, whose hot set, statistics and partition replace the profile's;
+    ``saved_slots``: a resumed run's planned cold tier's slots (the planner sizes them alike)."""
     if args.optimizer == "adam" and device.type == "cpu":
         raise ValueError(
             "--optimizer adam: FBGEMM has no fused Adam on CPU; use it on GPU, or another optimizer"
@@ -234,15 +237,16 @@ def build_training(
     # a resumed re-plan's hot set is not the plan's: planned again, as the re-plan was
     plan_file = plan_file if replanned is None else None
     warmup = args.warmup if replanned is None else 0.0
-    floor = None
+    sizing = None
     if hot_set is not None and args.cold_tier == "planned":
-        floor = _slot_floor(args, partition, data.validation, hot_set, world, warmup)
-    plan, dmp, dense = shard_model(args, family, tables, stats, hot_set, world, device, plan_file, floor)
+        # a resumed run's slots as the run that saved sized them (its --epochs may differ)
+        sizing = slot_sizing(args, [partition], data.validation, hot_set, world, warmup, saved_slots)
+    plan, dmp, dense = shard_model(args, family, tables, stats, hot_set, world, device, plan_file, sizing)
     # the same initial tables on every rank and in both layouts, made a block at a time in the shards
     load_initial_tables(dmp.module.get_submodule(family.sparse_path), tables, args.seed)
     cold_tier = None
-    if floor is not None:
-        cold_tier = PlannedColdTier(dmp, partition)
+    if sizing is not None:
+        cold_tier = PlannedColdTier(dmp)
         cold_tier.load_initial_tables(tables, args.seed)
     router = make_router(args, partition, world, rank, dmp, warmup=warmup, cold_tier=cold_tier)
     mode = args.baseline or "fae"
@@ -255,27 +259,6 @@ def build_training(
     return Training(mode, tables, data, plan, dmp, dense, router, hot_set is not None, stats, cold_tier)
 
 
-def _slot_floor(
-    args: argparse.Namespace,
-    partition: HotColdPartition,
-    validation: SampleBlock | None,
-    hot_set: HotSet,
-    world: int,
-    warmup: float,
-) -> dict[str, int]:
-    """The fewest slots of each cold table that every epoch of the run can train and evaluate with: the
-    most distinct cold rows of one cold step of its schedules (``min_cold_slots``) or of one evaluation
-    step (``evaluation_cold_slots``)."""
-    schedules = BatchRouter(
-        partition, args.batch_size, world, order=args.order, seed=_order_seed(args), warmup=warmup
-    )
-    floors = [min_cold_slots(partition, schedules.schedule(epoch), hot_set) for epoch in range(args.epochs)]
-    if validation is not None and len(validation):
-        keys = partition.keys
-        floors.append(evaluation_cold_slots(validation, keys, hot_set, args.batch_size, world))
-    return {table: max(floor[table] for floor in floors) for table in floors[0]}
-
-
 def shard_model(
     args: argparse.Namespace,
     family: ModelFamily,
@@ -285,12 +268,12 @@ def shard_model(
     world: int,
     device: torch.device,
     plan_file: PlanFile | None = None,
-    slot_floor: Mapping[str, int] | None = None,
+    slot_sizing: SlotSizing | None = None,
 ) -> tuple[ShardingPlan, DistributedModelParallel, CombinedOptimizer]:
     """``args``' model, split by ``hot_set`` (None: the baseline's, unsplit), planned from ``stats`` (or
     with ``plan_file``'s plan, made for ``hot_set``) and sharded by DMP with its tables not yet set, and
-    its unfused optimizer (collective). With ``slot_floor`` (the fewest slots of each cold table) its
-    cold part is a planned cold tier's slot tables, as many slots as the planner sizes."""
+    its unfused optimizer (collective). With ``slot_sizing`` its cold part is a planned cold tier's slot
+    tables, sized within the planner's budget for them (``cold_slot_budget``)."""
     mode = args.baseline or "fae"
     hbm_cap = parse_bytes(args.hbm_cap) if args.hbm_cap is not None and device.type != "cpu" else None
     budget = parse_bytes(args.budget)
@@ -304,11 +287,8 @@ def shard_model(
             optimizer_class=EMBEDDING_OPTIMIZERS[args.optimizer],
         )  # fmt: skip
     cold_slots = None
-    if slot_floor is not None:
-        cold_slots = planner.cold_slots(hot_set, slot_floor)
-        logger.info(
-            "planned cold tier: slots per cold table %s (one cold step needs %s)", cold_slots, slot_floor
-        )
+    if slot_sizing is not None:
+        cold_slots = slot_sizing(planner.cold_slot_budget(hot_set))
     sparse = (
         EmbeddingBagCollection(tables, device=meta)
         if hot_set is None
@@ -386,14 +366,9 @@ def make_router(
     part ids, and routes cold batches through ``cold_tier``)."""
     fae = find_fae_module(model)
     return BatchRouter(
-        partition, args.batch_size, world, rank, order=args.order, seed=_order_seed(args), warmup=warmup,
+        partition, args.batch_size, world, rank, order=args.order, seed=order_seed(args), warmup=warmup,
         split=None if fae is None else fae.split, cold_tier=cold_tier,
     )  # fmt: skip
-
-
-def _order_seed(args: argparse.Namespace) -> int:
-    """The seed of the step orders: ``--order-seed``, else ``--seed``."""
-    return args.seed if args.order_seed is None else args.order_seed
 
 
 def _planner(

@@ -134,7 +134,7 @@ def _train(
 ) -> dict:
     checkpoints, summary = _checked_checkpoints(args, resume_config(args, family))
     replanned = None if args.baseline else resumed_replan(args, summary)
-    training = build_training(args, rank, world, device, family, replanned)
+    training = build_training(args, rank, world, device, family, replanned, summary.get("cold_slots"))
     mode, tables, partition = training.mode, training.tables, training.data.partition
     num_train = len(partition.hot) + len(partition.cold)
     validation = validation_batches(training.data.validation, partition.keys, args.batch_size, world, rank)
@@ -224,6 +224,8 @@ def _train(
                 if replanning is not None:
                     position["replanning"] = replanning.state_dict()
                     summary = replanning.summary(training)
+                if training.cold_tier is not None:  # what the resumed model's slots are sized from
+                    summary["cold_slots"] = dict(training.cold_tier.fae.cold_slots)
                 checkpoints.save(
                     step_index, runner.paused(), training.optimizer, position, summary,
                     cold_tier=training.cold_tier,

@@ -177,6 +177,11 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
     return args
 
 
+def order_seed(args: argparse.Namespace) -> int:
+    """The seed of the step orders: ``--order-seed``, else ``--seed``."""
+    return args.seed if args.order_seed is None else args.order_seed
+
+
 def replan_policy(words: list[str], window: int) -> ReplanPolicy:
     """``--replan``'s words as a policy: ``never``, ``auto`` or ``every N``."""
     from fae_torchrec.train.replan import ReplanPolicy
@@ -202,7 +207,6 @@ def _invalid_combination(args: argparse.Namespace) -> str | None:
             ("--baseline", args.baseline, "TorchRec's unsplit tables have no cold part"),
             ("--plan", args.plan, "a plan file holds caches for the cold part, not slots; let the run plan"),
             ("--pipeline prefetch", args.pipeline == "prefetch", "there is no cache to prefetch into"),
-            ("--replan", args.replan != ["never"], "re-plans of a planned cold tier are not built yet"),
         )
         for option, given, why in refused:
             if given:

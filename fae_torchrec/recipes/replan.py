@@ -24,11 +24,13 @@ import torch.distributed as dist
 
 from fae_torchrec.recipes.build import Replanned, Training, embedding_optimizer, make_router, shard_model
 from fae_torchrec.recipes.family import ModelFamily
+from fae_torchrec.recipes.slots import slot_sizing
 from fae_torchrec.seeds import generator
 from fae_torchrec.stats.holdout import Holdout
 from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.stats.hot_share import estimate_hot_share
 from fae_torchrec.stats.recent import RecentAccessCounts
+from fae_torchrec.train.cold_tier import PlannedColdTier
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.prepare import on_rank_zero, repartition
@@ -215,7 +217,7 @@ class Replanning:
         args = self.args
         clock = _Clock()
         embedding = embedding_optimizer(args)
-        state = gather_unsplit_state(model, training.optimizer, embedding)
+        state = gather_unsplit_state(model, training.optimizer, embedding, training.cold_tier)
         self.last_move = {"state_bytes": state.nbytes(), "gather_seconds": clock.lap()}
         stats, hot_set = decision.stats, decision.hot_set
         folder = self.out / FOLDER.format(step_index)
@@ -225,13 +227,6 @@ class Replanning:
             stats.save(folder / "stats.npz")
 
         on_rank_zero(save)  # a failure ends every rank's run
-        plan, dmp, dense = shard_model(
-            args, self.family, training.tables, stats, hot_set, self.world, self.device
-        )
-        self.last_move["shard_seconds"] = clock.lap()
-        load_unsplit_state(dmp, dense, embedding, state)
-        del state
-        self.last_move["load_seconds"] = clock.lap()
         partition = training.router.partition
         rest = ~trained_inputs(partition.is_hot, trained)
         remainder = repartition(partition, rest, hot_set, folder / "partition", args.balance, args.seed)
@@ -242,18 +237,38 @@ class Replanning:
             "partition_bytes": sum(f.stat().st_size for f in folder.rglob("*.npy")),
             "repartitioned_inputs": int(rest.sum()) + len(everything),
         }
+        sizing = None  # a planned cold tier's slots, sized from the new partitions
+        if training.cold_tier is not None:
+            partitions = [remainder, self.full]
+            sizing = slot_sizing(args, partitions, training.data.validation, hot_set, self.world, 0.0)
+        plan, dmp, dense = shard_model(
+            args, self.family, training.tables, stats, hot_set, self.world, self.device, slot_sizing=sizing
+        )
+        self.last_move["shard_seconds"] = clock.lap()
+        cold_tier = None if sizing is None else PlannedColdTier(dmp)
+        load_unsplit_state(dmp, dense, embedding, state, cold_tier)
+        del state
+        self.last_move["load_seconds"] = clock.lap()
         self.folder = folder
         self.replanner.moved_to(hot_set, decision.proposed)
-        router = make_router(args, remainder, self.world, self.rank, dmp, warmup=0.0)
+        router = make_router(args, remainder, self.world, self.rank, dmp, warmup=0.0, cold_tier=cold_tier)
         return dataclasses.replace(
-            training, plan=plan, model=dmp, optimizer=dense, router=router, stats=stats
+            training, plan=plan, model=dmp, optimizer=dense, router=router, stats=stats, cold_tier=cold_tier
         )
 
     def next_epoch(self, training: Training, epoch: int) -> Training:
         """``training`` for ``epoch``: after a re-plan in an earlier epoch, its router reads ``full``."""
         if self.folder is None or training.router.partition is self.full:
             return training
-        router = make_router(self.args, self.full, self.world, self.rank, training.model, warmup=0.0)
+        router = make_router(
+            self.args,
+            self.full,
+            self.world,
+            self.rank,
+            training.model,
+            warmup=0.0,
+            cold_tier=training.cold_tier,
+        )
         return dataclasses.replace(training, router=router)
 
     def summary(self, training: Training) -> dict:

@@ -29,8 +29,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan
 
 from fae_torchrec.torchrec_compat import ShardedTensor
-from fae_torchrec.train.cold_tier import PlannedColdTier
-from fae_torchrec.train.step import find_fae_module
+from fae_torchrec.train.cold_tier import PlannedColdTier, check_cold_tier
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +102,7 @@ class Checkpoints:
         values) goes into the manifests, for :meth:`peek` to read before the model is built (what a
         resume must build it from); returns the folder. A model with a planned cold tier saves the
         tier's state too (its host rows live outside the model)."""
-        _check_tier(model, cold_tier)
+        check_cold_tier(model, cold_tier)
         if self.run_id is None:
             run = [uuid.uuid4().hex]
             dist.broadcast_object_list(run, src=0)
@@ -189,7 +188,7 @@ class Checkpoints:
         step, manifests = self._resumed()
         self._check(manifests, step)
         self._check_plan(manifests, step)
-        _check_tier(model, cold_tier)
+        check_cold_tier(model, cold_tier)
         error, state = None, None
         try:
             state = self._read(step, manifests[self.rank])
@@ -349,19 +348,6 @@ class Checkpoints:
             logger.warning("%s: could not remove rank %d's files (%s)", folder, self.rank, error)
         with contextlib.suppress(OSError):  # other ranks' files are still there, or it is gone
             folder.rmdir()
-
-
-def _check_tier(model: DistributedModelParallel, cold_tier: PlannedColdTier | None) -> None:
-    """``ValueError`` unless ``cold_tier`` is given exactly when ``model`` has a planned cold tier."""
-    fae = find_fae_module(model)
-    slotted = fae is not None and fae.cold_slots is not None
-    if slotted and cold_tier is None:
-        raise ValueError(
-            "the model has a planned cold tier, whose cold rows live in host memory outside the model's "
-            "state: give its PlannedColdTier (cold_tier=)"
-        )
-    if cold_tier is not None and (not slotted or cold_tier.fae is not fae):
-        raise ValueError("cold_tier: the planned cold tier of another model")
 
 
 def _first_difference(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:

@@ -96,7 +96,6 @@ class PlannedColdTier:
     Args:
         model: a DMP model holding an ``FAEEmbeddingBagCollection`` built with ``cold_slots``, its slot
             tables planned with the ``fused`` kernel, table-wise or row-wise, with a fused optimizer.
-        partition: the partition its router serves (every rank reads every rank's cold ids from it).
         window: look-ahead of the slot plans in cold steps (None: the whole epoch).
 
     Set the cold rows' initial weights (:meth:`load_initial_tables`, or :meth:`load_ebc_state_dict`),
@@ -107,20 +106,23 @@ class PlannedColdTier:
     part ids of the epoch's cold steps (8 bytes each) and a step and a row per cold id.
     """
 
-    def __init__(self, model: nn.Module, partition: HotColdPartition, window: int | None = None) -> None:
+    def __init__(self, model: nn.Module, window: int | None = None) -> None:
         fae = find_fae_module(model)
         if fae is None or fae.cold_slots is None or fae.cold is None:
             raise ValueError(
                 "a planned cold tier needs an FAEEmbeddingBagCollection built with cold_slots, with cold rows"
             )
-        if partition.hot_set_digest != fae.hot_set_digest:
-            raise ValueError("the partition was made with another hot set than the model's split module")
-        self.fae, self.partition, self.window = fae, partition, window
+        self.fae, self.window = fae, window
         self.groups = _slot_groups(fae)
         self._groups_of = {t: [g for g in self.groups if g.table == t] for t in fae.cold_slots}
         self._local = _host_rows(fae, self.groups)
         self._reset()
-        self._features = _feature_tables(fae, partition.keys)
+        self._features = {
+            f: c.name
+            for c in fae.embedding_bag_configs()
+            for f in c.feature_names
+            if c.name in fae.cold_slots
+        }  # the table of each feature the tier's tables read
         #: The current epoch's slot plan of every group.
         self.plans: dict[SlotGroup, SlotPlan] = {}
         self._num_steps = self._routed = 0  # cold steps of the epoch planned, and routed so far
@@ -131,13 +133,25 @@ class PlannedColdTier:
         self.rows_in = self.rows_out = self.bytes_in = self.bytes_out = 0
         fae.cold.register_forward_pre_hook(self._before_lookup)
 
+    @property
+    def keys(self) -> dict[str, str]:
+        """The cold part's weights in the split module's state dict (its slot tables), by their table."""
+        return {f"{COLD}.embedding_bags.{part_table_name(t, COLD)}.weight": t for t in self.fae.cold_slots}
+
     def load_ebc_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Set the cold rows this rank holds from weights in the original layout (a plain EBC's
         ``state_dict``), their optimizer state to the slots' initial one; the slots are emptied."""
         parts = self.fae.split_state(state)
+        self.load_cold_state({"weight": {key: parts[key] for key in self.keys}})
+
+    def load_cold_state(self, state: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        """Set the cold rows this rank holds from full tensors of every cold table's rows, by name and
+        key as :meth:`gather_cold_state` gives them (an optimizer state left out: the slots' initial
+        one); the slots are emptied."""
         self._reset()
-        for table in self.fae.cold_slots:
-            self._set_rows(table, 0, parts[f"{COLD}.embedding_bags.{part_table_name(table, COLD)}.weight"])
+        for name, tensors in state.items():
+            for key, table in self.keys.items():
+                self._set_rows(table, 0, tensors[key], name)
 
     def load_initial_tables(self, tables: Sequence[EmbeddingBagConfig], seed: int) -> None:
         """Set the cold rows this rank holds to their initial weights, drawn a block at a time as
@@ -157,20 +171,22 @@ class PlannedColdTier:
                     local.rows[name].copy_(initial.expand_as(local.rows[name]))
                 local.held[:] = -1
 
-    def _set_rows(self, table: str, first: int, rows: torch.Tensor) -> None:
-        """Set cold rows ``first:first + len(rows)`` of ``table``, those in this rank's groups."""
+    def _set_rows(self, table: str, first: int, rows: torch.Tensor, name: str = "weight") -> None:
+        """Set cold rows ``first:first + len(rows)`` of ``table`` (their weights, or the optimizer state
+        ``name``), those in this rank's groups."""
         with torch.no_grad():
             for local in self._local:
                 group = local.group
                 begin, end = max(first, group.row_start), min(first + len(rows), group.row_stop)
                 if group.table == table and begin < end:
-                    local.rows["weight"][begin - group.row_start : end - group.row_start] = rows[
+                    local.rows[name][begin - group.row_start : end - group.row_start] = rows[
                         begin - first : end - first
                     ]
 
-    def plan_epoch(self, cold_steps: Sequence[Step], start: int = 0) -> None:
-        """Plan the slots of every group over ``cold_steps`` (an epoch's cold steps, in order, as every
-        rank schedules them): the rows of a step are those of every rank's inputs. The rows held
+    def plan_epoch(self, partition: HotColdPartition, cold_steps: Sequence[Step], start: int = 0) -> None:
+        """Plan the slots of every group over ``cold_steps`` (an epoch's cold steps of ``partition``, in
+        order, as every rank schedules them): the rows of a step are those of every rank's inputs (every
+        rank reads them from the partition). The rows held
         from an earlier epoch are written back before the first of them. ``start``: the cold steps
         already trained, when resuming mid-epoch from a state (:meth:`load_state_dict`) saved after
         them."""
@@ -179,7 +195,9 @@ class PlannedColdTier:
                 f"resuming at cold step {start} of the epoch: load the tier's state saved there first "
                 f"(the loaded one: {self._resumed})"
             )
-        ids = cold_step_rows(self.partition, cold_steps, self._features)
+        if partition.hot_set_digest != self.fae.hot_set_digest:
+            raise ValueError("the partition was made with another hot set than the model's split module")
+        ids = cold_step_rows(partition, cold_steps, self._features)
         bounds_of = np.arange(len(cold_steps) + 1)
         self.plans = {}
         for group in self.groups:
@@ -278,21 +296,32 @@ class PlannedColdTier:
                 local.held[:] = -1
                 self._load(local, rows, slots)
 
-    def gather_cold_state(self) -> dict[str, torch.Tensor]:
-        """Every cold table's rows, keyed as the cold part's weights in the split module's state dict,
-        on every rank (a collective); :meth:`flush` first."""
-        dims = {c.name: c.embedding_dim for c in self.fae.embedding_bag_configs()}
+    def gather_cold_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Every cold table's rows, on every rank (a collective; :meth:`flush` first): per name (``weight``,
+        and each per-row optimizer state such as FBGEMM's ``momentum1``), full tensors keyed as the cold
+        part's weights in the split module's state dict (:attr:`keys`)."""
+        mine = {
+            name: (tuple(t.shape[1:]), t.dtype) for local in self._local for name, t in local.rows.items()
+        }
+        everyone = [mine]
+        if dist.is_initialized() and dist.get_world_size() > 1:  # a rank may hold no group
+            everyone = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, mine)
+        shapes = {name: held[name] for held in everyone for name in sorted(held)}
         return {
-            f"{COLD}.embedding_bags.{part_table_name(table, COLD)}.weight": assemble_full_tensor(
-                (self.fae.num_cold[table], dims[table]),
-                torch.float32,
-                [
-                    ((slice(local.group.row_start, local.group.row_stop),), local.rows["weight"])
-                    for local in self._local
-                    if local.group.table == table
-                ],
-            )
-            for table in self.fae.cold_slots
+            name: {
+                key: assemble_full_tensor(
+                    (self.fae.num_cold[table], *shape),
+                    dtype,
+                    [
+                        ((slice(local.group.row_start, local.group.row_stop),), local.rows[name])
+                        for local in self._local
+                        if local.group.table == table
+                    ],
+                )
+                for key, table in self.keys.items()
+            }
+            for name, (shape, dtype) in shapes.items()
         }
 
     def _slot_ids(
@@ -396,6 +425,20 @@ class PlannedColdTier:
         self.rows_in += len(rows)
 
 
+def check_cold_tier(model: nn.Module, cold_tier: PlannedColdTier | None) -> None:
+    """``ValueError`` unless ``cold_tier`` is given exactly where ``model`` has a planned cold tier (its
+    cold rows live in host memory, outside the model's state), and is that tier."""
+    fae = find_fae_module(model)
+    slotted = fae is not None and fae.cold_slots is not None
+    if slotted and cold_tier is None:
+        raise ValueError(
+            "the model has a planned cold tier, whose cold rows live in host memory outside the model's "
+            "state: give its PlannedColdTier (cold_tier=)"
+        )
+    if cold_tier is not None and (not slotted or cold_tier.fae is not fae):
+        raise ValueError("cold_tier: the planned cold tier of another model")
+
+
 def _with_values(features: KeyedJaggedTensor, values: np.ndarray) -> KeyedJaggedTensor:
     """``features`` with other ``values`` (on its values' device)."""
     return KeyedJaggedTensor(
@@ -463,14 +506,6 @@ def _host_rows(fae: FAEEmbeddingBagCollection, groups: list[SlotGroup]) -> list[
         initial = {name: t[:1].clone() for name, t in slots.items() if name != "weight"}
         result.append(_HostRows(group, slots, rows, np.full(group.num_slots, -1, dtype=np.int64), initial))
     return result
-
-
-def _feature_tables(fae: FAEEmbeddingBagCollection, keys: Sequence[str]) -> dict[str, str]:
-    """The table of each feature of ``keys`` that the cold tier's tables read."""
-    tables = {
-        f: c.name for c in fae.embedding_bag_configs() for f in c.feature_names if c.name in fae.cold_slots
-    }
-    return {f: tables[f] for f in keys if f in tables}
 
 
 def min_cold_slots(partition: HotColdPartition, steps: Sequence[Step], hot_set: HotSet) -> dict[str, int]:

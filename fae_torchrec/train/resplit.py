@@ -22,6 +22,7 @@ from torchrec.optim.keyed import KeyedOptimizer
 
 from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection
 from fae_torchrec.modules.state import gather_full_tensor, load_full_tensor
+from fae_torchrec.train.cold_tier import PlannedColdTier, check_cold_tier
 from fae_torchrec.train.optimizers import EmbeddingOptimizer
 from fae_torchrec.train.step import find_fae_module
 
@@ -56,22 +57,35 @@ class UnsplitState:
 
 
 def gather_unsplit_state(
-    model: nn.Module, unfused_optimizer: KeyedOptimizer, embedding: EmbeddingOptimizer
+    model: nn.Module,
+    unfused_optimizer: KeyedOptimizer,
+    embedding: EmbeddingOptimizer,
+    cold_tier: PlannedColdTier | None = None,
 ) -> UnsplitState:
     """``model``'s (a DMP model holding one ``FAEEmbeddingBagCollection``) training state in the unsplit
     layout, on every rank (a collective: call it on every rank). ``unfused_optimizer`` is the model's
-    ``unfused_optimizer``, ``embedding`` the embedding optimizer both forms run."""
-    path, fae = _fae_module(model)
+    ``unfused_optimizer``, ``embedding`` the embedding optimizer both forms run; ``cold_tier`` the
+    model's planned cold tier, whose host rows are the cold rows (written back first)."""
+    path, fae = _fae_module(model, cold_tier)
     names = embedding.row_state  # refuses an optimizer whose state does not move row by row
     prefix = f"{path}."
     full = {name: gather_full_tensor(local) for name, local in model.state_dict().items()}
+    held: dict[str, dict[str, torch.Tensor]] = {}
+    if cold_tier is not None:  # the cold rows in place of the slots
+        cold_tier.flush()
+        held = {
+            name: {prefix + key: rows for key, rows in tensors.items()}
+            for name, tensors in cold_tier.gather_cold_state().items()
+        }
+        full |= held.pop("weight")
     weights = {name: value for name, value in full.items() if not name.startswith(prefix)}
     weights |= {prefix + name: value for name, value in fae.ebc_state_dict(full, prefix).items()}
     part_state: dict[str, dict[str, torch.Tensor]] = {fused: {} for fused in names}
     fused_other: dict[str, dict[str, torch.Tensor]] = {}
     for (parameter, key), value in _gather_fused_state(model).items():
         if parameter.startswith(prefix):  # keyed "{part table}.{state name}"
-            part_state[key.rsplit(".", 1)[1]][parameter] = value
+            name = key.rsplit(".", 1)[1]
+            part_state[name][parameter] = held.get(name, {}).get(parameter, value)
         else:
             fused_other.setdefault(parameter, {})[key] = value
     unfused, steps = {}, []
@@ -97,12 +111,17 @@ def gather_unsplit_state(
 
 
 def load_unsplit_state(
-    model: nn.Module, unfused_optimizer: KeyedOptimizer, embedding: EmbeddingOptimizer, state: UnsplitState
+    model: nn.Module,
+    unfused_optimizer: KeyedOptimizer,
+    embedding: EmbeddingOptimizer,
+    state: UnsplitState,
+    cold_tier: PlannedColdTier | None = None,
 ) -> None:
     """Copy ``state`` into ``model`` (a DMP model holding an ``FAEEmbeddingBagCollection`` of the same
     tables at ``state.path``, split and sharded in any way) and its optimizers: each rank the rows it
-    holds. Raises ``KeyError`` naming an entry of the model that ``state`` lacks."""
-    path, fae = _fae_module(model)
+    holds; the cold rows into ``cold_tier``, the model's planned cold tier, if it has one (its slots
+    emptied). Raises ``KeyError`` naming an entry of the model that ``state`` lacks."""
+    path, fae = _fae_module(model, cold_tier)
     if path != state.path:
         raise KeyError(f"the FAE module is at {path!r}, the state's at {state.path!r}")
     names = embedding.row_state
@@ -111,9 +130,10 @@ def load_unsplit_state(
         name.removeprefix(prefix): value for name, value in state.weights.items() if name.startswith(prefix)
     }
     parts = {prefix + name: value for name, value in fae.split_state(tables).items()}
+    slots = set() if cold_tier is None else {prefix + key for key in cold_tier.keys}
     for name, local in model.state_dict().items():
-        if name.startswith(prefix) and name not in parts:
-            continue  # the split's own buffers (which rows are hot): the new model's
+        if name.startswith(prefix) and (name not in parts or name in slots):
+            continue  # the split's own buffers (which rows are hot): the new model's; the tier's rows
         if name not in parts and name not in state.weights:
             raise KeyError(f"the state has no entry {name!r}")
         load_full_tensor(local, parts[name] if name in parts else state.weights[name])
@@ -121,9 +141,14 @@ def load_unsplit_state(
         fused: {prefix + name: value for name, value in fae.split_state(_local_keys(rows, prefix)).items()}
         for fused, rows in state.row_state.items()
     }
+    if cold_tier is not None:
+        cold = {"weight": parts, **row_parts}
+        cold_tier.load_cold_state({n: {k: cold[n][prefix + k] for k in cold_tier.keys} for n in cold})
     fused_state = model.fused_optimizer.state_dict()
     for parameter, entries in fused_state["state"].items():
         for key, local in entries.items():
+            if parameter in slots:
+                continue
             if parameter.startswith(prefix):
                 load_full_tensor(local, row_parts[key.rsplit(".", 1)[1]][parameter])
             else:
@@ -169,12 +194,12 @@ def _local_keys(rows: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.T
     return {name.removeprefix(prefix): value for name, value in rows.items()}
 
 
-def _fae_module(model: nn.Module) -> tuple[str, FAEEmbeddingBagCollection]:
-    """The FAE module in ``model`` and its place in the model's state-dict names."""
+def _fae_module(model: nn.Module, cold_tier: PlannedColdTier | None) -> tuple[str, FAEEmbeddingBagCollection]:
+    """The FAE module in ``model`` and its place in the model's state-dict names; ``ValueError`` unless
+    ``cold_tier`` is its planned cold tier, where it has one."""
     fae = find_fae_module(model)
     if fae is None:
         raise ValueError("the model holds no FAEEmbeddingBagCollection")
-    if fae.cold_slots is not None:
-        raise ValueError("moving rows of a planned cold tier between the parts is not supported yet")
+    check_cold_tier(model, cold_tier)
     inner = getattr(model, "module", model)  # DMP names its entries after the model it wraps
     return next(name for name, module in inner.named_modules() if module is fae), fae

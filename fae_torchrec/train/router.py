@@ -48,8 +48,8 @@ class BatchRouter:
             remap. Raises ``ValueError`` here, alike on every rank, when the split module
             was built from another hot set than the partition (the split of its first input checks it).
         cold_tier: the model's planned cold tier (``PlannedColdTier``; it needs ``split``): each epoch's
-            cold steps are planned when the epoch starts, and each cold batch's cold ids turned into
-            slot ids.
+            cold steps (of ``partition``) are planned when the epoch starts, and each cold batch's cold
+            ids turned into slot ids.
     """
 
     def __init__(
@@ -87,8 +87,6 @@ class BatchRouter:
         self.split = split
         if cold_tier is not None and split is None:
             raise ValueError("a planned cold tier routes split batches: give the router split= too")
-        if cold_tier is not None and cold_tier.partition is not partition:
-            raise ValueError("the planned cold tier plans another partition: make it with the router's")
         self.cold_tier = None  # set once the split is checked (on an input of no step)
         self._position: dict = {}
         self._relayout = False
@@ -125,9 +123,8 @@ class BatchRouter:
                 if self.order == "adaptive"
                 else sum(not step.hot for step in steps[:start_step])
             )
-            self.cold_tier.plan_epoch(
-                [step for step in steps if not step.hot], start=cold_done if start_step else 0
-            )
+            cold_steps = [step for step in steps if not step.hot]
+            self.cold_tier.plan_epoch(self.partition, cold_steps, start=cold_done if start_step else 0)
         if self.order != "adaptive":
             for index in range(start_step, len(steps)):
                 self._position = {"epoch": epoch, "step": index + 1}

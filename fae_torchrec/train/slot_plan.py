@@ -24,6 +24,7 @@ the step's rows and, when it must evict, one ``np.argpartition`` over the ``S`` 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -235,3 +236,51 @@ def _farthest(
     if horizon < n:
         rank = np.where(next_use > horizon, _rank(n + 1, last_use, n), rank)
     return np.argpartition(rank, len(rank) - count)[len(rank) - count :]
+
+
+def allocate_slots(
+    pools: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    row_bytes: Mapping[str, float],
+    budget_bytes: float,
+    floor: Mapping[str, int],
+    window: int | None = None,
+) -> dict[str, int]:
+    """Slots per pool within ``budget_bytes``, a slot of pool ``p`` costing ``row_bytes[p]``, at least
+    ``floor[p]``: each pool (``pools[p]``: its ids and step bounds, as :func:`plan_slots` takes them)
+    starts at its floor and grows a doubling at a time where its plan's copies (rows in and back) fall
+    most per byte; the last growth takes what is left of the budget. Each size tried is planned
+    (``window`` as :func:`plan_slots`'s); a pool stops at its distinct rows, where only first loads
+    remain. The floors alone may exceed the budget: they are returned as they are."""
+    sizes = {p: int(floor[p]) for p in pools}
+    spent = sum(sizes[p] * row_bytes[p] for p in pools)
+    distinct = {p: len(np.unique(ids)) for p, (ids, _) in pools.items()}
+    copies = {p: _copies(pools[p], sizes[p], window) for p in pools}
+    tried: dict[str, tuple[int, int]] = {}
+    while spent < budget_bytes:
+        best = None
+        for p in pools:
+            if sizes[p] >= distinct[p]:
+                continue
+            if p not in tried:
+                grown = min(2 * sizes[p], distinct[p])
+                tried[p] = (grown, _copies(pools[p], grown, window))
+            grown, fewer = tried[p]
+            gain = (copies[p] - fewer) / ((grown - sizes[p]) * row_bytes[p])
+            if gain > 0 and (best is None or gain > best[0]):
+                best = (gain, p)
+        if best is None:
+            break
+        p = best[1]
+        grown, fewer = tried.pop(p)
+        cost = (grown - sizes[p]) * row_bytes[p]
+        if spent + cost > budget_bytes:
+            sizes[p] += int((budget_bytes - spent) // row_bytes[p])
+            break
+        sizes[p], copies[p], spent = grown, fewer, spent + cost
+    return sizes
+
+
+def _copies(pool: tuple[np.ndarray, np.ndarray], num_slots: int, window: int | None) -> int:
+    """Rows the plan of ``pool`` (ids, step bounds) with ``num_slots`` slots copies in and back."""
+    plan = plan_slots(pool[0], pool[1], num_slots, window)
+    return plan.rows_in + plan.rows_out
