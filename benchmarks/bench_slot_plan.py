@@ -9,7 +9,11 @@ leaves for embeddings), the slot plan (``fae_torchrec.train.slot_plan``) of:
   HBM and the rest of (d)'s rows as slots for the cold rows of FAE's cold steps (hot steps move
   nothing), one pool of slots for every cold table and rank;
 - "planned, no hot": every row of (d) a slot, over every step: the plan that (d) bounds from below
-  (a step's rows all sit in slots, where (d)'s cache holds a step's misses on top of its rows).
+  (a step's rows all sit in slots, where (d)'s cache holds a step's misses on top of its rows);
+- "tier" and "tier, no hot": the same with the pools the tier has (``--cold-tier planned``), one per
+  cold table, at least a step's rows and grown within ``FAEShardingPlanner.cold_slot_budget`` where the
+  plans copy fewest rows per byte (``allocate_slots``); a tier whose floors alone exceed (d)'s memory is
+  named, not planned.
 
 Each over the whole stream (the epoch FAE's router orders) and with a look-ahead of ``--windows``
 steps. Slots start empty at the stream's start and warm over ``--warmup`` inputs, as the caches do;

@@ -497,13 +497,17 @@ def test_bench_cli_times_every_help_in_fresh_processes():
 def test_bench_slot_plan_prices_the_planned_slots_against_beladys_cache():
     out = _run(
         "bench_slot_plan.py", "--num-samples", "20k", "--warmup", "10k", "--epoch", "100k", "--scale", "0.05",
-        "--points", "16:2:2MiB", "--batch-size", "256", "--sampling", "1", "--windows", "4",
+        "--points", "16:2:3MiB", "--batch-size", "256", "--sampling", "1", "--windows", "4",
         "--compare", "belady",
     )  # fmt: skip
+    # every step cold, the tables' floors (a step's rows each) ask more than the device memory holds
+    unfit = re.search(r"\| tier, no hot: ([\d,]+) slots, more than d's ([\d,]+) rows$", out, re.M)
+    assert unfit and int(unfit[1].replace(",", "")) > int(unfit[2].replace(",", "")), out
     rows = [line.split("|") for line in out.splitlines() if re.match(r"\s*16\s+2\s", line)]
+    rows = [r for r in rows if len(r) > 2]
     assert [(r[1].split()[-3], r[1].split()[-2]) for r in rows] == [
         ("planned", "epoch"), ("planned", "4"), ("hot", "epoch"), ("hot", "4"),
-        ("tier", "epoch"), ("tier", "4"), ("hot", "epoch"), ("hot", "4"),
+        ("tier", "epoch"), ("tier", "4"),
     ], out  # fmt: skip
     for row in rows:
         planned, start, belady = (float(x) for x in row[2].split()[:3])
@@ -512,8 +516,8 @@ def test_bench_slot_plan_prices_the_planned_slots_against_beladys_cache():
         assert abs(over_d - planned / belady) < 0.01 and over_whole >= 1.0, row
         seconds, memory = (float(x) for x in row[4].split()[:2])
         assert seconds > 0 and memory > 0, row
-    no_hot = [float(r[3].split()[0]) for r in rows[2:4] + rows[6:]]
-    assert min(no_hot) >= 0.995, "every row in slots on d's steps (d's memory or less): d is a lower bound"
+    no_hot = [float(r[3].split()[0]) for r in rows[2:4]]
+    assert min(no_hot) >= 0.995, "every row in slots on d's steps: d is a lower bound"
     assert no_hot[1] >= no_hot[0], "a window of 4 steps moves no fewer than the whole stream's plan"
-    tier_slots = [int(r[1].split()[-1].replace(",", "")) for r in rows[4:]]
-    assert 0 < tier_slots[0] <= int(rows[0][1].split()[-1].replace(",", "")), "the caches' memory, per table"
+    tier_slots = int(rows[4][1].split()[-1].replace(",", ""))
+    assert 0 < tier_slots <= int(rows[0][1].split()[-1].replace(",", "")), "within the caches' memory"

@@ -23,6 +23,7 @@ host rows are pinned and the copies are ordinary host-to-device copies.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -102,7 +103,9 @@ class PlannedColdTier:
     give the tier to the router (``BatchRouter(..., cold_tier=tier)``), evaluate within
     :meth:`evaluating`, and :meth:`flush` before reading the cold rows (:meth:`gather_cold_state`).
     ``rows_in``/``rows_out`` and ``bytes_in``/``bytes_out`` count this rank's copies (weights and
-    optimizer state) host to device and back. Every rank plans every group, reading into memory the
+    optimizer state) host to device and back; ``route_seconds`` the time of :meth:`route` (the remap
+    to slots and the plans' copies looked up), ``copy_seconds`` that of the ``copied_steps`` steps'
+    copies (evaluations' aside). Every rank plans every group, reading into memory the
     part ids of the epoch's cold steps (8 bytes each) and a step and a row per cold id.
     """
 
@@ -114,7 +117,9 @@ class PlannedColdTier:
             )
         self.fae, self.window = fae, window
         self.groups = _slot_groups(fae)
-        self._groups_of = {t: [g for g in self.groups if g.table == t] for t in fae.cold_slots}
+        # every cold row as one key (its table's offset + its row): the groups' rows in ascending ranges
+        starts = np.cumsum([0, *(fae.num_cold[t] for t in fae.cold_slots)])[:-1]
+        self._offsets = dict(zip(fae.cold_slots, starts.tolist(), strict=True))
         self._local = _host_rows(fae, self.groups)
         self._reset()
         self._features = {
@@ -131,6 +136,8 @@ class PlannedColdTier:
         self._evaluating = False
         self._resumed: int | None = None  # the cold steps of the epoch a loaded state was saved after
         self.rows_in = self.rows_out = self.bytes_in = self.bytes_out = 0
+        self.route_seconds = self.copy_seconds = 0.0
+        self.copied_steps = 0
         fae.cold.register_forward_pre_hook(self._before_lookup)
 
     @property
@@ -228,6 +235,7 @@ class PlannedColdTier:
                 f"cold step {step} was not planned: plan the epoch's cold steps first (plan_epoch)"
             )
         self._routed += 1
+        started = time.perf_counter()
         moves = []
         for local in self._local:
             plan = self.plans[local.group]
@@ -238,7 +246,8 @@ class PlannedColdTier:
         self._flush_next = False
         cold = features.cold
         if cold is not None:
-            cold = self._slot_ids(cold, lambda group, rows: self.plans[group].remap(step, rows))
+            cold = self._slot_ids(cold, lambda group: self.plans[group].step_rows(step), f"cold step {step}")
+        self.route_seconds += time.perf_counter() - started
         return SplitFeatures(features.hot, cold, False)
 
     def flush(self) -> None:
@@ -325,19 +334,36 @@ class PlannedColdTier:
         }
 
     def _slot_ids(
-        self, cold: KeyedJaggedTensor, slot_of: Callable[[SlotGroup, np.ndarray], np.ndarray]
+        self,
+        cold: KeyedJaggedTensor,
+        held: Callable[[SlotGroup], tuple[np.ndarray, np.ndarray]],
+        what: str,
     ) -> KeyedJaggedTensor:
-        """``cold`` (ids of the cold part) with every id replaced by its slot: ``slot_of`` gives the
-        slots in its group of rows of a group (ids less the group's first row)."""
+        """``cold`` (ids of the cold part) with every id replaced by its slot: ``held`` gives the rows of a
+        group the batch looks up (ids less the group's first row, ascending) and their slots in it; one
+        search over every group's rows. ``ValueError`` naming ``what`` where an id is not among them."""
+        pieces = [held(group) for group in self.groups]
+        keys = np.concatenate(
+            [np.zeros(0, dtype=np.int64)]
+            + [
+                self._offsets[g.table] + g.row_start + rows
+                for g, (rows, _) in zip(self.groups, pieces, strict=True)
+            ]
+        )
+        slots = np.concatenate(
+            [np.zeros(0, dtype=np.int64)]
+            + [g.slot_start + in_group for g, (_, in_group) in zip(self.groups, pieces, strict=True)]
+        )
         ids = cold.values().cpu().numpy()
-        slots = np.empty_like(ids)
-        ends = np.cumsum([0, *cold.length_per_key()])
-        for feature, start, stop in zip(cold.keys(), ends[:-1], ends[1:], strict=True):
-            mine = ids[start:stop]
-            for group in self._groups_of[self._features[feature]]:
-                inside = (mine >= group.row_start) & (mine < group.row_stop)
-                slots[start:stop][inside] = group.slot_start + slot_of(group, mine[inside] - group.row_start)
-        return _with_values(cold, slots)
+        tables = [self._features[feature] for feature in cold.keys()]
+        offsets = np.repeat([self._offsets[t] for t in tables], cold.length_per_key())
+        wanted = ids + offsets
+        at = np.minimum(np.searchsorted(keys, wanted), max(len(keys) - 1, 0))
+        found = keys[at] == wanted if len(keys) else np.zeros(len(wanted), dtype=bool)
+        if not found.all():
+            missing = ids[~found][:5].tolist()
+            raise ValueError(f"{what} does not look up cold rows {missing} (ids of the cold part)")
+        return _with_values(cold, slots[at])
 
     def _before_lookup(self, module: nn.Module, args: tuple) -> tuple | None:
         """The cold part's forward pre-hook: the queued copies of the step about to look up, or in
@@ -350,6 +376,7 @@ class PlannedColdTier:
                 "give the tier to the BatchRouter (cold_tier=) and train on its batches, and evaluate "
                 "within the tier's evaluating()"
             )
+        started = time.perf_counter()
         copies = self._queue.popleft()
         for local, (evicted_slots, evicted_rows, loaded_rows, loaded_slots) in zip(
             self._local, copies.moves, strict=True
@@ -365,6 +392,8 @@ class PlannedColdTier:
                 self._write_back(local, evicted_slots)
                 local.held[evicted_slots] = -1
             self._load(local, loaded_rows, loaded_slots)
+        self.copy_seconds += time.perf_counter() - started
+        self.copied_steps += 1
         return None
 
     def _evaluation_slots(self, cold: KeyedJaggedTensor) -> KeyedJaggedTensor:
@@ -394,7 +423,9 @@ class PlannedColdTier:
         for local in self._local:
             local.held[:] = -1
             self._load(local, rows_of[local.group], np.arange(len(rows_of[local.group])))
-        return self._slot_ids(cold, lambda group, rows: np.searchsorted(rows_of[group], rows))
+        return self._slot_ids(
+            cold, lambda group: (rows_of[group], np.arange(len(rows_of[group]))), "an evaluation batch"
+        )
 
     def _write_back(self, local: _HostRows, slots: np.ndarray) -> None:
         """Copy ``slots`` (with their optimizer state) to the host rows they hold."""

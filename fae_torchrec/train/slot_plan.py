@@ -111,15 +111,20 @@ class SlotPlan:
         span = slice(self.evicted_bounds[step], self.evicted_bounds[step + 1])
         return self.evicted_rows[span], self.evicted_slots[span]
 
+    def step_rows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct rows ``step`` looks up (ascending) and the slots that hold them during it."""
+        span = slice(self.bounds[step], self.bounds[step + 1])
+        return self.rows[span], self.slots[span]
+
     def remap(self, step: int, ids: np.ndarray) -> np.ndarray:
         """The slot of each of ``ids`` (rows of ``step``, repeats allowed) during ``step``."""
-        span = slice(self.bounds[step], self.bounds[step + 1])
-        rows, ids = self.rows[span], np.asarray(ids)
+        rows, held = self.step_rows(step)
+        ids = np.asarray(ids)
         at = np.minimum(np.searchsorted(rows, ids), max(len(rows) - 1, 0))
         if len(ids) and (not len(rows) or np.any(rows[at] != ids)):
             missing = ids[rows[at] != ids] if len(rows) else ids
             raise ValueError(f"step {step} does not look up rows {missing[:5].tolist()}")
-        return self.slots[span][at]
+        return held[at]
 
 
 def plan_slots(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int | None = None) -> SlotPlan:
