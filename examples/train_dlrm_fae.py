@@ -14,6 +14,7 @@ plan TorchRec's CPU kernels.
     torchrun --nproc_per_node 2 examples/train_dlrm_fae.py   # 2 ranks (gloo on CPU, NCCL on GPU)
     python examples/train_dlrm_fae.py --data criteo-tsv train.txt --scale 1.0
     python examples/train_dlrm_fae.py --stats stats.npz --plan plan.pt   # `fae-torchrec profile`'s, `plan`'s
+    python examples/train_dlrm_fae.py --cold-tier planned    # cold rows in host memory, copied into slots
 
 Writes ``metrics.json`` (with throughput, hot and cold step times), ``curves.png`` (train loss with its hot
 and cold steps, validation AUC; ``--compare RUN`` draws a baseline run beside it) and the profiled

@@ -103,10 +103,11 @@ class PlannedColdTier:
     give the tier to the router (``BatchRouter(..., cold_tier=tier)``), evaluate within
     :meth:`evaluating`, and :meth:`flush` before reading the cold rows (:meth:`gather_cold_state`).
     ``rows_in``/``rows_out`` and ``bytes_in``/``bytes_out`` count this rank's copies (weights and
-    optimizer state) host to device and back; ``route_seconds`` the time of :meth:`route` (the remap
-    to slots and the plans' copies looked up), ``copy_seconds`` that of the ``copied_steps`` steps'
-    copies (evaluations' aside). Every rank plans every group, reading into memory the
-    part ids of the epoch's cold steps (8 bytes each) and a step and a row per cold id.
+    optimizer state) host to device and back; ``plan_seconds`` the time of :meth:`plan_epoch`,
+    ``route_seconds`` that of :meth:`route` (the remap to slots and the plans' copies looked up),
+    ``copy_seconds`` that of the ``copied_steps`` steps' copies (evaluations' aside). Every rank plans
+    every group, reading into memory the part ids of the epoch's cold steps (8 bytes each) and a step
+    and a row per cold id.
     """
 
     def __init__(self, model: nn.Module, window: int | None = None) -> None:
@@ -136,7 +137,7 @@ class PlannedColdTier:
         self._evaluating = False
         self._resumed: int | None = None  # the cold steps of the epoch a loaded state was saved after
         self.rows_in = self.rows_out = self.bytes_in = self.bytes_out = 0
-        self.route_seconds = self.copy_seconds = 0.0
+        self.plan_seconds = self.route_seconds = self.copy_seconds = 0.0
         self.copied_steps = 0
         fae.cold.register_forward_pre_hook(self._before_lookup)
 
@@ -204,6 +205,7 @@ class PlannedColdTier:
             )
         if partition.hot_set_digest != self.fae.hot_set_digest:
             raise ValueError("the partition was made with another hot set than the model's split module")
+        started = time.perf_counter()
         ids = cold_step_rows(partition, cold_steps, self._features)
         bounds_of = np.arange(len(cold_steps) + 1)
         self.plans = {}
@@ -225,6 +227,7 @@ class PlannedColdTier:
         # rows an earlier epoch left in the slots (none: nothing to write); mid-epoch, the plan's own
         self._flush_next = not start
         self._resumed = None
+        self.plan_seconds += time.perf_counter() - started
 
     def route(self, features: SplitFeatures) -> SplitFeatures:
         """The next cold step's ``features`` with its cold ids turned into slot ids; queues the step's
