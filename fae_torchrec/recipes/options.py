@@ -119,8 +119,9 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
         help="FAE: where cold rows live. caching: cold tables planned by FAEShardingPlanner, in FBGEMM's UVM "
         "caches on CUDA (fused_uvm_caching); planned: cold rows in host memory with their optimizer state "
         "and, in device memory, plain fused tables of slots that each cold step's rows are copied into "
-        "ahead of it, chosen from the epoch's schedule (Belady: evict the row used farthest ahead); its "
-        "slots get the caches' device memory, at least one cold step's rows (docs/train.md)",
+        "ahead of it, chosen from the epoch's schedule (Belady: evict the row used farthest ahead); each "
+        "table's slots hold a step's rows and, on CUDA, grow within the caches' device memory where the "
+        "schedule's copies fall most (docs/train.md)",
     )
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES), help="embedding optimizer")
     parser.add_argument("--lr", type=positive_float, default=0.05, help="embedding learning rate")
