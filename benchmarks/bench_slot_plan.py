@@ -34,6 +34,7 @@ import logging
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from torchrec.distributed.planner.types import PlannerError
 
 from benchmarks.bench_traffic import (
+    BANDWIDTH_SHARES,
     FAE_PLANS,
     LEAST,
     PER_MILLION,
@@ -56,16 +58,20 @@ from benchmarks.bench_traffic import (
 from benchmarks.common.arguments import fail
 from benchmarks.common.calibration import ELEMENT_BYTES
 from benchmarks.common.id_stream import IdStream, synthetic_stream
+from benchmarks.common.step_models import PCIE, Point, Terms, best_plan, tier_step, transfer_bound
 from fae_torchrec.arguments import non_negative_int, positive_int
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import KAGGLE_INPUTS
-from fae_torchrec.train.slot_plan import allocate_slots, plan_slots
+from fae_torchrec.train.slot_plan import allocate_slots, min_slots, plan_slots
 from fae_torchrec.units import format_bytes
 from planner import FAEShardingPlanner
 from planner.topology import make_topology
 
 #: FAE's plan whose hot set the planned tier keeps in HBM.
 FAE_PLAN = "FAE pp"
+#: The tier's host work per cold step (ms) beyond the caching tier's: its epochs' plans and its remap,
+#: measured on CPU by ``bench_interleaved.py --modes planned fae`` at 2 ranks (BENCHMARKS section 9).
+HOST_MS = 2.9
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,6 +99,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--windows", type=positive_int, nargs="*", default=[16, 64, 256], help="look-aheads (steps)"
     )
+    parser.add_argument(
+        "--aheads",
+        type=non_negative_int,
+        nargs="+",
+        default=[0, 1],
+        help="the tier rows' copies run this many cold steps early (a row each; --copy-ahead)",
+    )
+    parser.add_argument(
+        "--host-ms",
+        type=float,
+        default=HOST_MS,
+        help="the tier's host work per cold step (its plans and remap) that the step model adds",
+    )
     parser.add_argument("--batch-size", type=positive_int, default=2048, help="per-GPU batch size")
     parser.add_argument("--sampling", type=positive_int, default=16, help="replay 1/N of the rows (SHARDS)")
     parser.add_argument(
@@ -117,9 +136,9 @@ Pool = tuple[np.ndarray, np.ndarray, int]
 
 def planned_rows(
     stream: IdStream, dim: int, world_size: int, hbm_cap: int, args: argparse.Namespace
-) -> tuple[dict[str, tuple[list[Pool], int]], int, int]:
-    """Per planned tier: its pools of slots and the step the counting starts at; and the rows of device
-    memory (d's) and FAE's hot budget (bytes)."""
+) -> tuple[dict[tuple[str, int], tuple[list[Pool], int]], int, int]:
+    """Per planned tier and the cold steps its copies run early: its pools of slots and the step the
+    counting starts at; and the rows of device memory (d's) and FAE's hot budget (bytes)."""
     topology = make_topology(world_size, hbm_cap=hbm_cap)
     fae = FAEShardingPlanner(
         topology,
@@ -146,76 +165,76 @@ def planned_rows(
     }
     everything = np.ones(len(rows), dtype=bool)
     tiers = {
-        "planned": (
+        ("planned", 0): (
             [(cold_steps, rows[cold], (capacity - hot_set.total_hot) // args.sampling)],
             counted["cold"],
         ),
-        "planned, no hot": ([(every_step, rows, capacity // args.sampling)], counted["every"]),
-        "tier": (
-            table_pools(stream, cold, cold_steps, fae.cold_slot_budget(hot_set) / args.sampling, dim),
-            counted["cold"],
-        ),
-        "tier, no hot": (
-            table_pools(
-                stream,
-                everything,
-                every_step,
-                no_hot.cold_slot_budget(no_hot.choose_hot_set()) / args.sampling,
-                dim,
-            ),
-            counted["every"],
-        ),
+        ("planned, no hot", 0): ([(every_step, rows, capacity // args.sampling)], counted["every"]),
     }
+    budgets = {
+        "tier": fae.cold_slot_budget(hot_set) / args.sampling,
+        "tier, no hot": no_hot.cold_slot_budget(no_hot.choose_hot_set()) / args.sampling,
+    }
+    for ahead in args.aheads:
+        tiers["tier", ahead] = (
+            table_pools(stream, cold, cold_steps, budgets["tier"], dim, ahead),
+            counted["cold"],
+        )
+        tiers["tier, no hot", ahead] = (
+            table_pools(stream, everything, every_step, budgets["tier, no hot"], dim, ahead),
+            counted["every"],
+        )
     return tiers, capacity, fae.report.hot_budget_bytes
 
 
-def table_pools(stream: IdStream, mask: np.ndarray, steps: np.ndarray, budget: float, dim: int) -> list[Pool]:
-    """The planned cold tier's pools of the lookups ``mask`` selects (``steps``: theirs): one per table,
-    as a table-wise slot table is, at least a step's rows, grown within ``budget`` bytes (of the row
-    sample) where the plans copy fewest rows per byte (``allocate_slots``), as the recipe sizes them."""
+def table_pools(
+    stream: IdStream, mask: np.ndarray, steps: np.ndarray, budget: float, dim: int, ahead: int
+) -> list[Pool]:
+    """The planned cold tier's pools of the lookups ``mask`` selects (``steps``: theirs), its copies
+    ``ahead`` steps early: one per table, as a table-wise slot table is, at least the rows of ``ahead +
+    1`` steps in a row (``min_slots``), grown within ``budget`` bytes (of the row sample) where the plans
+    copy fewest rows per byte (``allocate_slots``), as the recipe sizes them."""
     tables, rows = stream.tables[mask], stream.rows()[mask]
-    order = np.lexsort((rows, steps, tables))
+    order = np.lexsort((steps, tables))
     table, step, row = tables[order], steps[order], rows[order]
-    new_group = np.r_[True, (table[1:] != table[:-1]) | (step[1:] != step[:-1])]
-    new_row = new_group | np.r_[True, row[1:] != row[:-1]]
-    distinct = np.bincount(np.cumsum(new_group) - 1, weights=new_row)
-    floor = np.zeros(len(stream.stats.tables), dtype=np.int64)
-    np.maximum.at(floor, table[new_group], distinct.astype(np.int64))
-    present = np.flatnonzero(floor).tolist()
     bounds = np.arange(int(steps.max(initial=-1)) + 2)
     pools = {}
-    for t in present:
+    for t in np.unique(table).tolist():
         mine = table == t  # in step order
         pools[t] = (row[mine], np.searchsorted(step[mine], bounds))
-    row_bytes = dict.fromkeys(present, float(dim * ELEMENT_BYTES))
-    slots = allocate_slots(pools, row_bytes, budget, {t: int(floor[t]) for t in present})
-    return [(steps[tables == t], rows[tables == t], slots[t]) for t in present]
+    floor = {t: min_slots(*pool, ahead) for t, pool in pools.items()}
+    row_bytes = dict.fromkeys(pools, float(dim * ELEMENT_BYTES))
+    slots = allocate_slots(pools, row_bytes, budget, floor, ahead=ahead)
+    return [(steps[tables == t], rows[tables == t], slots[t]) for t in pools]
 
 
 def compared(
     stream: IdStream, key: tuple[int, int, int], fixed: FixedPlans, capacity: int, args: argparse.Namespace
-) -> tuple[dict[str, float], str]:
+) -> tuple[dict[str, float], str, Point | None]:
     """Bytes per input of (d), FAE's cold caches and TorchRec's least (all of ``bench_traffic``'s plans
-    with ``--compare all``; (d) alone with ``belady``), and the name of TorchRec's least."""
+    with ``--compare all``; (d) alone with ``belady``), the name of TorchRec's least, and the point's
+    figures (``--compare all``)."""
     if args.compare == "belady":
         global_batch = args.batch_size * key[1]
         ends = [steps_of(n, global_batch) for n in (args.warmup, args.warmup + args.num_samples)]
         moved = belady_rows(stream, global_batch, ends[1], capacity, args.sampling)[ends[0] : ends[1]]
-        return {"d": float(moved.sum()) * key[0] * ELEMENT_BYTES / args.num_samples}, "-"
+        return {"d": float(moved.sum()) * key[0] * ELEMENT_BYTES / args.num_samples}, "-", None
     point = measure_point(stream, *key, fixed, args, [args.num_samples])[args.num_samples]
-    return traffic_of(point), min(point.torchrec, key=point.traffic.__getitem__)
+    return traffic_of(point), min(point.torchrec, key=point.traffic.__getitem__), point
 
 
 def measure(
     stream: IdStream, key: tuple[int, int, int], fixed: FixedPlans, args: argparse.Namespace
 ) -> list[str]:
-    """The table's rows of one point: each planned tier, whole and windowed."""
+    """The table's rows of one point: each planned tier, whole and windowed; with the point's figures
+    (``--compare all``), the tiers' steps by the step model."""
     dim, world_size, hbm_cap = key
     tiers, capacity, hot_budget = planned_rows(stream, dim, world_size, hbm_cap, args)
-    traffic, least = compared(stream, key, fixed, capacity, args)
+    traffic, least, point = compared(stream, key, fixed, capacity, args)
     where = f"{dim:>4} {world_size:>4} {format_bytes(hbm_cap):>9} {format_bytes(hot_budget):>9}"
-    lines = []
-    for name, (pools, count_from) in tiers.items():
+    lines, links = [], {}
+    scale = dim * ELEMENT_BYTES * args.sampling / args.num_samples
+    for (name, ahead), (pools, count_from) in tiers.items():
         num_steps = max(int(steps.max(initial=-1)) for steps, _, _ in pools) + 1
         slots = sum(pool[2] for pool in pools)
         if slots > capacity // args.sampling:  # a step's rows per table, more than the memory holds
@@ -226,45 +245,93 @@ def measure(
         whole = None
         for window in (None, *args.windows):
             try:
-                moved_rows, first_rows, seconds, nbytes = _replayed(pools, num_steps, count_from, window)
+                replay = _replayed(pools, num_steps, count_from, window, ahead)
             except ValueError as error:
                 lines.append(f"{where} | {name}: {error}")
                 break
-            scale = dim * ELEMENT_BYTES * args.sampling / args.num_samples
-            moved, start = moved_rows * scale, first_rows * scale
+            moved = float(replay.loads.sum() - replay.first.sum() + replay.evictions.sum()) * scale
+            start = float(replay.first.sum()) * scale
             whole = moved if window is None else whole
+            if window is None:
+                links[name, ahead] = _busiest(replay.loads, replay.evictions, world_size) * scale
             millions = stream.num_inputs / 1e6
             lines.append(
-                f"{where} | {name:<15} {'epoch' if window is None else window:>5} "
+                f"{where} | {name:<15} {ahead:>1} {'epoch' if window is None else window:>5} "
                 f"{slots * args.sampling:>11,} | {moved * PER_MILLION:>7.3f} {start * PER_MILLION:>6.3f} "
                 f"{_cell(traffic, 'd')} {_cell(traffic, FAE_PLAN)} {_cell(traffic, LEAST)} | "
                 f"{_ratio(moved, traffic['d']):>5} {_ratio(moved, traffic.get(LEAST)):>5} "
-                f"{_ratio(moved, whole):>6} | {seconds / millions:>6.2f} "
-                f"{nbytes / millions / (1 << 20):>6.1f}{'' if window else f'  {least}'}"
+                f"{_ratio(moved, whole):>6} | {replay.seconds / millions:>6.2f} "
+                f"{replay.nbytes / millions / (1 << 20):>6.1f}{'' if window else f'  {least}'}"
             )
+    return lines if point is None else lines + step_lines(point, links, where, args.host_ms)
+
+
+def step_lines(point: Point, links: dict[tuple[str, int], float], where: str, host_ms: float) -> list[str]:
+    """Per tier (``links``: its busiest link's bytes per input, by name and cold steps ahead), PCIe
+    generation and host work per cold step (``host_ms``, then none): TorchRec's best step over the tier's
+    by the traffic model at each effective bandwidth, ``*`` where TorchRec's best is transfer-bound."""
+    lines = []
+    for (name, ahead), link in links.items():
+        if not name.startswith("tier"):
+            continue
+        for model in PCIE:
+            for host in (host_ms, 0.0):
+                cells = []
+                for share in BANDWIDTH_SHARES:
+                    terms = Terms(bandwidth_share=share)
+                    steps = point.steps(model, terms)
+                    best = best_plan(steps)
+                    tier = tier_step(
+                        point, link, model, ahead, hot_rows=name == "tier", terms=terms, host_ms=host
+                    )
+                    bound = "*" if transfer_bound(point, best, model, terms) else " "
+                    cells.append(f"{steps[best] / tier:>5.2f}{bound}")
+                lines.append(f"{where} | {name:<15} {ahead:>1} | {model} {host:>4.1f} | " + " ".join(cells))
     return lines
 
 
-def _replayed(
-    pools: list[Pool], num_steps: int, count_from: int, window: int | None
-) -> tuple[float, float, float, int]:
-    """The slot plans of ``pools`` over ``num_steps`` steps (look-ahead ``window``): the rows they move
-    from step ``count_from`` on (in and back) once each pool's first rows are loaded for free, as (d)'s
-    are, and those first rows; the plans' seconds and the bytes of their arrays."""
-    moved = first = seconds = 0.0
-    nbytes = 0
-    for steps, keys, slots in pools:
+@dataclass(frozen=True)
+class Replay:
+    """Slot plans replayed over the counted steps: per pool the rows copied in (first loads included)
+    and written back, and the first loads (each pool's first ``slots`` rows); the plans' seconds and the
+    bytes of their arrays."""
+
+    loads: np.ndarray
+    evictions: np.ndarray
+    first: np.ndarray
+    seconds: float
+    nbytes: int
+
+
+def _replayed(pools: list[Pool], num_steps: int, count_from: int, window: int | None, ahead: int) -> Replay:
+    """The slot plans of ``pools`` over ``num_steps`` steps (look-ahead ``window``, copies ``ahead``
+    steps early), counted from step ``count_from`` on."""
+    loads, evictions, first = (np.zeros(len(pools)) for _ in range(3))
+    seconds, nbytes = 0.0, 0
+    for index, (steps, keys, slots) in enumerate(pools):
         order = np.argsort(steps, kind="stable")
         bounds = np.searchsorted(steps[order], np.arange(num_steps + 1))
         started = time.perf_counter()
-        plan = plan_slots(keys[order], bounds, slots, window)
+        plan = plan_slots(keys[order], bounds, slots, window, ahead)
         seconds += time.perf_counter() - started
         nbytes += plan.nbytes
-        loads, evictions = plan.loads_per_step(), plan.evictions_per_step()
-        first_fill = np.diff(np.minimum(np.r_[0, np.cumsum(loads)], slots))
-        moved += float((loads - first_fill + evictions)[count_from:].sum())
-        first += float(first_fill[count_from:].sum())
-    return moved, first, seconds, nbytes
+        loaded = plan.loads_per_step()
+        first_fill = np.diff(np.minimum(np.r_[0, np.cumsum(loaded)], slots))
+        loads[index] = loaded[count_from:].sum()
+        evictions[index] = plan.evictions_per_step()[count_from:].sum()
+        first[index] = first_fill[count_from:].sum()
+    return Replay(loads, evictions, first, seconds, nbytes)
+
+
+def _busiest(loads: np.ndarray, evictions: np.ndarray, ranks: int) -> float:
+    """The busiest rank's copies in its busier direction, the pools placed whole on ``ranks`` ranks,
+    most loads first on the rank with fewest (the balance a table-wise plan can at best have)."""
+    placed_in, placed_out = np.zeros(ranks), np.zeros(ranks)
+    for pool in np.argsort(-loads, kind="stable").tolist():  # one per table
+        rank = int(np.argmin(placed_in))
+        placed_in[rank] += loads[pool]
+        placed_out[rank] += evictions[pool]
+    return float(np.maximum(placed_in, placed_out).max())
 
 
 def _cell(traffic: dict[str, float], name: str) -> str:
@@ -302,15 +369,26 @@ def main(argv: list[str] | None = None) -> None:
         "moved host-device per 1M inputs (weights, both directions): planned, the slot plan's own copies "
         "with its first rows loaded for free as d's are (start: what loading them costs); d: Belady's "
         "cache of the same device memory; FAE pp: FAE's LRU cold caches; TorchRec: the fewest bytes of "
-        "its configurations (named at the end). hot: FAE pp's hot budget; W: look-ahead in steps "
+        "its configurations (named at the end). hot: FAE pp's hot budget; a: the tier's copies run that many "
+        "cold steps early (--copy-ahead); W: look-ahead in steps "
         "(epoch: the whole stream); / epoch: bytes against the whole-stream plan; s and MiB: the plan's "
         "time and arrays per 1M inputs of the stream (measured here, CPU, on the row sample)"
     )
     print(
-        f"{'dim':>4} {'GPUs':>4} {'HBM':>9} {'hot':>9} | {'tier':<15} {'W':>5} {'slots':>11} | "
+        f"{'dim':>4} {'GPUs':>4} {'HBM':>9} {'hot':>9} | {'tier':<15} {'a':>1} {'W':>5} {'slots':>11} | "
         f"{'planned':>7} {'start':>6} {'d':>7} {FAE_PLAN:>7} {'TorchRec':>7} | {'/ d':>5} {'/ TR':>5} "
         f"{'/epoch':>6} | {'s':>6} {'MiB':>6}"
     )
+    if args.compare == "all":
+        print(
+            "then per tier (whole-stream plans), PCIe generation and host ms (the tier's own work per cold "
+            "step, added to it): TorchRec's best step / the tier's by the traffic model (sparse part, no "
+            "cache machinery), at effective bandwidths of "
+            + ", ".join(f"{share:.2f}" for share in BANDWIDTH_SHARES)
+            + " of the link's; *: TorchRec's best is transfer-bound there. The tier's step: FAE pp's layout, "
+            "its copies on the busiest rank's link (tables placed largest first on the least loaded rank), "
+            "run a cold steps early"
+        )
     for key in args.points:
         try:
             print("\n".join(measure(stream, key, fixed, args)))

@@ -41,13 +41,15 @@ PREFIX = PREFIXES["dlrm"]
 STATE_BYTES = {"sgd": 0, "adagrad": 8 * 4, "rowwise_adagrad": 4}
 
 
-def _slots(hot_set, world_size: int, row_wise_cold: bool) -> dict[str, int]:
+def _slots(hot_set, world_size: int, row_wise_cold: bool, ahead: int = 0) -> dict[str, int]:
     """Per table with cold rows: room for one step's lookups (one id per input, 32 inputs per rank) and
     one more (an odd count: uneven row-wise shards); row-wise, room for two steps' (a step's rows need
-    not split evenly between the shards)."""
+    not split evenly between the shards); copying ``ahead`` steps early, room for that many more."""
     num_hot = {t.name: len(ids) for t, ids in zip(hot_set.tables, hot_set.hot_ids, strict=True)}
     return {
-        t.name: min(t.num_embeddings - num_hot[t.name], 32 * world_size * (1 + row_wise_cold) + 1)
+        t.name: min(
+            t.num_embeddings - num_hot[t.name], 32 * world_size * (1 + row_wise_cold) * (1 + ahead) + 1
+        )
         for t in hot_set.tables
         if t.num_embeddings > num_hot[t.name]
     }
@@ -81,13 +83,15 @@ def _planned_training(
     window: int | None,
     row_wise_cold: bool = False,
     pipeline: str | None = None,
+    ahead: int = 0,
 ) -> None:
-    """The baseline and the FAE model with a planned cold tier trained on the same batches: the first
-    ``STEPS``, or with ``pipeline`` two whole epochs, the FAE model on that train pipeline."""
+    """The baseline and the FAE model with a planned cold tier (copies ``ahead`` cold steps early)
+    trained on the same batches: the first ``STEPS``, or with ``pipeline`` two whole epochs, the FAE
+    model on that train pipeline."""
     optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
     embedding = EmbeddingOptimizer(optimizer, kwargs)
     data, tables, _, hot_set = _setup("dlrm", world_size)
-    slots = _slots(hot_set, world_size, row_wise_cold)
+    slots = _slots(hot_set, world_size, row_wise_cold, ahead)
     torch.manual_seed(0)  # the same initial tables on every rank
     baseline_ebc = EmbeddingBagCollection(tables)
     initial = {name: value.clone() for name, value in baseline_ebc.state_dict().items()}
@@ -113,7 +117,7 @@ def _planned_training(
     assert cold_types == {"row_wise" if row_wise_cold else "table_wise"}
 
     partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
-    tier = PlannedColdTier(fae_dmp, window=window)
+    tier = PlannedColdTier(fae_dmp, window=window, ahead=ahead)
     assert len(tier.groups) == len(slots) * (2 if row_wise_cold else 1)  # a group per row-wise shard
     tier.load_ebc_state_dict(initial)
     router = BatchRouter(partition, 32, world_size=world_size, rank=rank, seed=1)
@@ -152,9 +156,9 @@ def _planned_training(
     assert rows_out == rows_in > 0, "every row copied in went back once (evicted, or at the flush)"
     assert bytes_in == bytes_out == rows_in * (8 * 4 + STATE_BYTES[optimizer_name])  # dim 8, float32
     if pipeline is None:  # the copies are the plan's: each group's loads made by the rank holding it
-        cold_steps = sum(not step.hot for step in routed)
-        assert rows_in == sum(int(p.loads_per_step()[:cold_steps].sum()) for p in tier.plans.values())
-        assert sum(int(p.evictions_per_step()[:cold_steps].sum()) for p in tier.plans.values()) > 0
+        copied = sum(not step.hot for step in routed) + ahead  # the last step copies those ahead of it
+        assert rows_in == sum(int(p.loads_per_step()[:copied].sum()) for p in tier.plans.values())
+        assert sum(int(p.evictions_per_step()[:copied].sum()) for p in tier.plans.values()) > 0
     batches = [step.batch for step in routed]
     cold = tier.gather_cold_state()["weight"]
     _assert_trained_alike(base_dmp, fae_dmp, "dlrm", tables, batches, initial, initial_dense, tolerance, cold)
@@ -162,12 +166,17 @@ def _planned_training(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("optimizer_name", "world_size", "window"),
-    [("sgd", 1, None), ("adagrad", 2, None), ("rowwise_adagrad", 1, 4), ("rowwise_adagrad", 2, None)],
+    ("optimizer_name", "world_size", "window", "ahead"),
+    [
+        ("sgd", 1, None, 0),
+        ("adagrad", 2, None, 2),
+        ("rowwise_adagrad", 1, 4, 1),
+        ("rowwise_adagrad", 2, None, 0),
+    ],
 )
-def test_planned_cold_tier_trains_the_baseline_model(tmp_path, optimizer_name, world_size, window):
-    """Slot tables table-wise: each on one rank."""
-    run_on_ranks(_planned_training, world_size, tmp_path, optimizer_name, window)
+def test_planned_cold_tier_trains_the_baseline_model(tmp_path, optimizer_name, world_size, window, ahead):
+    """Slot tables table-wise: each on one rank; copies just before a step, or ``ahead`` steps early."""
+    run_on_ranks(_planned_training, world_size, tmp_path, optimizer_name, window, False, None, ahead)
 
 
 @pytest.mark.slow
@@ -181,8 +190,18 @@ def test_row_wise_slot_tables_train_the_baseline_model(tmp_path, optimizer_name)
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_a_train_pipeline_with_a_planned_cold_tier_trains_the_baseline_model(tmp_path, world_size):
     """FAE's sparse pipeline over two epochs: batches routed a step ahead of their lookup, and the
-    rows the first epoch leaves in the slots written back when the second one starts."""
-    run_on_ranks(_planned_training, world_size, tmp_path, "rowwise_adagrad", None, world_size == 2, "sparse")
+    rows the first epoch leaves in the slots written back when the second one starts; at 2 ranks the
+    copies run a cold step early."""
+    run_on_ranks(
+        _planned_training,
+        world_size,
+        tmp_path,
+        "rowwise_adagrad",
+        None,
+        world_size == 2,
+        "sparse",
+        world_size - 1,
+    )
 
 
 def test_cold_slots_are_checked_against_the_tables():
@@ -310,7 +329,7 @@ def test_the_recipe_sizes_slots_from_a_step_and_grows_them_within_a_budget():
     data, _, _, hot_set = _setup("dlrm", 1)
     partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
     args = argparse.Namespace(
-        batch_size=32, order="stream", order_seed=None, seed=0, epochs=2, optimizer="sgd"
+        batch_size=32, order="stream", order_seed=None, seed=0, epochs=2, optimizer="sgd", copy_ahead=0
     )
     validation = partition.cold.slice(0, 64).without_part_ids()
     floor = slot_sizing(args, [partition], validation, hot_set, 1, 0.0)(None)
@@ -324,3 +343,8 @@ def test_the_recipe_sizes_slots_from_a_step_and_grows_them_within_a_budget():
     assert all(grown[t] >= floor[t] for t in floor) and grown != floor
     assert sum(grown[t] * row_bytes[t] for t in grown) <= budget
     assert slot_sizing(args, [partition], validation, hot_set, 1, 0.0, saved={"t": 3})(budget) == {"t": 3}
+    args.copy_ahead = 1  # the rows of two cold steps in a row
+    ahead = slot_sizing(args, [partition], validation, hot_set, 1, 0.0)(None)
+    pairs = [min_cold_slots(partition, s, hot_set, ahead=1) for s in steps]
+    assert ahead == {t: max(evaluated[t], *(f[t] for f in pairs)) for t in evaluated}
+    assert all(ahead[t] >= floor[t] for t in floor) and ahead != floor

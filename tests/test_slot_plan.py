@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.common.cache_model import BatchedKeys, belady_moves
-from fae_torchrec.train.slot_plan import SlotPlan, allocate_slots, plan_slots
+from fae_torchrec.train.slot_plan import SlotPlan, allocate_slots, min_slots, plan_slots
 
 
 def _skewed_steps(seed: int, steps: int = 60, per_step: int = 12, rows: int = 200) -> tuple:
@@ -19,16 +19,20 @@ def _skewed_steps(seed: int, steps: int = 60, per_step: int = 12, rows: int = 20
 
 
 def _replay(plan: SlotPlan) -> None:
-    """Apply the plan's evictions and loads step by step and check every step finds its rows where the
-    plan's remap says, one row per slot."""
+    """Apply the plan's evictions and loads step by step, each step's before the step ``ahead`` steps
+    earlier, and check every step finds its rows where the plan's remap says, one row per slot, and
+    that evicted rows were last used before the copies run."""
     held = np.full(plan.num_slots, -1)
     for s in range(plan.num_steps):
-        rows, slots = plan.evictions(s)
-        assert np.array_equal(held[slots], rows), f"step {s} evicts rows its slots hold"
-        held[slots] = -1
-        rows, slots = plan.loads(s)
-        assert np.all(held[slots] == -1), f"step {s} loads into slots that are free"
-        held[slots] = rows
+        for u in plan.copied_before(s):
+            rows, slots = plan.evictions(u)
+            assert np.array_equal(held[slots], rows), f"step {u} evicts rows its slots hold"
+            span = slice(plan.evicted_bounds[u], plan.evicted_bounds[u + 1])
+            assert np.all(plan.evicted_after[span] < s), f"step {u}'s evictions were used before step {s}"
+            held[slots] = -1
+            rows, slots = plan.loads(u)
+            assert np.all(held[slots] == -1), f"step {u} loads into slots that are free"
+            held[slots] = rows
         mine = plan.rows[plan.bounds[s] : plan.bounds[s + 1]]
         remapped = plan.remap(s, mine)
         assert len(np.unique(remapped)) == len(mine), "distinct rows get distinct slots"
@@ -170,3 +174,46 @@ def test_slots_go_where_the_copies_fall_most_per_byte():
     assert allocate_slots(pools, row_bytes, 100.0, floor) == floor, "floors over the budget: as they are"
     roomy = allocate_slots(pools, row_bytes, 1e9, floor)
     assert roomy["skewed"] == len(np.unique(skewed[0])), "no more slots than distinct rows"
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("ahead", [1, 3])
+def test_copies_ahead_keep_the_rows_of_the_steps_before_and_cost_no_fewer_copies(seed, ahead):
+    """Copies ``ahead`` steps early never take a slot a step in between looks up (the replay checks
+    every step's rows at their slots), and move at least the rows the plan copying just before each
+    step moves: that plan is optimal."""
+    ids, bounds = _skewed_steps(seed)
+    for num_slots in (40, 80, 400):
+        plan = plan_slots(ids, bounds, num_slots, ahead=ahead)
+        assert plan.ahead == ahead
+        _replay(plan)
+        assert plan.rows_in >= plan_slots(ids, bounds, num_slots).rows_in
+        windowed = plan_slots(ids, bounds, num_slots, window=5, ahead=ahead)
+        _replay(windowed)
+
+
+def test_copies_ahead_need_the_rows_of_that_many_steps_more_in_slots():
+    ids, bounds = np.array([1, 2, 3, 4, 1, 2]), np.array([0, 2, 4, 6])
+    assert plan_slots(ids, bounds, 2).rows_in == 6
+    with pytest.raises(ValueError, match="steps 0 to 1 look up more distinct rows than the 2 slots"):
+        plan_slots(ids, bounds, 2, ahead=1)
+    plan = plan_slots(ids, bounds, 4, ahead=1)
+    _replay(plan)
+    assert plan.rows_in == 4, "rows 1 and 2 stay while rows 3 and 4 are copied in"
+    assert list(plan.copied_before(0)) == [0, 1] and list(plan.copied_before(1)) == [2]
+    assert list(plan.copied_before(2)) == []
+    with pytest.raises(ValueError, match="ahead must be at least 0"):
+        plan_slots(ids, bounds, 4, ahead=-1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("ahead", [0, 1, 4])
+def test_min_slots_is_the_fewest_the_plan_takes(seed, ahead):
+    ids, bounds = _skewed_steps(seed)
+    fewest = min_slots(ids, bounds, ahead)
+    runs = [len(np.unique(ids[bounds[max(s - ahead, 0)] : bounds[s + 1]])) for s in range(len(bounds) - 1)]
+    assert fewest == max(runs)
+    _replay(plan_slots(ids, bounds, fewest, ahead=ahead))
+    with pytest.raises(ValueError, match=r"distinct rows, more than|more distinct rows than"):
+        plan_slots(ids, bounds, fewest - 1, ahead=ahead)
+    assert min_slots(np.zeros(0, dtype=np.int64), np.array([0, 0]), ahead) == 1

@@ -11,11 +11,14 @@ from benchmarks.common.step_models import (
     Point,
     Terms,
     break_even,
+    copy_ahead_step,
     deciding_term,
     decision,
     dlrm_training_flops,
     pipelined_step,
+    tier_step,
     torchrec_best,
+    transfer_bound,
 )
 
 #: The plans whose traffic is replayed: FAE's, and TorchRec's configurations by name ("pp": planned for
@@ -193,3 +196,40 @@ def test_torchrecs_best_is_the_fastest_configuration_whatever_its_name():
     gen4 = point.steps("Gen4")
     assert gen4["default pp tw-all"] == pytest.approx(1.0), "pp in the name: its transfers overlap"
     assert gen4["default"] == pytest.approx(1.0 + MS_PER_BYTE_PER_INPUT)
+
+
+def test_a_planned_tier_hides_its_copies_behind_the_steps_it_copies_ahead_of():
+    """Every step cold, each 1 ms: copies before the step add to it; one cold step ahead they hide
+    behind the step before while shorter than it, else the link sets the step; hot steps between cold
+    ones hide more, and two steps ahead no less than one."""
+    assert copy_ahead_step(0.0, 1.0, 1.0, 0.5, 0) == pytest.approx(1.5)
+    assert copy_ahead_step(0.0, 1.0, 1.0, 0.5, 1) == pytest.approx(1.0, rel=1e-3)
+    assert copy_ahead_step(0.0, 1.0, 1.0, 3.0, 1) == pytest.approx(3.0, rel=1e-3), "the link's pace"
+    before = copy_ahead_step(0.5, 1.0, 1.0, 3.0, 0)
+    one, two = (copy_ahead_step(0.5, 1.0, 1.0, 3.0, ahead) for ahead in (1, 2))
+    assert before == pytest.approx(0.5 * 1.0 + 0.5 * 4.0, rel=0.02)
+    assert 1.5 <= two <= one < before
+    assert copy_ahead_step(1.0, 1.0, 2.0, 9.0, 1) == 1.0, "no cold step"
+
+
+def test_the_tiers_step_is_fae_pp_s_layout_with_its_own_copies_and_host_work():
+    """FAE pp's layout (hot step 0.8 ms, cold 1 ms in HBM, 40% cold), its copies (1e5 bytes per input
+    on the link: 3.17 ms a step over Gen4) carried by the cold steps; without hot rows every step cold."""
+    point = _point(fae=_point().fae | {"FAE pp": FAEFigures(1 << 20, 0.5, 0.6, 0.8, 1.0)})
+    transfer = 1e5 * MS_PER_BYTE_PER_INPUT
+    step = tier_step(point, 1e5, "Gen4", 0, hot_rows=True)
+    assert step == pytest.approx(copy_ahead_step(0.6, 0.8, 1.0, transfer / 0.4, 0))
+    assert tier_step(point, 1e5, "Gen4", 0, hot_rows=True, host_ms=0.5) == pytest.approx(
+        copy_ahead_step(0.6, 0.8, 1.5, transfer / 0.4, 0)
+    )
+    assert tier_step(point, 1e5, "Gen4", 1, hot_rows=True) < step
+    assert tier_step(point, 1e5, "Gen4", 0, hot_rows=False) == pytest.approx(1.0 + transfer, rel=1e-3)
+    halved = tier_step(point, 1e5, "Gen4", 0, hot_rows=False, terms=Terms(bandwidth_share=0.5))
+    assert halved == pytest.approx(1.0 + 2 * transfer, rel=1e-3)
+
+
+def test_a_configuration_is_transfer_bound_where_its_copies_outlast_the_rest_of_its_step():
+    small, big = _point(), _point(link=dict.fromkeys(MOVERS, 1e5))  # 3e-5 and 3.17 ms against 1 ms
+    assert not transfer_bound(small, "b LRU pp", "Gen4") and transfer_bound(big, "b LRU pp", "Gen4")
+    assert not transfer_bound(big, "b LRU pp", "Gen4", Terms(dense_ms=3.0)), "the dense part outlasts it"
+    assert transfer_bound(small, "b LRU pp", "Gen4", Terms(bandwidth_share=1e-5))

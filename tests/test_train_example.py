@@ -227,6 +227,7 @@ def test_exclude_profiled_refuses_a_sample_of_every_input(tmp_path):
         (["--sample", "1"], "the statistics have no holdout inputs"),  # refused by the planner
         (["--pipeline", "prefetch"], "--pipeline prefetch: TorchRec's prefetch pipeline runs on CUDA only"),
         (["--cold-tier", "planned", "--baseline"], "--cold-tier planned with --baseline: TorchRec's unsplit"),
+        (["--copy-ahead", "1"], "--copy-ahead: only with --cold-tier planned"),
         (
             ["--batch-size", "100000"],
             "--batch-size 100000 is larger than the training data: --data synthetic has 2,700 training "
@@ -390,12 +391,14 @@ def test_the_planned_cold_tier_trains_the_caching_tiers_model_and_resumes_mid_ep
     """``--cold-tier planned`` against the default tier on the same batches, at 1 and 2 ranks: the same
     losses and validation AUCs, evaluations mid-epoch included (each cold row copied into a slot ahead of
     its step with its optimizer state, and back when evicted); resumed mid-epoch from a checkpoint (host
-    rows, slots and the plan's position), the same again."""
+    rows, slots and the plan's position), the same again. At 2 ranks the copies run 2 cold steps early."""
     ranks = 2 if launcher == TORCHRUN else 1
+    ahead = 2 if launcher == TORCHRUN else 0  # the default on CPU
     common = [*SMALL[:4], "--batch-size", str(64 // ranks), "--order", order, "--eval-every", "10"]
     common += ["--epochs", "2"]
     checkpoints = tmp_path / "ck"
     planned_args = [*common, "--cold-tier", "planned", "--checkpoint-dir", str(checkpoints)]
+    planned_args += ["--copy-ahead", "2"] if ahead else []
     caching = _run(tmp_path / "caching", *common, launcher=launcher)
     planned = _run(
         tmp_path / "planned",
@@ -408,6 +411,7 @@ def test_the_planned_cold_tier_trains_the_caching_tiers_model_and_resumes_mid_ep
     assert "cold_tier" not in caching and planned["world_size"] == ranks
     assert planned["history"] == caching["history"] and len(planned["history"]["auc"]) > 4
     tier = planned["cold_tier"]
+    assert tier["copy_ahead"] == ahead
     assert tier["rows_in"] > sum(tier["slots"].values()) > 0, "slots were filled more than once"
     assert tier["bytes_in"] > tier["bytes_out"] > 0
     assert (

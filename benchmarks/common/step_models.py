@@ -205,6 +205,64 @@ def pipelined_step(
     return now / ORDER_STEPS
 
 
+def copy_ahead_step(share: float, hot: float, cold: float, transfer: float, ahead: int) -> float:
+    """The mean step (ms) of a planned cold tier's steps, timed over ``ORDER_STEPS`` steps hot at random
+    with probability ``share`` (``pipelined_step``'s order): each cold step's copies (``transfer`` ms on
+    the link, one at a time) start when the cold step ``ahead`` before it starts (the first ``ahead``
+    at the start), and the step runs once they and the step before it have ended; ``ahead`` 0: they
+    start when the step before it ends, and the step waits for them."""
+    kinds = np.random.default_rng(0).random(ORDER_STEPS) < share  # True: a hot step
+    now = link = 0.0
+    cold_starts: list[float] = []
+    for is_hot in kinds.tolist():
+        if is_hot:
+            now += hot
+            continue
+        if not ahead:
+            trigger = now
+        else:
+            trigger = cold_starts[-ahead] if len(cold_starts) >= ahead else 0.0
+        link = max(link, trigger) + transfer
+        cold_starts.append(max(now, link))
+        now = cold_starts[-1] + cold
+    return now / ORDER_STEPS
+
+
+def tier_step(
+    point: Point,
+    link: float,
+    model: str,
+    ahead: int,
+    *,
+    hot_rows: bool,
+    terms: Terms = Terms(),
+    host_ms: float = 0.0,
+) -> float:
+    """A planned cold tier's mean step (ms) at ``point`` under ``model``'s traffic model (a PCIe
+    generation): FAE pp's layout, its cold tables plain slot tables (priced as in HBM, with no cache
+    machinery), every step cold without ``hot_rows``; its copies, ``link`` bytes per input on the busiest
+    rank's link in its busier direction, carried by the cold steps and run ``ahead`` cold steps early
+    (:func:`copy_ahead_step`); ``host_ms``, the host's own work per cold step (the plan and the remap),
+    added to each cold step."""
+    fae = point.figures("FAE pp")
+    share = fae.measured_share if hot_rows else 0.0
+    hot = fae.hot_step + terms.dense_ms
+    cold = fae.cold_step_in_hbm + terms.dense_ms + host_ms
+    if share >= 1.0:
+        return hot
+    ms_per_byte = 1e3 * point.global_batch / (PCIE[model] * terms.bandwidth_share)
+    return copy_ahead_step(share, hot, cold, link * ms_per_byte / (1.0 - share), ahead)
+
+
+def transfer_bound(point: Point, plan: str, model: str, terms: Terms = Terms()) -> bool:
+    """Whether TorchRec's configuration ``plan`` at ``point`` is transfer-bound under ``model``'s traffic
+    model: its step's host-device transfers take longer than the rest of it (its layout's step with every
+    row in HBM, the cache machinery and the dense part)."""
+    ms_per_byte = 1e3 * point.global_batch / (PCIE[model] * terms.bandwidth_share)
+    machinery = terms.machinery_ms * point.caches.get(plan, 0)
+    return point.link[plan] * ms_per_byte > point.in_hbm[plan] + machinery + terms.dense_ms
+
+
 def pipelined(plan: str) -> bool:
     """Whether ``plan``'s transfers overlap its steps: FAE's prefetch pipelines, and TorchRec's
     configurations planned for the prefetch pipeline (``pp`` in their names)."""

@@ -225,6 +225,8 @@ def build_training(
     # a planned cold tier has no cache to prefetch into
     prefetching = device.type == "cuda" and args.cold_tier != "planned"
     args.pipeline = args.pipeline or ("prefetch" if prefetching else "sparse")
+    if args.cold_tier == "planned" and args.copy_ahead is None:  # nothing runs beside a step on CPU
+        args.copy_ahead = int(device.type == "cuda")
     if args.hbm_cap is not None and device.type == "cpu":
         logger.warning("--hbm-cap %s ignored: there is no device memory to cap on CPU", args.hbm_cap)
     plan_file = _plan_file(args, device) if args.plan else None
@@ -246,7 +248,7 @@ def build_training(
     load_initial_tables(dmp.module.get_submodule(family.sparse_path), tables, args.seed)
     cold_tier = None
     if sizing is not None:
-        cold_tier = PlannedColdTier(dmp)
+        cold_tier = PlannedColdTier(dmp, ahead=args.copy_ahead)
         cold_tier.load_initial_tables(tables, args.seed)
     router = make_router(args, partition, world, rank, dmp, warmup=warmup, cold_tier=cold_tier)
     mode = args.baseline or "fae"

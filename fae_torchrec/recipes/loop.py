@@ -285,17 +285,20 @@ def _pauses(args: argparse.Namespace) -> tuple[int, int, int]:
 
 
 def _tier_metrics(cold_tier: PlannedColdTier) -> dict:
-    """The planned cold tier's slots per table and this rank's copies in this run (training and
-    evaluation; after a resume: since it), rows and bytes host to device (in) and back (out), and the
-    milliseconds per cold step of its epochs' plans, its routing and its copies."""
+    """The planned cold tier's slots per table, the cold steps its copies run early, and this rank's
+    copies in this run (training and evaluation; after a resume: since it), rows and bytes host to
+    device (in) and back (out), and the milliseconds per cold step of its epochs' plans, its routing and
+    its copies."""
     return {
         "slots": dict(cold_tier.fae.cold_slots),
+        "copy_ahead": cold_tier.ahead,
         "rows_in": cold_tier.rows_in,
         "rows_out": cold_tier.rows_out,
         "bytes_in": cold_tier.bytes_in,
         "bytes_out": cold_tier.bytes_out,
-        # the tier's own work per cold step trained (on the critical path: none overlaps a step); the
-        # epochs' plans are made when their first step is routed
+        # the tier's own work per cold step trained, on the host (the copies' time is the time to issue
+        # them on CUDA, where they run on a side stream); the epochs' plans are made when their first
+        # step is routed
         "plan_ms_per_cold_step": 1000 * cold_tier.plan_seconds / max(cold_tier.copied_steps, 1),
         "route_ms_per_cold_step": 1000 * cold_tier.route_seconds / max(cold_tier.copied_steps, 1),
         "copy_ms_per_cold_step": 1000 * cold_tier.copy_seconds / max(cold_tier.copied_steps, 1),

@@ -123,6 +123,13 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
         "table's slots hold a step's rows and, on CUDA, grow within the caches' device memory where the "
         "schedule's copies fall most (docs/train.md)",
     )
+    parser.add_argument(
+        "--copy-ahead",
+        type=non_negative_int,
+        help="--cold-tier planned: cold steps before its own that a cold step's rows are copied in, so the "
+        "copies overlap the steps between (on CUDA on a side stream); the slots then hold the rows of "
+        "that many more steps (default: 1 on CUDA, 0 on CPU, where nothing runs beside the step)",
+    )
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES), help="embedding optimizer")
     parser.add_argument("--lr", type=positive_float, default=0.05, help="embedding learning rate")
     parser.add_argument("--dense-lr", type=positive_float, default=0.05, help="dense (Adagrad) learning rate")
@@ -212,6 +219,8 @@ def _invalid_combination(args: argparse.Namespace) -> str | None:
         for option, given, why in refused:
             if given:
                 return f"--cold-tier planned with {option}: {why}"
+    elif args.copy_ahead is not None:
+        return "--copy-ahead: only with --cold-tier planned (FBGEMM's caches fetch their own rows)"
     if args.stats and args.exclude_profiled:
         return "--exclude-profiled: which inputs --stats sampled is not in the statistics file; profile here"
     from fae_torchrec.train.schedule import check_warmup

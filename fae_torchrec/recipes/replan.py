@@ -245,7 +245,7 @@ class Replanning:
             args, self.family, training.tables, stats, hot_set, self.world, self.device, slot_sizing=sizing
         )
         self.last_move["shard_seconds"] = clock.lap()
-        cold_tier = None if sizing is None else PlannedColdTier(dmp)
+        cold_tier = None if sizing is None else PlannedColdTier(dmp, ahead=args.copy_ahead)
         load_unsplit_state(dmp, dense, embedding, state, cold_tier)
         del state
         self.last_move["load_seconds"] = clock.lap()

@@ -38,7 +38,8 @@ def slot_sizing(
 ) -> SlotSizing:
     """How the run sizes the slots of ``hot_set``'s cold tables, training on ``partitions`` (a re-plan's
     rest of its epoch, then every input) and evaluating on ``validation``: at least the most distinct
-    cold rows of one cold step of any epoch's schedule (``min_cold_slots``) or of one evaluation step
+    cold rows of ``--copy-ahead`` + 1 cold steps in a row of any epoch's schedule (``min_cold_slots``) or
+    of one evaluation step
     (``evaluation_cold_slots``); within a budget, grown where the first partition's first epoch's slot
     plans copy fewest rows per byte (``allocate_slots``, rows with their optimizer state). ``saved``: a
     resumed run's slots, kept as they are."""
@@ -49,7 +50,7 @@ def slot_sizing(
         for p in partitions
     ]
     floors = [
-        min_cold_slots(router.partition, router.schedule(epoch), hot_set)
+        min_cold_slots(router.partition, router.schedule(epoch), hot_set, args.copy_ahead)
         for router in routers
         for epoch in range(args.epochs)
     ]
@@ -59,7 +60,7 @@ def slot_sizing(
     floor = {table: max(f[table] for f in floors) for table in floors[0]}
 
     def sized(budget: float | None) -> dict[str, int]:
-        slots = floor if budget is None else _allocated(routers[0], hot_set, floor, budget, args.optimizer)
+        slots = floor if budget is None else _allocated(routers[0], hot_set, floor, budget, args)
         logger.info(
             "planned cold tier: slots per cold table %s (one step's rows: %s; device memory for them: %s)",
             slots, floor, "none on CPU" if budget is None else format_bytes(budget),
@@ -70,9 +71,10 @@ def slot_sizing(
 
 
 def _allocated(
-    router: BatchRouter, hot_set: HotSet, floor: dict[str, int], budget: float, optimizer: str
+    router: BatchRouter, hot_set: HotSet, floor: dict[str, int], budget: float, args: argparse.Namespace
 ) -> dict[str, int]:
-    """``floor`` grown within ``budget`` bytes over the cold steps of ``router``'s first epoch."""
+    """``floor`` grown within ``budget`` bytes over the cold steps of ``router``'s first epoch, copies
+    ``--copy-ahead`` steps early."""
     cold_steps = [step for step in router.schedule(0) if not step.hot]
     features = {f: c.name for c in hot_set.tables for f in c.feature_names if c.name in floor}
     looked_up = cold_step_rows(router.partition, cold_steps, features)
@@ -80,5 +82,6 @@ def _allocated(
     pools = {t: (rows, np.searchsorted(steps, bounds)) for t, (steps, rows) in looked_up.items()}
     empty = (np.zeros(0, dtype=np.int64), np.zeros(len(bounds), dtype=np.int64))
     layout = hot_set.layout
-    row_bytes = dict(zip(layout.names, layout.row_bytes(EMBEDDING_OPTIMIZERS[optimizer]), strict=True))
-    return allocate_slots({t: pools.get(t, empty) for t in floor}, row_bytes, budget, floor)
+    row_bytes = dict(zip(layout.names, layout.row_bytes(EMBEDDING_OPTIMIZERS[args.optimizer]), strict=True))
+    pools = {t: pools.get(t, empty) for t in floor}
+    return allocate_slots(pools, row_bytes, budget, floor, ahead=args.copy_ahead)

@@ -47,9 +47,10 @@ from fae_torchrec.modules.split_features import SplitFeatures
 from fae_torchrec.modules.state import assemble_full_tensor, initial_blocks
 from fae_torchrec.stats.hot_set import COLD, HOT, HotSet
 from fae_torchrec.torchrec_compat import ShardedTensor
+from fae_torchrec.train.copy_engine import CopyEngine
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.schedule import Step
-from fae_torchrec.train.slot_plan import SlotPlan, plan_slots
+from fae_torchrec.train.slot_plan import SlotPlan, min_slots, plan_slots
 from fae_torchrec.train.step import find_fae_module
 
 
@@ -84,11 +85,14 @@ class _HostRows:
 
 @dataclass(frozen=True)
 class _Copies:
-    """The copies before one cold step, per local group: whether every held row goes back first (a new
-    epoch's plan starts from empty slots), then (evicted slots, their rows), then (loaded rows, slots)."""
+    """The copies before cold step ``step``: whether every held row goes back first (a new epoch's plan
+    starts from empty slots), then for each of the steps ``targets`` (``step`` and the steps ``ahead``,
+    ``SlotPlan.copied_before``), per local group, (evicted slots, their rows, loaded rows, their slots)."""
 
+    step: int
     flush_first: bool
-    moves: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+    targets: tuple[int, ...]
+    moves: tuple[tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...], ...]
 
 
 class PlannedColdTier:
@@ -98,6 +102,9 @@ class PlannedColdTier:
         model: a DMP model holding an ``FAEEmbeddingBagCollection`` built with ``cold_slots``, its slot
             tables planned with the ``fused`` kernel, table-wise or row-wise, with a fused optimizer.
         window: look-ahead of the slot plans in cold steps (None: the whole epoch).
+        ahead: cold steps before its own that a step's copies run (``plan_slots``' ``ahead``): they
+            overlap the steps between (on CUDA on a side stream, ``CopyEngine``), and the slots hold
+            the rows of ``ahead + 1`` cold steps at once.
 
     Set the cold rows' initial weights (:meth:`load_initial_tables`, or :meth:`load_ebc_state_dict`),
     give the tier to the router (``BatchRouter(..., cold_tier=tier)``), evaluate within
@@ -110,18 +117,22 @@ class PlannedColdTier:
     and a row per cold id.
     """
 
-    def __init__(self, model: nn.Module, window: int | None = None) -> None:
+    def __init__(self, model: nn.Module, window: int | None = None, ahead: int = 0) -> None:
         fae = find_fae_module(model)
         if fae is None or fae.cold_slots is None or fae.cold is None:
             raise ValueError(
                 "a planned cold tier needs an FAEEmbeddingBagCollection built with cold_slots, with cold rows"
             )
-        self.fae, self.window = fae, window
+        if ahead < 0:
+            raise ValueError(f"ahead must be at least 0 cold steps, got {ahead}")
+        self.fae, self.window, self.ahead = fae, window, ahead
         self.groups = _slot_groups(fae)
         # every cold row as one key (its table's offset + its row): the groups' rows in ascending ranges
         starts = np.cumsum([0, *(fae.num_cold[t] for t in fae.cold_slots)])[:-1]
         self._offsets = dict(zip(fae.cold_slots, starts.tolist(), strict=True))
         self._local = _host_rows(fae, self.groups)
+        devices = [local.slots["weight"].device for local in self._local]
+        self._engine = CopyEngine(devices[0] if devices else torch.device("cpu"))
         self._reset()
         self._features = {
             f: c.name
@@ -173,6 +184,7 @@ class PlannedColdTier:
 
     def _reset(self) -> None:
         """Empty the slots; every host row's optimizer state the slots' initial one."""
+        self._engine.settle()
         with torch.no_grad():
             for local in self._local:
                 for name, initial in local.initial.items():
@@ -215,7 +227,11 @@ class PlannedColdTier:
             steps, rows = steps[inside], rows[inside]
             try:
                 plan = plan_slots(
-                    rows - group.row_start, np.searchsorted(steps, bounds_of), group.num_slots, self.window
+                    rows - group.row_start,
+                    np.searchsorted(steps, bounds_of),
+                    group.num_slots,
+                    self.window,
+                    self.ahead,
                 )
             except ValueError as error:
                 raise ValueError(
@@ -224,6 +240,7 @@ class PlannedColdTier:
                 ) from error
             self.plans[group] = plan
         self._num_steps, self._routed = len(cold_steps), start
+        self._engine.forget()
         # rows an earlier epoch left in the slots (none: nothing to write); mid-epoch, the plan's own
         self._flush_next = not start
         self._resumed = None
@@ -239,13 +256,15 @@ class PlannedColdTier:
             )
         self._routed += 1
         started = time.perf_counter()
-        moves = []
-        for local in self._local:
-            plan = self.plans[local.group]
-            evicted_rows, evicted_slots = plan.evictions(step)
-            loaded_rows, loaded_slots = plan.loads(step)
-            moves.append((evicted_slots, evicted_rows, loaded_rows, loaded_slots))
-        self._queue.append(_Copies(self._flush_next, tuple(moves)))
+        targets = tuple(self.plans[self.groups[0]].copied_before(step))
+        moves = tuple(
+            tuple(
+                (*self.plans[local.group].evictions(target)[::-1], *self.plans[local.group].loads(target))
+                for local in self._local
+            )
+            for target in targets
+        )
+        self._queue.append(_Copies(step, self._flush_next, targets, moves))
         self._flush_next = False
         cold = features.cold
         if cold is not None:
@@ -258,8 +277,10 @@ class PlannedColdTier:
         steps, with no routed step waiting, before reading the cold rows."""
         if self._queue:
             raise ValueError(f"{len(self._queue)} routed cold steps have not run yet: flush after them")
-        for local in self._local:
-            self._write_back(local, np.flatnonzero(local.held >= 0))
+        with self._engine.copying():
+            for local in self._local:
+                self._write_back(local, np.flatnonzero(local.held >= 0))
+        self._engine.settle()
 
     def state_dict(self) -> dict:
         """This rank's part of the tier between steps, for a checkpoint beside the model's (whose slot
@@ -267,7 +288,9 @@ class PlannedColdTier:
         and the cold steps of the epoch routed so far."""
         if self._queue:
             raise ValueError(f"{len(self._queue)} routed cold steps have not run yet: save after them")
+        self._engine.settle()
         return {
+            "ahead": self.ahead,
             "routed": self._routed,
             "groups": [
                 {"group": astuple(local.group), "rows": dict(local.rows), "held": local.held.copy()}
@@ -278,11 +301,17 @@ class PlannedColdTier:
     def load_state_dict(self, state: Mapping) -> None:
         """Restore :meth:`state_dict` (with the model's state saved beside it); the epoch's plan is made
         again when its router resumes it (``plan_epoch(..., start=)``). ``ValueError`` for the state of
-        other slot groups."""
+        other slot groups, or of copies run another number of steps ahead (the slots hold other rows)."""
         groups = [tuple(saved["group"]) for saved in state["groups"]]
         mine = [astuple(local.group) for local in self._local]
         if groups != mine:
             raise ValueError(f"the cold tier's state holds slot groups {groups}, this rank's are {mine}")
+        if state["ahead"] != self.ahead:
+            raise ValueError(
+                f"the cold tier's state was saved copying {state['ahead']} cold steps ahead, this tier "
+                f"copies {self.ahead} ahead"
+            )
+        self._engine.settle()
         with torch.no_grad():
             for local, saved in zip(self._local, state["groups"], strict=True):
                 for name, rows in local.rows.items():
@@ -304,9 +333,10 @@ class PlannedColdTier:
             yield
         finally:
             self._evaluating = False
-            for local, slots, rows in held:
-                local.held[:] = -1
-                self._load(local, rows, slots)
+            with self._engine.copying():
+                for local, slots, rows in held:
+                    local.held[:] = -1
+                    self._load(local, rows, slots)
 
     def gather_cold_state(self) -> dict[str, dict[str, torch.Tensor]]:
         """Every cold table's rows, on every rank (a collective; :meth:`flush` first): per name (``weight``,
@@ -381,20 +411,24 @@ class PlannedColdTier:
             )
         started = time.perf_counter()
         copies = self._queue.popleft()
-        for local, (evicted_slots, evicted_rows, loaded_rows, loaded_slots) in zip(
-            self._local, copies.moves, strict=True
-        ):
+        self._engine.settle()
+        with self._engine.copying(copies.targets):
             if copies.flush_first:
-                self._write_back(local, np.flatnonzero(local.held >= 0))
-                local.held[:] = -1
-            if len(evicted_slots):
-                if np.any(local.held[evicted_slots] != evicted_rows):
-                    raise RuntimeError(
-                        f"cold table {local.group.table}: the slots hold other rows than planned"
-                    )
-                self._write_back(local, evicted_slots)
-                local.held[evicted_slots] = -1
-            self._load(local, loaded_rows, loaded_slots)
+                for local in self._local:
+                    self._write_back(local, np.flatnonzero(local.held >= 0))
+                    local.held[:] = -1
+            for moves in copies.moves:
+                for local, (evicted_slots, evicted_rows, loaded_rows, loaded_slots) in zip(
+                    self._local, moves, strict=True
+                ):
+                    if np.any(local.held[evicted_slots] != evicted_rows):
+                        raise RuntimeError(
+                            f"cold table {local.group.table}: the slots hold other rows than planned"
+                        )
+                    self._write_back(local, evicted_slots)
+                    local.held[evicted_slots] = -1
+                    self._load(local, loaded_rows, loaded_slots)
+        self._engine.wait(copies.step)
         self.copy_seconds += time.perf_counter() - started
         self.copied_steps += 1
         return None
@@ -423,9 +457,10 @@ class PlannedColdTier:
                     f"{group.slot_start}:{group.slot_stop}, more than they hold: evaluate smaller batches"
                 )
             rows_of[group] = rows
-        for local in self._local:
-            local.held[:] = -1
-            self._load(local, rows_of[local.group], np.arange(len(rows_of[local.group])))
+        with self._engine.copying():
+            for local in self._local:
+                local.held[:] = -1
+                self._load(local, rows_of[local.group], np.arange(len(rows_of[local.group])))
         return self._slot_ids(
             cold, lambda group: (rows_of[group], np.arange(len(rows_of[group]))), "an evaluation batch"
         )
@@ -438,8 +473,8 @@ class PlannedColdTier:
         index = torch.from_numpy(slots).to(local.slots["weight"].device)
         with torch.no_grad():
             for name, device_slots in local.slots.items():
-                values = device_slots.index_select(0, index).cpu()
-                local.rows[name].index_copy_(0, rows, values)
+                values = device_slots.index_select(0, index)
+                self._engine.to_host(local.rows[name], rows, values)
                 self.bytes_out += values.nbytes
         self.rows_out += len(slots)
 
@@ -452,9 +487,8 @@ class PlannedColdTier:
         targets = torch.from_numpy(slots).to(device)
         with torch.no_grad():
             for name, device_slots in local.slots.items():
-                values = local.rows[name].index_select(0, index)
-                device_slots.index_copy_(0, targets, values.to(device, non_blocking=True))
-                self.bytes_in += values.nbytes
+                self._engine.to_device(device_slots, targets, local.rows[name], index)
+                self.bytes_in += len(rows) * local.rows[name][0].nbytes
         local.held[slots] = rows
         self.rows_in += len(rows)
 
@@ -542,21 +576,22 @@ def _host_rows(fae: FAEEmbeddingBagCollection, groups: list[SlotGroup]) -> list[
     return result
 
 
-def min_cold_slots(partition: HotColdPartition, steps: Sequence[Step], hot_set: HotSet) -> dict[str, int]:
-    """Per table with cold rows of ``hot_set``, the most distinct cold rows one cold step among
-    ``steps`` (an epoch's schedule of ``partition``, ``BatchRouter.schedule``) looks up over all ranks,
-    at least 1: the fewest slots of a table-wise slot table (``cold_slots``; another epoch's schedule
-    may need more)."""
+def min_cold_slots(
+    partition: HotColdPartition, steps: Sequence[Step], hot_set: HotSet, ahead: int = 0
+) -> dict[str, int]:
+    """Per table with cold rows of ``hot_set``, the most distinct cold rows ``ahead + 1`` cold steps in a
+    row among ``steps`` (an epoch's schedule of ``partition``, ``BatchRouter.schedule``) look up over all
+    ranks, at least 1: the fewest slots of a table-wise slot table (``cold_slots``) whose copies run
+    ``ahead`` cold steps early (another epoch's schedule may need more)."""
     features = {f: c.name for c in hot_set.tables for f in c.feature_names}
     cold_steps = [step for step in steps if not step.hot]
     looked_up = cold_step_rows(partition, cold_steps, features)
+    bounds = np.arange(len(cold_steps) + 1)
     result = {}
     for config, hot in zip(hot_set.tables, hot_set.hot_ids, strict=True):
         step, rows = looked_up.get(config.name, (np.zeros(0, dtype=np.int64),) * 2)
-        if len(hot) == config.num_embeddings:
-            continue
-        width = int(rows.max(initial=0)) + 1
-        result[config.name] = max(1, int(np.bincount(np.unique(step * width + rows) // width).max(initial=0)))
+        if len(hot) < config.num_embeddings:
+            result[config.name] = min_slots(rows, np.searchsorted(step, bounds), ahead)
     return result
 
 

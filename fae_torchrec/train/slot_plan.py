@@ -11,6 +11,11 @@ steps: next uses beyond the window count as never, and those rows go out least r
 (what a planner with that look-ahead can know). The plan also holds each step's remap from row to
 slot, so a step's ids can be rewritten to slot ids before the step, as the hot part's are.
 
+Copies may run ``ahead`` steps early, while the steps before run (a copy engine overlapping them with
+compute): step ``s``'s rows are copied in before step ``s - ahead``, so they may only take slots whose
+rows no step from ``s - ahead`` on needs before them; the slots then hold the rows of ``ahead + 1``
+steps at once, and a step's evictions are written back after their last use, before that step.
+
 Every row a step looks up sits in a slot during the step, so a step's new rows take slots before it
 runs and never bypass them. With that rule evicting the farthest next use is still optimal (the tests
 check it against every choice on small streams). ``benchmarks.common.cache_model.belady_moves`` is
@@ -39,11 +44,14 @@ class SlotPlan:
     step's evictions ``evicted_rows[evicted_bounds[s]:evicted_bounds[s + 1]]`` leave their
     ``evicted_slots``, each written back (device to host) at any time after its last use, step
     ``evicted_after``. ``resident_rows`` hold ``resident_slots`` after the last step (written back
-    when the plan ends). ``window``: the look-ahead in steps (None: the whole epoch).
+    when the plan ends). ``window``: the look-ahead in steps (None: the whole epoch). ``ahead``: the
+    copies of step ``s`` run before step ``s - ahead`` (:meth:`copied_before`), and the evictions'
+    last uses are before that step.
     """
 
     num_slots: int
     window: int | None
+    ahead: int
     rows: np.ndarray
     bounds: np.ndarray
     slots: np.ndarray
@@ -100,6 +108,11 @@ class SlotPlan:
             )
         )
 
+    def copied_before(self, step: int) -> range:
+        """The steps whose copies (evictions, then loads) run before ``step``: those ``ahead`` steps
+        later, and at the first step every step up to that one."""
+        return range(0 if step == 0 else step + self.ahead, min(step + self.ahead + 1, self.num_steps))
+
     def loads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """The rows copied in before ``step`` and their slots."""
         span = slice(self.bounds[step], self.bounds[step + 1])
@@ -127,15 +140,18 @@ class SlotPlan:
         return held[at]
 
 
-def plan_slots(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int | None = None) -> SlotPlan:
+def plan_slots(
+    ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int | None = None, ahead: int = 0
+) -> SlotPlan:
     """Plan ``num_slots`` device slots over steps that look up ``ids[bounds[s]:bounds[s + 1]]``
     (non-negative row ids, repeats allowed), the slots empty at the start.
 
-    ``window``: steps of look-ahead after the current one (None: the whole epoch). Raises
-    ``ValueError`` naming the first step with more distinct rows than slots.
+    ``window``: steps of look-ahead after the current one (None: the whole epoch). ``ahead``: steps
+    before its own that a step's copies run (0: just before it). Raises ``ValueError`` naming the
+    first step with more distinct rows than slots, or the first ``ahead + 1`` steps that are.
     """
     ids, bounds = np.asarray(ids, dtype=np.int64), np.asarray(bounds, dtype=np.int64)
-    _check(ids, bounds, num_slots, window)
+    _check(ids, bounds, num_slots, window, ahead)
     n = len(bounds) - 1
     width = int(ids.max(initial=0)) + 1
     if n * width >= 1 << 62:
@@ -170,7 +186,14 @@ def plan_slots(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int 
         loads = int(miss.sum())
         need = loads - len(free)
         if need > 0:
-            victims = _farthest(slot_rank, slot_next, slot_last, s + horizon, n, need)
+            # copies ahead: rows looked up from step s - ahead on stay
+            keep = (slot_last >= s - ahead) | (slot_next == s) if ahead else None
+            if keep is not None and np.count_nonzero(~keep & (slot_row >= 0)) < need:
+                raise ValueError(
+                    f"steps {max(s - ahead, 0)} to {s} look up more distinct rows than the {num_slots} "
+                    f"slots (copies {ahead} steps ahead)"
+                )
+            victims = _farthest(slot_rank, slot_next, slot_last, s + horizon, n, need, keep)
             evicted.append((victims, slot_row[victims], slot_last[victims]))
             evicted_counts[s] = need
             row_slot[slot_row[victims]] = -1
@@ -191,6 +214,7 @@ def plan_slots(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int 
     return SlotPlan(
         num_slots,
         window,
+        ahead,
         rows,
         row_bounds,
         slots,
@@ -204,9 +228,30 @@ def plan_slots(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int 
     )
 
 
-def _check(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int | None) -> None:
+def min_slots(ids: np.ndarray, bounds: np.ndarray, ahead: int = 0) -> int:
+    """The fewest slots :func:`plan_slots` plans the steps with (``ids`` and ``bounds`` as it takes them):
+    the most distinct rows of ``ahead + 1`` steps in a row, at least 1."""
+    ids, bounds = np.asarray(ids, dtype=np.int64), np.asarray(bounds, dtype=np.int64)
+    n = len(bounds) - 1
+    if not len(ids):
+        return 1
+    step = np.repeat(np.arange(n, dtype=np.int64), np.diff(bounds))
+    order = np.lexsort((step, ids))
+    row, step = ids[order], step[order]
+    first = np.r_[True, (row[1:] != row[:-1]) | (step[1:] != step[:-1])]
+    row, step = row[first], step[first]
+    # a use counts in the runs ending from its step until ahead steps later or the row's next use
+    following = np.where(np.r_[row[1:] == row[:-1], False], np.r_[step[1:], 0], n)
+    stop = np.minimum(step + ahead + 1, following)
+    counts = np.cumsum(np.bincount(step, minlength=n + 1) - np.bincount(stop, minlength=n + 1))
+    return max(1, int(counts.max()))
+
+
+def _check(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int | None, ahead: int) -> None:
     if num_slots < 1:
         raise ValueError(f"num_slots must be at least 1, got {num_slots}")
+    if ahead < 0:
+        raise ValueError(f"ahead must be at least 0 steps, got {ahead}")
     if window is not None and window < 1:
         raise ValueError(f"window must be at least 1 step (or None: the whole epoch), got {window}")
     if ids.ndim != 1 or bounds.ndim != 1 or len(bounds) < 1:
@@ -233,13 +278,22 @@ def _rank(next_use: np.ndarray, last_use: np.ndarray | int, n: int) -> np.ndarra
 
 
 def _farthest(
-    rank: np.ndarray, next_use: np.ndarray, last_use: np.ndarray, horizon: int, n: int, count: int
+    rank: np.ndarray,
+    next_use: np.ndarray,
+    last_use: np.ndarray,
+    horizon: int,
+    n: int,
+    count: int,
+    keep: np.ndarray | None = None,
 ) -> np.ndarray:
     """The ``count`` slots to empty: the largest ``rank`` (``_rank``), next uses after ``horizon``
-    counting as never (``n + 1``). The step's own rows (next use the step) rank below every other
-    resident, and its rows fit the slots, so none is taken; nor is an empty slot (rank -1)."""
+    counting as never (``n + 1``), none of ``keep`` (ranked as an empty slot). The step's own rows
+    (next use the step) rank below every other resident, and its rows fit the slots, so none is taken;
+    nor is an empty slot (rank -1)."""
     if horizon < n:
         rank = np.where(next_use > horizon, _rank(n + 1, last_use, n), rank)
+    if keep is not None:
+        rank = np.where(keep, -1, rank)
     return np.argpartition(rank, len(rank) - count)[len(rank) - count :]
 
 
@@ -249,17 +303,18 @@ def allocate_slots(
     budget_bytes: float,
     floor: Mapping[str, int],
     window: int | None = None,
+    ahead: int = 0,
 ) -> dict[str, int]:
     """Slots per pool within ``budget_bytes``, a slot of pool ``p`` costing ``row_bytes[p]``, at least
     ``floor[p]``: each pool (``pools[p]``: its ids and step bounds, as :func:`plan_slots` takes them)
     starts at its floor and grows a doubling at a time where its plan's copies (rows in and back) fall
     most per byte; the last growth takes what is left of the budget. Each size tried is planned
-    (``window`` as :func:`plan_slots`'s); a pool stops at its distinct rows, where only first loads
-    remain. The floors alone may exceed the budget: they are returned as they are."""
+    (``window`` and ``ahead`` as :func:`plan_slots`'s); a pool stops at its distinct rows, where only
+    first loads remain. The floors alone may exceed the budget: they are returned as they are."""
     sizes = {p: int(floor[p]) for p in pools}
     spent = sum(sizes[p] * row_bytes[p] for p in pools)
     distinct = {p: len(np.unique(ids)) for p, (ids, _) in pools.items()}
-    copies = {p: _copies(pools[p], sizes[p], window) for p in pools}
+    copies = {p: _copies(pools[p], sizes[p], window, ahead) for p in pools}
     tried: dict[str, tuple[int, int]] = {}
     while spent < budget_bytes:
         best = None
@@ -268,7 +323,7 @@ def allocate_slots(
                 continue
             if p not in tried:
                 grown = min(2 * sizes[p], distinct[p])
-                tried[p] = (grown, _copies(pools[p], grown, window))
+                tried[p] = (grown, _copies(pools[p], grown, window, ahead))
             grown, fewer = tried[p]
             gain = (copies[p] - fewer) / ((grown - sizes[p]) * row_bytes[p])
             if gain > 0 and (best is None or gain > best[0]):
@@ -285,7 +340,7 @@ def allocate_slots(
     return sizes
 
 
-def _copies(pool: tuple[np.ndarray, np.ndarray], num_slots: int, window: int | None) -> int:
+def _copies(pool: tuple[np.ndarray, np.ndarray], num_slots: int, window: int | None, ahead: int) -> int:
     """Rows the plan of ``pool`` (ids, step bounds) with ``num_slots`` slots copies in and back."""
-    plan = plan_slots(pool[0], pool[1], num_slots, window)
+    plan = plan_slots(pool[0], pool[1], num_slots, window, ahead)
     return plan.rows_in + plan.rows_out
