@@ -112,7 +112,7 @@ def alternate(steps: dict[str, Iterator], stretch: int, world_size: int) -> dict
 
 def _epochs(router, epochs: int) -> Iterator:
     """The routed steps of ``router``'s first ``epochs`` epochs, one after the other."""
-    return chain.from_iterable(router.epoch(epoch) for epoch in range(epochs))
+    return chain.from_iterable(router.epoch(epoch, plan_next=epoch + 1 < epochs) for epoch in range(epochs))
 
 
 def worker(args: argparse.Namespace) -> None:

@@ -146,9 +146,16 @@ def _planned_training(
         for step in routed:
             train_step(base_dmp, step.batch, base_optimizer)
         runner = StepRunner(pipeline, fae_dmp, fae_optimizer, torch.device("cpu"), True)
-        fae_routed = (step for epoch in range(2) for step in fae_router.epoch(epoch))
+        # the second epoch's plans made in a background thread during the first
+        fae_routed = (step for epoch in range(2) for step in fae_router.epoch(epoch, plan_next=epoch == 0))
         assert [step.hot for step, *_ in runner.train(fae_routed)] == [step.hot for step in routed]
         runner.paused()
+        assert tier.plan_ahead_seconds > 0
+        made = tier.plans
+        tier.plan_epoch(partition, [s for s in fae_router.schedule(1) if not s.hot], key=1)  # none ahead now
+        assert made.keys() == tier.plans.keys() and all(
+            np.array_equal(made[g].slots, tier.plans[g].slots) for g in made
+        ), "the plans made ahead are those made in place"
     assert any(r.hot for r in routed) and not all(r.hot for r in routed)
     tier.flush()
     counts = _counts(tier) - (evaluation if pipeline is None else 0)  # the training's copies

@@ -175,7 +175,7 @@ def _train(
                     runner = StepRunner(args.pipeline, training.model, training.optimizer, device, True)
         router = training.router
         done = first_step if epoch == first_epoch else 0
-        steps = router.epoch(epoch, start_step=done - offset)
+        steps = router.epoch(epoch, start_step=done - offset, plan_next=epoch + 1 < args.epochs)
         schedule = router.schedule(epoch)
         total = offset + len(schedule)
         bar = tqdm(total=total, initial=done, desc=f"{mode} epoch {epoch}", unit="step", disable=rank != 0)
@@ -302,6 +302,8 @@ def _tier_metrics(cold_tier: PlannedColdTier) -> dict:
         "plan_ms_per_cold_step": 1000 * cold_tier.plan_seconds / max(cold_tier.copied_steps, 1),
         "route_ms_per_cold_step": 1000 * cold_tier.route_seconds / max(cold_tier.copied_steps, 1),
         "copy_ms_per_cold_step": 1000 * cold_tier.copy_seconds / max(cold_tier.copied_steps, 1),
+        # the next epoch's plans, made in a background thread during the epoch before
+        "plan_ahead_ms_per_cold_step": 1000 * cold_tier.plan_ahead_seconds / max(cold_tier.copied_steps, 1),
     }
 
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import astuple, dataclass
 from itertools import pairwise
@@ -112,6 +113,7 @@ class PlannedColdTier:
     ``rows_in``/``rows_out`` and ``bytes_in``/``bytes_out`` count this rank's copies (weights and
     optimizer state) host to device and back; ``plan_seconds`` the time of :meth:`plan_epoch`,
     ``route_seconds`` that of :meth:`route` (the remap to slots and the plans' copies looked up),
+    ``plan_ahead_seconds`` that of the plans made ahead in a background thread (:meth:`plan_ahead`),
     ``copy_seconds`` that of the ``copied_steps`` steps' copies (evaluations' aside). Every rank plans
     every group, reading into memory the part ids of the epoch's cold steps (8 bytes each) and a step
     and a row per cold id.
@@ -128,8 +130,12 @@ class PlannedColdTier:
         self.fae, self.window, self.ahead = fae, window, ahead
         self.groups = _slot_groups(fae)
         # every cold row as one key (its table's offset + its row): the groups' rows in ascending ranges
-        starts = np.cumsum([0, *(fae.num_cold[t] for t in fae.cold_slots)])[:-1]
-        self._offsets = dict(zip(fae.cold_slots, starts.tolist(), strict=True))
+        starts = np.cumsum([0, *(fae.num_cold[t] for t in fae.cold_slots)])
+        self._offsets = dict(zip(fae.cold_slots, starts[:-1].tolist(), strict=True))
+        # per cold row key, its slot in the batch last remapped, and that remap's number (4 bytes each)
+        self._slot_of = np.zeros(starts[-1], dtype=np.int32)
+        self._remapped_in = np.zeros(starts[-1], dtype=np.int32)
+        self._remaps = 0
         self._local = _host_rows(fae, self.groups)
         devices = [local.slots["weight"].device for local in self._local]
         self._engine = CopyEngine(devices[0] if devices else torch.device("cpu"))
@@ -148,7 +154,10 @@ class PlannedColdTier:
         self._evaluating = False
         self._resumed: int | None = None  # the cold steps of the epoch a loaded state was saved after
         self.rows_in = self.rows_out = self.bytes_in = self.bytes_out = 0
-        self.plan_seconds = self.route_seconds = self.copy_seconds = 0.0
+        self.plan_seconds = self.route_seconds = self.copy_seconds = self.plan_ahead_seconds = 0.0
+        self._planner: ThreadPoolExecutor | None = None  # plans epochs ahead (plan_ahead)
+        # an epoch's plans made ahead: its partition, its key and the plans to come
+        self._made_ahead: tuple[HotColdPartition, Hashable, Future] | None = None
         self.copied_steps = 0
         fae.cold.register_forward_pre_hook(self._before_lookup)
 
@@ -203,13 +212,20 @@ class PlannedColdTier:
                         begin - first : end - first
                     ]
 
-    def plan_epoch(self, partition: HotColdPartition, cold_steps: Sequence[Step], start: int = 0) -> None:
+    def plan_epoch(
+        self,
+        partition: HotColdPartition,
+        cold_steps: Sequence[Step],
+        start: int = 0,
+        *,
+        key: Hashable | None = None,
+    ) -> None:
         """Plan the slots of every group over ``cold_steps`` (an epoch's cold steps of ``partition``, in
         order, as every rank schedules them): the rows of a step are those of every rank's inputs (every
-        rank reads them from the partition). The rows held
-        from an earlier epoch are written back before the first of them. ``start``: the cold steps
-        already trained, when resuming mid-epoch from a state (:meth:`load_state_dict`) saved after
-        them."""
+        rank reads them from the partition). The rows held from an earlier epoch are written back
+        before the first of them. ``start``: the cold steps already trained, when resuming mid-epoch
+        from a state (:meth:`load_state_dict`) saved after them. ``key``: the epoch's name, as
+        :meth:`plan_ahead` was given it, whose plans, made ahead, are taken."""
         if start and self._resumed != start:
             raise ValueError(
                 f"resuming at cold step {start} of the epoch: load the tier's state saved there first "
@@ -218,9 +234,42 @@ class PlannedColdTier:
         if partition.hot_set_digest != self.fae.hot_set_digest:
             raise ValueError("the partition was made with another hot set than the model's split module")
         started = time.perf_counter()
+        made, self._made_ahead = self._made_ahead, None
+        if made is not None and made[0] is partition and key is not None and made[1] == key:
+            self.plans = made[2].result()
+        else:
+            self.plans = self._plans(partition, cold_steps)
+        self._num_steps, self._routed = len(cold_steps), start
+        self._engine.forget()
+        # rows an earlier epoch left in the slots (none: nothing to write); mid-epoch, the plan's own
+        self._flush_next = not start
+        self._resumed = None
+        self.plan_seconds += time.perf_counter() - started
+
+    def plan_ahead(self, partition: HotColdPartition, cold_steps: Sequence[Step], key: Hashable) -> None:
+        """Plan another epoch's slots (as :meth:`plan_epoch` would) in a background thread, during the
+        epoch before it: ``plan_epoch(..., key=key)`` takes them. The thread's time goes to
+        ``plan_ahead_seconds``; the two epochs' plans are held at once while it runs."""
+        if self._planner is None:
+            self._planner = ThreadPoolExecutor(1, thread_name_prefix="fae-slot-plans")
+        self._made_ahead = (
+            partition,
+            key,
+            self._planner.submit(self._plans_ahead, partition, list(cold_steps)),
+        )
+
+    def _plans_ahead(self, partition: HotColdPartition, cold_steps: list[Step]) -> dict[SlotGroup, SlotPlan]:
+        started = time.perf_counter()
+        try:
+            return self._plans(partition, cold_steps)
+        finally:
+            self.plan_ahead_seconds += time.perf_counter() - started
+
+    def _plans(self, partition: HotColdPartition, cold_steps: Sequence[Step]) -> dict[SlotGroup, SlotPlan]:
+        """Every group's slot plan over ``cold_steps`` of ``partition``."""
         ids = cold_step_rows(partition, cold_steps, self._features)
         bounds_of = np.arange(len(cold_steps) + 1)
-        self.plans = {}
+        plans = {}
         for group in self.groups:
             steps, rows = ids.get(group.table, (np.zeros(0, dtype=np.int64),) * 2)
             inside = (rows >= group.row_start) & (rows < group.row_stop)
@@ -238,13 +287,8 @@ class PlannedColdTier:
                     f"cold table {group.table}, slots {group.slot_start}:{group.slot_stop}: {error}; give "
                     "the table more cold_slots"
                 ) from error
-            self.plans[group] = plan
-        self._num_steps, self._routed = len(cold_steps), start
-        self._engine.forget()
-        # rows an earlier epoch left in the slots (none: nothing to write); mid-epoch, the plan's own
-        self._flush_next = not start
-        self._resumed = None
-        self.plan_seconds += time.perf_counter() - started
+            plans[group] = plan
+        return plans
 
     def route(self, features: SplitFeatures) -> SplitFeatures:
         """The next cold step's ``features`` with its cold ids turned into slot ids; queues the step's
@@ -373,30 +417,23 @@ class PlannedColdTier:
         what: str,
     ) -> KeyedJaggedTensor:
         """``cold`` (ids of the cold part) with every id replaced by its slot: ``held`` gives the rows of a
-        group the batch looks up (ids less the group's first row, ascending) and their slots in it; one
-        search over every group's rows. ``ValueError`` naming ``what`` where an id is not among them."""
-        pieces = [held(group) for group in self.groups]
-        keys = np.concatenate(
-            [np.zeros(0, dtype=np.int64)]
-            + [
-                self._offsets[g.table] + g.row_start + rows
-                for g, (rows, _) in zip(self.groups, pieces, strict=True)
-            ]
-        )
-        slots = np.concatenate(
-            [np.zeros(0, dtype=np.int64)]
-            + [g.slot_start + in_group for g, (_, in_group) in zip(self.groups, pieces, strict=True)]
-        )
+        group the batch looks up (ids less the group's first row, ascending) and their slots in it,
+        written into an array by row key that the batch's ids then read. ``ValueError`` naming ``what``
+        where an id is not among them."""
+        self._remaps += 1
+        for group in self.groups:
+            rows, slots = held(group)
+            keys = self._offsets[group.table] + group.row_start + rows
+            self._slot_of[keys] = group.slot_start + slots
+            self._remapped_in[keys] = self._remaps
         ids = cold.values().cpu().numpy()
         tables = [self._features[feature] for feature in cold.keys()]
-        offsets = np.repeat([self._offsets[t] for t in tables], cold.length_per_key())
-        wanted = ids + offsets
-        at = np.minimum(np.searchsorted(keys, wanted), max(len(keys) - 1, 0))
-        found = keys[at] == wanted if len(keys) else np.zeros(len(wanted), dtype=bool)
+        wanted = ids + np.repeat([self._offsets[t] for t in tables], cold.length_per_key())
+        found = self._remapped_in[wanted] == self._remaps
         if not found.all():
             missing = ids[~found][:5].tolist()
             raise ValueError(f"{what} does not look up cold rows {missing} (ids of the cold part)")
-        return _with_values(cold, slots[at])
+        return _with_values(cold, self._slot_of[wanted].astype(np.int64))
 
     def _before_lookup(self, module: nn.Module, args: tuple) -> tuple | None:
         """The cold part's forward pre-hook: the queued copies of the step about to look up, or in

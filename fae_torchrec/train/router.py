@@ -110,11 +110,12 @@ class BatchRouter:
             self.warmup,
         )
 
-    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[RoutedBatch]:
+    def epoch(self, epoch: int, start_step: int = 0, *, plan_next: bool = False) -> Iterator[RoutedBatch]:
         """This rank's batches of ``epoch`` from step ``start_step`` on.
 
         To resume mid-epoch, load the router's ``state_dict`` from the checkpoint first (the adaptive
-        order needs it), and the planned cold tier's, and start at its ``step``.
+        order needs it), and the planned cold tier's, and start at its ``step``. ``plan_next``: the
+        planned cold tier plans the next epoch's slots during this one (``PlannedColdTier.plan_ahead``).
         """
         steps = self.schedule(epoch)
         if self.cold_tier is not None:
@@ -124,7 +125,11 @@ class BatchRouter:
                 else sum(not step.hot for step in steps[:start_step])
             )
             cold_steps = [step for step in steps if not step.hot]
-            self.cold_tier.plan_epoch(self.partition, cold_steps, start=cold_done if start_step else 0)
+            start = cold_done if start_step else 0
+            self.cold_tier.plan_epoch(self.partition, cold_steps, start=start, key=epoch)
+            if plan_next:
+                following = [step for step in self.schedule(epoch + 1) if not step.hot]
+                self.cold_tier.plan_ahead(self.partition, following, epoch + 1)
         if self.order != "adaptive":
             for index in range(start_step, len(steps)):
                 self._position = {"epoch": epoch, "step": index + 1}

@@ -166,8 +166,7 @@ def plan_slots(
     if np.any(sizes > num_slots):
         s = int(np.argmax(sizes > num_slots))
         raise ValueError(f"step {s} looks up {sizes[s]} distinct rows, more than the {num_slots} slots")
-    distinct, dense = np.unique(rows, return_inverse=True)
-    following = _next_uses(dense, step, n)
+    dense, distinct, following = _by_row(rows, step, n)
     horizon = n if window is None else window  # next uses beyond step + horizon count as never
     slot_row = np.full(num_slots, -1, dtype=np.int64)
     slot_next = np.full(num_slots, -1, dtype=np.int64)
@@ -262,13 +261,20 @@ def _check(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int | No
         raise ValueError(f"row ids must be non-negative, got {ids.min()}")
 
 
-def _next_uses(dense: np.ndarray, step: np.ndarray, n: int) -> np.ndarray:
-    """The step at which each (row, step) entry's row is next looked up (``n``: never again)."""
-    order = np.lexsort((step, dense))
-    same = dense[order[1:]] == dense[order[:-1]]
-    following = np.full(len(dense), n, dtype=np.int64)
+def _by_row(rows: np.ndarray, step: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of distinct (step, row) entries: each one's row as an index of the distinct rows, those rows
+    (ascending), and the step at which the entry's row is next looked up (``n``: never again); one sort
+    by row, then step."""
+    order = np.argsort(rows * n + step)  # the keys are distinct: any sort is the stable one
+    ordered = rows[order]
+    new = np.ones(len(rows), dtype=bool)
+    new[1:] = ordered[1:] != ordered[:-1]
+    dense = np.empty(len(rows), dtype=np.int64)
+    dense[order] = np.cumsum(new) - 1
+    following = np.full(len(rows), n, dtype=np.int64)
+    same = ~new[1:]
     following[order[:-1][same]] = step[order[1:][same]]
-    return following
+    return dense, ordered[new], following
 
 
 def _rank(next_use: np.ndarray, last_use: np.ndarray | int, n: int) -> np.ndarray:
