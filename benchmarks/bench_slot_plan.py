@@ -35,6 +35,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
+from itertools import product
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,9 @@ from benchmarks.bench_traffic import (
     LEAST,
     PER_MILLION,
     FixedPlans,
+    add_dense_options,
     belady_rows,
+    dense_ms,
     grid_point,
     measure_point,
     steps_of,
@@ -113,6 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=HOST_MS,
         help="the tier's host work per cold step (its plans and remap) that the step model adds",
     )
+    add_dense_options(parser)
     parser.add_argument("--batch-size", type=positive_int, default=2048, help="per-GPU batch size")
     parser.add_argument("--sampling", type=positive_int, default=16, help="replay 1/N of the rows (SHARDS)")
     parser.add_argument(
@@ -264,30 +268,36 @@ def measure(
                 f"{_ratio(moved, whole):>6} | {replay.seconds / millions:>6.2f} "
                 f"{replay.nbytes / millions / (1 << 20):>6.1f}{'' if window else f'  {least}'}"
             )
-    return lines if point is None else lines + step_lines(point, links, where, args.host_ms)
+    if point is None:
+        return lines
+    return lines + step_lines(point, links, where, args.host_ms, dense_ms("dlrm", args, [point])[dim])
 
 
-def step_lines(point: Point, links: dict[tuple[str, int], float], where: str, host_ms: float) -> list[str]:
+def step_lines(
+    point: Point, links: dict[tuple[str, int], float], where: str, host_ms: float, dense: float
+) -> list[str]:
     """Per tier (``links``: its busiest link's bytes per input, by name and cold steps ahead), PCIe
-    generation and host work per cold step (``host_ms``, then none): TorchRec's best step over the tier's
-    by the traffic model at each effective bandwidth, ``*`` where TorchRec's best is transfer-bound."""
+    generation, part of the step (the sparse part; the whole step, ``dense`` ms added to every plan's)
+    and host work per cold step (``host_ms``, then none): TorchRec's best step over the tier's by the
+    traffic model at each effective bandwidth, ``*`` where TorchRec's best is transfer-bound."""
     lines = []
     for (name, ahead), link in links.items():
         if not name.startswith("tier"):
             continue
-        for model in PCIE:
-            for host in (host_ms, 0.0):
-                cells = []
-                for share in BANDWIDTH_SHARES:
-                    terms = Terms(bandwidth_share=share)
-                    steps = point.steps(model, terms)
-                    best = best_plan(steps)
-                    tier = tier_step(
-                        point, link, model, ahead, hot_rows=name == "tier", terms=terms, host_ms=host
-                    )
-                    bound = "*" if transfer_bound(point, best, model, terms) else " "
-                    cells.append(f"{steps[best] / tier:>5.2f}{bound}")
-                lines.append(f"{where} | {name:<15} {ahead:>1} | {model} {host:>4.1f} | " + " ".join(cells))
+        for model, part, host in product(PCIE, ("sparse", "whole"), (host_ms, 0.0)):
+            cells = []
+            for share in BANDWIDTH_SHARES:
+                terms = Terms(dense_ms=dense if part == "whole" else 0.0, bandwidth_share=share)
+                steps = point.steps(model, terms)
+                best = best_plan(steps)
+                tier = tier_step(
+                    point, link, model, ahead, hot_rows=name == "tier", terms=terms, host_ms=host
+                )
+                bound = "*" if transfer_bound(point, best, model, terms) else " "
+                cells.append(f"{steps[best] / tier:>5.2f}{bound}")
+            lines.append(
+                f"{where} | {name:<15} {ahead:>1} | {model} {part:<6} {host:>4.1f} | " + " ".join(cells)
+            )
     return lines
 
 
@@ -382,9 +392,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.compare == "all":
         print(
-            "then per tier (whole-stream plans), PCIe generation and host ms (the tier's own work per cold "
-            "step, added to it): TorchRec's best step / the tier's by the traffic model (sparse part, no "
-            "cache machinery), at effective bandwidths of "
+            "then per tier (whole-stream plans), PCIe generation, part of the step (sparse; whole: with "
+            "DLRM's dense part at --dense-efficiency of --gpu-tflops) and host ms (the tier's own work per "
+            "cold step, added to it): TorchRec's best step / the tier's by the traffic model (no cache "
+            "machinery), at effective bandwidths of "
             + ", ".join(f"{share:.2f}" for share in BANDWIDTH_SHARES)
             + " of the link's; *: TorchRec's best is transfer-bound there. The tier's step: FAE pp's layout, "
             "its copies on the busiest rank's link (tables placed largest first on the least loaded rank), "

@@ -879,6 +879,23 @@ def grid_point(text: str) -> tuple[int, int, int]:
     return int(dim), int(world), parse_bytes(cap)
 
 
+def add_dense_options(parser: argparse.ArgumentParser) -> None:
+    """The options that price the dense part of a step (:func:`dense_ms`)."""
+    parser.add_argument(
+        "--gpu-tflops",
+        type=positive_float,
+        default=156.0,
+        help="the GPU's peak for the dense part of a step (default: an A100's TF32 tensor cores, dense)",
+    )
+    parser.add_argument(
+        "--dense-efficiency",
+        type=fraction,
+        default=0.3,
+        help="the share of --gpu-tflops the dense part runs at (the MLPs and interaction of DLRM's reference "
+        "configurations, forward and backward)",
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser, model = model_parser(argv, __doc__.split("\n")[0], default="dlrm")
     default = DEFAULTS[model]
@@ -933,19 +950,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--belady-sampling", type=int, default=default["sampling"], help="Belady replays 1/N of the rows"
     )
     parser.add_argument("--knob-candidates", type=int, default=4, help="hot budgets FAE's knob tries")
-    parser.add_argument(
-        "--gpu-tflops",
-        type=positive_float,
-        default=156.0,
-        help="the GPU's peak for the dense part of a step (default: an A100's TF32 tensor cores, dense)",
-    )
-    parser.add_argument(
-        "--dense-efficiency",
-        type=fraction,
-        default=0.3,
-        help="the share of --gpu-tflops the dense part runs at (the MLPs and interaction of DLRM's reference "
-        "configurations, forward and backward)",
-    )
+    add_dense_options(parser)
     parser.add_argument(
         "--calibration",
         type=Path,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import astuple, dataclass
@@ -85,6 +85,16 @@ class _HostRows:
 
 
 @dataclass(frozen=True)
+class _StepRows:
+    """Every slot group's rows of each cold step as row keys (a table's offset + its cold row) and their
+    slot keys (a table's offset in all slots + its slot), step ``s``'s at ``bounds[s]:bounds[s + 1]``."""
+
+    keys: np.ndarray
+    slots: np.ndarray
+    bounds: np.ndarray
+
+
+@dataclass(frozen=True)
 class _Copies:
     """The copies before cold step ``step``: whether every held row goes back first (a new epoch's plan
     starts from empty slots), then for each of the steps ``targets`` (``step`` and the steps ``ahead``,
@@ -132,10 +142,13 @@ class PlannedColdTier:
         # every cold row as one key (its table's offset + its row): the groups' rows in ascending ranges
         starts = np.cumsum([0, *(fae.num_cold[t] for t in fae.cold_slots)])
         self._offsets = dict(zip(fae.cold_slots, starts[:-1].tolist(), strict=True))
-        # per cold row key, its slot in the batch last remapped, and that remap's number (4 bytes each)
+        # every slot as one key too (its table's offset in all slots + its slot)
+        slot_starts = np.cumsum([0, *fae.cold_slots.values()])
+        self._slot_offsets = dict(zip(fae.cold_slots, slot_starts[:-1].tolist(), strict=True))
+        # per cold row key, its slot key in the batch last remapped (4 bytes each, stale for other rows);
+        # per slot key, the row key it held there (so that a stale slot is told from a held one)
         self._slot_of = np.zeros(starts[-1], dtype=np.int32)
-        self._remapped_in = np.zeros(starts[-1], dtype=np.int32)
-        self._remaps = 0
+        self._key_at = np.full(slot_starts[-1], -1, dtype=np.int64)
         self._local = _host_rows(fae, self.groups)
         devices = [local.slots["weight"].device for local in self._local]
         self._engine = CopyEngine(devices[0] if devices else torch.device("cpu"))
@@ -148,6 +161,7 @@ class PlannedColdTier:
         }  # the table of each feature the tier's tables read
         #: The current epoch's slot plan of every group.
         self.plans: dict[SlotGroup, SlotPlan] = {}
+        self._remap = _StepRows(*(np.zeros(n, dtype=np.int64) for n in (0, 0, 1)))  # of self.plans
         self._num_steps = self._routed = 0  # cold steps of the epoch planned, and routed so far
         self._flush_next = False  # the next routed step writes every held row back first
         self._queue: deque[_Copies] = deque()
@@ -156,7 +170,7 @@ class PlannedColdTier:
         self.rows_in = self.rows_out = self.bytes_in = self.bytes_out = 0
         self.plan_seconds = self.route_seconds = self.copy_seconds = self.plan_ahead_seconds = 0.0
         self._planner: ThreadPoolExecutor | None = None  # plans epochs ahead (plan_ahead)
-        # an epoch's plans made ahead: its partition, its key and the plans to come
+        # an epoch's plans made ahead: its partition, its key and the plans (with their _StepRows) to come
         self._made_ahead: tuple[HotColdPartition, Hashable, Future] | None = None
         self.copied_steps = 0
         fae.cold.register_forward_pre_hook(self._before_lookup)
@@ -236,9 +250,9 @@ class PlannedColdTier:
         started = time.perf_counter()
         made, self._made_ahead = self._made_ahead, None
         if made is not None and made[0] is partition and key is not None and made[1] == key:
-            self.plans = made[2].result()
+            self.plans, self._remap = made[2].result()
         else:
-            self.plans = self._plans(partition, cold_steps)
+            self.plans, self._remap = self._planned(partition, cold_steps)
         self._num_steps, self._routed = len(cold_steps), start
         self._engine.forget()
         # rows an earlier epoch left in the slots (none: nothing to write); mid-epoch, the plan's own
@@ -258,12 +272,32 @@ class PlannedColdTier:
             self._planner.submit(self._plans_ahead, partition, list(cold_steps)),
         )
 
-    def _plans_ahead(self, partition: HotColdPartition, cold_steps: list[Step]) -> dict[SlotGroup, SlotPlan]:
+    def _plans_ahead(
+        self, partition: HotColdPartition, cold_steps: list[Step]
+    ) -> tuple[dict[SlotGroup, SlotPlan], _StepRows]:
         started = time.perf_counter()
         try:
-            return self._plans(partition, cold_steps)
+            return self._planned(partition, cold_steps)
         finally:
             self.plan_ahead_seconds += time.perf_counter() - started
+
+    def _planned(
+        self, partition: HotColdPartition, cold_steps: Sequence[Step]
+    ) -> tuple[dict[SlotGroup, SlotPlan], _StepRows]:
+        """Every group's slot plan over ``cold_steps`` of ``partition``, and every group's rows of each
+        step as row keys with their slots, step after step (one slice a step for the remap)."""
+        plans = self._plans(partition, cold_steps)
+        counts = np.stack([np.diff(plans[g].bounds) for g in self.groups])  # (group, step)
+        starts = np.cumsum(np.r_[0, counts.T.ravel()])  # of (step, group), step after step
+        keys = np.empty(starts[-1], dtype=np.int64)
+        slots = np.empty(starts[-1], dtype=np.int64)
+        for index, group in enumerate(self.groups):
+            plan = plans[group]
+            firsts = starts[index : -1 : len(self.groups)] - plan.bounds[:-1]  # where each step's rows go
+            where = np.repeat(firsts, counts[index]) + np.arange(len(plan.rows))
+            keys[where] = self._offsets[group.table] + group.row_start + plan.rows
+            slots[where] = self._slot_offsets[group.table] + group.slot_start + plan.slots
+        return plans, _StepRows(keys, slots, starts[:: len(self.groups)])
 
     def _plans(self, partition: HotColdPartition, cold_steps: Sequence[Step]) -> dict[SlotGroup, SlotPlan]:
         """Every group's slot plan over ``cold_steps`` of ``partition``."""
@@ -312,7 +346,8 @@ class PlannedColdTier:
         self._flush_next = False
         cold = features.cold
         if cold is not None:
-            cold = self._slot_ids(cold, lambda group: self.plans[group].step_rows(step), f"cold step {step}")
+            span = slice(self._remap.bounds[step], self._remap.bounds[step + 1])
+            cold = self._slot_ids(cold, self._remap.keys[span], self._remap.slots[span], f"cold step {step}")
         self.route_seconds += time.perf_counter() - started
         return SplitFeatures(features.hot, cold, False)
 
@@ -411,29 +446,23 @@ class PlannedColdTier:
         }
 
     def _slot_ids(
-        self,
-        cold: KeyedJaggedTensor,
-        held: Callable[[SlotGroup], tuple[np.ndarray, np.ndarray]],
-        what: str,
+        self, cold: KeyedJaggedTensor, keys: np.ndarray, slots: np.ndarray, what: str
     ) -> KeyedJaggedTensor:
-        """``cold`` (ids of the cold part) with every id replaced by its slot: ``held`` gives the rows of a
-        group the batch looks up (ids less the group's first row, ascending) and their slots in it,
-        written into an array by row key that the batch's ids then read. ``ValueError`` naming ``what``
-        where an id is not among them."""
-        self._remaps += 1
-        for group in self.groups:
-            rows, slots = held(group)
-            keys = self._offsets[group.table] + group.row_start + rows
-            self._slot_of[keys] = group.slot_start + slots
-            self._remapped_in[keys] = self._remaps
+        """``cold`` (ids of the cold part) with every id replaced by its slot, the batch's rows given as
+        row keys (``keys``) and their slot keys (``slots``), written into an array by row key that the
+        batch's ids then read. ``ValueError`` naming ``what`` where an id is not among them."""
+        np.put(self._slot_of, keys, slots)
+        np.put(self._key_at, slots, keys)
         ids = cold.values().cpu().numpy()
         tables = [self._features[feature] for feature in cold.keys()]
-        wanted = ids + np.repeat([self._offsets[t] for t in tables], cold.length_per_key())
-        found = self._remapped_in[wanted] == self._remaps
+        lengths = cold.length_per_key()
+        wanted = ids + np.repeat([self._offsets[t] for t in tables], lengths)
+        held = np.take(self._slot_of, wanted)
+        found = np.take(self._key_at, held) == wanted
         if not found.all():
             missing = ids[~found][:5].tolist()
             raise ValueError(f"{what} does not look up cold rows {missing} (ids of the cold part)")
-        return _with_values(cold, self._slot_of[wanted].astype(np.int64))
+        return _with_values(cold, held - np.repeat([self._slot_offsets[t] for t in tables], lengths))
 
     def _before_lookup(self, module: nn.Module, args: tuple) -> tuple | None:
         """The cold part's forward pre-hook: the queued copies of the step about to look up, or in
@@ -498,9 +527,9 @@ class PlannedColdTier:
             for local in self._local:
                 local.held[:] = -1
                 self._load(local, rows_of[local.group], np.arange(len(rows_of[local.group])))
-        return self._slot_ids(
-            cold, lambda group: (rows_of[group], np.arange(len(rows_of[group]))), "an evaluation batch"
-        )
+        keys = [self._offsets[g.table] + g.row_start + rows_of[g] for g in self.groups]
+        slots = [self._slot_offsets[g.table] + g.slot_start + np.arange(len(rows_of[g])) for g in self.groups]
+        return self._slot_ids(cold, np.concatenate(keys), np.concatenate(slots), "an evaluation batch")
 
     def _write_back(self, local: _HostRows, slots: np.ndarray) -> None:
         """Copy ``slots`` (with their optimizer state) to the host rows they hold."""
