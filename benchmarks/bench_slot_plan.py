@@ -75,7 +75,7 @@ FAE_PLAN = "FAE pp"
 #: The tier's host work per cold step (ms) beyond the caching tier's routing (its remap, and what its
 #: epochs' plans cost the step when made ahead), measured on CPU by ``bench_interleaved.py --modes planned
 #: fae`` at 2 ranks, batch 2048 per rank (BENCHMARKS section 9).
-HOST_MS = 1.1
+HOST_MS = 0.85
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
