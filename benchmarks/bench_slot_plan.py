@@ -296,7 +296,7 @@ def step_lines(
                 bound = "*" if transfer_bound(point, best, model, terms) else " "
                 cells.append(f"{steps[best] / tier:>5.2f}{bound}")
             lines.append(
-                f"{where} | {name:<15} {ahead:>1} | {model} {part:<6} {host:>4.1f} | " + " ".join(cells)
+                f"{where} | {name:<15} {ahead:>1} | {model} {part:<6} {host:>4.2f} | " + " ".join(cells)
             )
     return lines
 
