@@ -530,14 +530,14 @@ def test_bench_slot_plan_prices_the_planned_slots_against_caches_and_by_the_step
     # tier's at each bandwidth
     steps = {tuple(r[1].split()[-2:] + r[2].split()): r[3].split() for r in lines if len(r) == 4}
     assert set(steps) == set(
-        product(("tier",), "01", ("Gen4", "Gen5"), ("sparse", "whole"), ("0.5", "0.0"))
+        product(("tier",), "01", ("Gen4", "Gen5"), ("sparse", "whole"), ("0.50", "0.00"))
     ), out
     ratios = {key: [float(c.rstrip("*")) for c in cells] for key, cells in steps.items()}
     for (_, ahead, gen, part, host), cells in ratios.items():
         assert len(cells) == 5 and all(c > 0 for c in cells), (ahead, gen, part, host)
-        if host == "0.5":  # the host's work slows the tier
-            hidden = ratios["tier", ahead, gen, part, "0.0"]
+        if host == "0.50":  # the host's work slows the tier
+            hidden = ratios["tier", ahead, gen, part, "0.00"]
             assert all(c < h for c, h in zip(cells, hidden, strict=True)), (ahead, gen, part)
     for gen, part in product(("Gen4", "Gen5"), ("sparse", "whole")):  # copies ahead overlap the steps
-        before, one = (ratios["tier", ahead, gen, part, "0.0"] for ahead in "01")
+        before, one = (ratios["tier", ahead, gen, part, "0.00"] for ahead in "01")
         assert all(o >= b for o, b in zip(one, before, strict=True)) and one[-1] > before[-1], (gen, part)
