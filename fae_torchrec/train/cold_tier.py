@@ -7,18 +7,19 @@ LRU, no locking. :class:`PlannedColdTier` keeps the cold rows and their optimize
 and, because the router fixes an epoch's steps before training, plans for every cold step which rows
 sit in which slots (``plan_slots``: Belady's rule over the whole epoch or a look-ahead window). The
 router routes each cold step's batch through :meth:`PlannedColdTier.route`, which rewrites its cold
-ids to slot ids and queues the step's copies; just before the cold part's lookup of that step (a
-forward pre-hook, so TorchRec's train pipelines need no change) the queued copies run: evicted rows
-are written back with their optimizer state, then the step's new rows copied in. Hot steps skip the
-cold part and copy nothing.
+ids to slot ids and queues the copies of the cold step ``ahead`` steps later; just before the cold
+part's lookup of that step (a forward pre-hook, so TorchRec's train pipelines need no change) the
+queued copies are issued (``CopyEngine``: inline on CPU, on a side stream on CUDA): evicted rows are
+written back with their optimizer state, then the later step's new rows copied in. Hot steps skip the
+cold part and copy nothing. The next epoch's plans can be made in a background thread during the
+epoch before (:meth:`PlannedColdTier.plan_ahead`).
 
 Every value is copied, none recomputed, and FBGEMM's fused optimizers update only the rows a batch
 looks up, so the trained model is the one the cold rows would give in a table of their own.
 
 Each row-wise shard of a slot table (the whole table when it is table-wise) is a slot group: it holds
 a fixed share of the table's cold rows, in proportion to its slots, so every rank plans all groups
-alike and copies only those of the shards it holds. The copies run on the host here; on CUDA the
-host rows are pinned and the copies are ordinary host-to-device copies.
+alike and copies only those of the shards it holds. On CUDA the host rows are pinned.
 """
 
 from __future__ import annotations
