@@ -191,9 +191,9 @@ def pipelined_step(
     it when the cold step before it has ended if that is earlier, so that the hot steps between hide it.
     A cold step's ``direct`` ms (part of ``cold``: the lookup kernels' own host reads) hold the link as
     the step starts."""
-    kinds = np.random.default_rng(0).random(ORDER_STEPS) < share  # True: a hot step
+    kinds = _hot_order(share)
     now = link = previous_start = last_cold_end = 0.0
-    for is_hot in kinds.tolist():
+    for is_hot in kinds:
         if is_hot:
             previous_start, now = now, now + hot
             continue
@@ -211,10 +211,10 @@ def copy_ahead_step(share: float, hot: float, cold: float, transfer: float, ahea
     the link, one at a time) start when the cold step ``ahead`` before it starts (the first ``ahead``
     at the start), and the step runs once they and the step before it have ended; ``ahead`` 0: they
     start when the step before it ends, and the step waits for them."""
-    kinds = np.random.default_rng(0).random(ORDER_STEPS) < share  # True: a hot step
+    kinds = _hot_order(share)
     now = link = 0.0
     cold_starts: list[float] = []
-    for is_hot in kinds.tolist():
+    for is_hot in kinds:
         if is_hot:
             now += hot
             continue
@@ -261,6 +261,12 @@ def transfer_bound(point: Point, plan: str, model: str, terms: Terms = Terms()) 
     ms_per_byte = 1e3 * point.global_batch / (PCIE[model] * terms.bandwidth_share)
     machinery = terms.machinery_ms * point.caches.get(plan, 0)
     return point.link[plan] * ms_per_byte > point.in_hbm[plan] + machinery + terms.dense_ms
+
+
+def _hot_order(share: float) -> list[bool]:
+    """The fixed random order of ``ORDER_STEPS`` steps, each hot (True) with probability ``share``, over
+    which FAE's pipelined steps are timed."""
+    return (np.random.default_rng(0).random(ORDER_STEPS) < share).tolist()
 
 
 def pipelined(plan: str) -> bool:

@@ -153,14 +153,7 @@ def plan_slots(
     ids, bounds = np.asarray(ids, dtype=np.int64), np.asarray(bounds, dtype=np.int64)
     _check(ids, bounds, num_slots, window, ahead)
     n = len(bounds) - 1
-    width = int(ids.max(initial=0)) + 1
-    if n * width >= 1 << 62:
-        raise ValueError(
-            f"{n} steps x row ids up to {width - 1} overflow the (step, row) keys: renumber the rows"
-        )
-    combined = np.sort(np.repeat(np.arange(n, dtype=np.int64), np.diff(bounds)) * width + ids)
-    combined = combined[np.r_[True, combined[1:] != combined[:-1]]] if len(combined) else combined
-    step, rows = combined // width, combined % width
+    step, rows = _distinct(ids, bounds)
     row_bounds = np.searchsorted(step, np.arange(n + 1))
     sizes = np.diff(row_bounds)
     if np.any(sizes > num_slots):
@@ -232,18 +225,25 @@ def min_slots(ids: np.ndarray, bounds: np.ndarray, ahead: int = 0) -> int:
     the most distinct rows of ``ahead + 1`` steps in a row, at least 1."""
     ids, bounds = np.asarray(ids, dtype=np.int64), np.asarray(bounds, dtype=np.int64)
     n = len(bounds) - 1
-    if not len(ids):
-        return 1
-    step = np.repeat(np.arange(n, dtype=np.int64), np.diff(bounds))
-    order = np.lexsort((step, ids))
-    row, step = ids[order], step[order]
-    first = np.r_[True, (row[1:] != row[:-1]) | (step[1:] != step[:-1])]
-    row, step = row[first], step[first]
+    step, rows = _distinct(ids, bounds)
     # a use counts in the runs ending from its step until ahead steps later or the row's next use
-    following = np.where(np.r_[row[1:] == row[:-1], False], np.r_[step[1:], 0], n)
-    stop = np.minimum(step + ahead + 1, following)
+    stop = np.minimum(step + ahead + 1, _by_row(rows, step, n)[2])
     counts = np.cumsum(np.bincount(step, minlength=n + 1) - np.bincount(stop, minlength=n + 1))
     return max(1, int(counts.max()))
+
+
+def _distinct(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The step and the row of each distinct (step, row) pair of the steps ``ids[bounds[s]:bounds[s +
+    1]]``, by step, then row. ``ValueError`` where the pairs' keys would overflow."""
+    n = len(bounds) - 1
+    width = int(ids.max(initial=0)) + 1
+    if n * width >= 1 << 62:
+        raise ValueError(
+            f"{n} steps x row ids up to {width - 1} overflow the (step, row) keys: renumber the rows"
+        )
+    combined = np.sort(np.repeat(np.arange(n, dtype=np.int64), np.diff(bounds)) * width + ids)
+    combined = combined[np.r_[True, combined[1:] != combined[:-1]]] if len(combined) else combined
+    return combined // width, combined % width
 
 
 def _check(ids: np.ndarray, bounds: np.ndarray, num_slots: int, window: int | None, ahead: int) -> None:
