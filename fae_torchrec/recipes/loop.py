@@ -297,8 +297,8 @@ def _tier_metrics(cold_tier: PlannedColdTier) -> dict:
         "bytes_in": cold_tier.bytes_in,
         "bytes_out": cold_tier.bytes_out,
         # the tier's own work per cold step trained, on the host (the copies' time is the time to issue
-        # them on CUDA, where they run on a side stream); the epochs' plans are made when their first
-        # step is routed
+        # them on CUDA, where they run on a side stream); the plans: the first epoch's, made when its
+        # first step is routed, and the wait there for a later epoch's, made ahead
         "plan_ms_per_cold_step": 1000 * cold_tier.plan_seconds / max(cold_tier.copied_steps, 1),
         "route_ms_per_cold_step": 1000 * cold_tier.route_seconds / max(cold_tier.copied_steps, 1),
         "copy_ms_per_cold_step": 1000 * cold_tier.copy_seconds / max(cold_tier.copied_steps, 1),
