@@ -7,12 +7,10 @@ import argparse
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
-import numpy as np
-
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.recipes.options import order_seed
 from fae_torchrec.stats.hot_set import HotSet
-from fae_torchrec.train.cold_tier import cold_step_rows, min_cold_slots
+from fae_torchrec.train.cold_tier import cold_step_pools, min_cold_slots
 from fae_torchrec.train.evaluation import evaluation_cold_slots
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.train.partition import HotColdPartition
@@ -75,13 +73,7 @@ def _allocated(
 ) -> dict[str, int]:
     """``floor`` grown within ``budget`` bytes over the cold steps of ``router``'s first epoch, copies
     ``--copy-ahead`` steps early."""
-    cold_steps = [step for step in router.schedule(0) if not step.hot]
-    features = {f: c.name for c in hot_set.tables for f in c.feature_names if c.name in floor}
-    looked_up = cold_step_rows(router.partition, cold_steps, features)
-    bounds = np.arange(len(cold_steps) + 1)
-    pools = {t: (rows, np.searchsorted(steps, bounds)) for t, (steps, rows) in looked_up.items()}
-    empty = (np.zeros(0, dtype=np.int64), np.zeros(len(bounds), dtype=np.int64))
+    pools = cold_step_pools(router.partition, router.schedule(0), hot_set)
     layout = hot_set.layout
     row_bytes = dict(zip(layout.names, layout.row_bytes(EMBEDDING_OPTIMIZERS[args.optimizer]), strict=True))
-    pools = {t: pools.get(t, empty) for t in floor}
     return allocate_slots(pools, row_bytes, budget, floor, ahead=args.copy_ahead)

@@ -650,16 +650,26 @@ def min_cold_slots(
     row among ``steps`` (an epoch's schedule of ``partition``, ``BatchRouter.schedule``) look up over all
     ranks, at least 1: the fewest slots of a table-wise slot table (``cold_slots``) whose copies run
     ``ahead`` cold steps early (another epoch's schedule may need more)."""
+    pools = cold_step_pools(partition, steps, hot_set)
+    return {table: min_slots(*pool, ahead) for table, pool in pools.items()}
+
+
+def cold_step_pools(
+    partition: HotColdPartition, steps: Sequence[Step], hot_set: HotSet
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per table with cold rows of ``hot_set``, the cold rows (ids of the cold part) that the cold steps
+    among ``steps`` (an epoch's schedule of ``partition``) look up over all ranks, as ``plan_slots`` takes
+    them: the rows step after step, and each step's bounds in them."""
     features = {f: c.name for c in hot_set.tables for f in c.feature_names}
     cold_steps = [step for step in steps if not step.hot]
     looked_up = cold_step_rows(partition, cold_steps, features)
     bounds = np.arange(len(cold_steps) + 1)
-    result = {}
+    pools = {}
     for config, hot in zip(hot_set.tables, hot_set.hot_ids, strict=True):
-        step, rows = looked_up.get(config.name, (np.zeros(0, dtype=np.int64),) * 2)
         if len(hot) < config.num_embeddings:
-            result[config.name] = min_slots(rows, np.searchsorted(step, bounds), ahead)
-    return result
+            step, rows = looked_up.get(config.name, (np.zeros(0, dtype=np.int64),) * 2)
+            pools[config.name] = (rows, np.searchsorted(step, bounds))
+    return pools
 
 
 def cold_step_rows(
