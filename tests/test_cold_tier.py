@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
-from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from fae_torchrec import FAEEmbeddingBagCollection
@@ -55,13 +55,19 @@ def _slots(hot_set, world_size: int, row_wise_cold: bool, ahead: int = 0) -> dic
     }
 
 
-def _row_wise_cold(model, world_size: int):
+def _row_wise_cold(model, world_size: int, sharding: str):
     """Replaces a plan's entry of ``model``'s cold part by one that shards every slot table row-wise
-    (TorchRec's blocks: the last shard smaller where the slots do not divide evenly)."""
+    (TorchRec's blocks: the last shard smaller where the slots do not divide evenly), or with ``mixed``
+    every other one (the rest table-wise, in turn on each rank: two kernels' buffers on a rank)."""
 
     def adjust(plan) -> None:
         cold = model.get_submodule(PREFIX + COLD)
-        shardings = {name: row_wise(compute_kernel="fused") for name in cold.embedding_bags}
+        shardings = {
+            name: row_wise(compute_kernel="fused")
+            if sharding == "row_wise" or index % 2 == 0
+            else table_wise(rank=index // 2 % world_size, compute_kernel="fused")
+            for index, name in enumerate(cold.embedding_bags)
+        }
         plan.plan[PREFIX + COLD] = construct_module_sharding_plan(
             cold, shardings, world_size=world_size, device_type="cpu"
         )
@@ -81,13 +87,15 @@ def _planned_training(
     world_size: int,
     optimizer_name: str,
     window: int | None,
-    row_wise_cold: bool = False,
+    cold_sharding: str = "table_wise",
     pipeline: str | None = None,
     ahead: int = 0,
 ) -> None:
     """The baseline and the FAE model with a planned cold tier (copies ``ahead`` cold steps early)
     trained on the same batches: the first ``STEPS``, or with ``pipeline`` two whole epochs, the FAE
-    model on that train pipeline."""
+    model on that train pipeline; the slot tables ``cold_sharding`` (``table_wise``, ``row_wise`` or
+    ``mixed``: ``_row_wise_cold``)."""
+    row_wise_cold = cold_sharding != "table_wise"
     optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
     embedding = EmbeddingOptimizer(optimizer, kwargs)
     data, tables, _, hot_set = _setup("dlrm", world_size)
@@ -111,14 +119,15 @@ def _planned_training(
     fae_planner = EmbeddingShardingPlanner(
         topology, batch_size=32, constraints=dict.fromkeys(part_names, table_wise)
     )
-    adjust = _row_wise_cold(fae, world_size) if row_wise_cold else None
+    adjust = _row_wise_cold(fae, world_size, cold_sharding) if row_wise_cold else None
     fae_dmp, fae_optimizer, fae_plan = _shard(fae, PREFIX, fae_planner, embedding, adjust)
     cold_types = {s.sharding_type for s in fae_plan.plan[PREFIX + COLD].values()}
-    assert cold_types == {"row_wise" if row_wise_cold else "table_wise"}
+    assert cold_types == {"row_wise", "table_wise"} if cold_sharding == "mixed" else {cold_sharding}
 
     partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
     tier = PlannedColdTier(fae_dmp, window=window, ahead=ahead)
-    assert len(tier.groups) == len(slots) * (2 if row_wise_cold else 1)  # a group per row-wise shard
+    row_wise_tables = {"table_wise": 0, "row_wise": len(slots), "mixed": (len(slots) + 1) // 2}[cold_sharding]
+    assert len(tier.groups) == len(slots) + row_wise_tables  # a group per row-wise shard
     tier.load_ebc_state_dict(initial)
     router = BatchRouter(partition, 32, world_size=world_size, rank=rank, seed=1)
     fae_router = BatchRouter(
@@ -183,14 +192,18 @@ def _planned_training(
 )
 def test_planned_cold_tier_trains_the_baseline_model(tmp_path, optimizer_name, world_size, window, ahead):
     """Slot tables table-wise: each on one rank; copies just before a step, or ``ahead`` steps early."""
-    run_on_ranks(_planned_training, world_size, tmp_path, optimizer_name, window, False, None, ahead)
+    run_on_ranks(_planned_training, world_size, tmp_path, optimizer_name, window, "table_wise", None, ahead)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer_name", ["adagrad", "rowwise_adagrad"])
-def test_row_wise_slot_tables_train_the_baseline_model(tmp_path, optimizer_name):
-    """Slot tables row-wise over 2 ranks: each rank's slots hold their own share of the cold rows."""
-    run_on_ranks(_planned_training, 2, tmp_path, optimizer_name, None, True)
+@pytest.mark.parametrize(
+    ("optimizer_name", "cold_sharding"),
+    [("adagrad", "row_wise"), ("rowwise_adagrad", "row_wise"), ("rowwise_adagrad", "mixed")],
+)
+def test_row_wise_slot_tables_train_the_baseline_model(tmp_path, optimizer_name, cold_sharding):
+    """Slot tables row-wise over 2 ranks: each rank's slots hold their own share of the cold rows;
+    mixed with table-wise ones, a rank's slots lie in two kernels' buffers (copied a buffer at a time)."""
+    run_on_ranks(_planned_training, 2, tmp_path, optimizer_name, None, cold_sharding)
 
 
 @pytest.mark.slow
@@ -205,7 +218,7 @@ def test_a_train_pipeline_with_a_planned_cold_tier_trains_the_baseline_model(tmp
         tmp_path,
         "rowwise_adagrad",
         None,
-        world_size == 2,
+        "row_wise" if world_size == 2 else "table_wise",
         "sparse",
         world_size - 1,
     )

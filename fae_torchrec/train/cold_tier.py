@@ -19,7 +19,9 @@ looks up, so the trained model is the one the cold rows would give in a table of
 
 Each row-wise shard of a slot table (the whole table when it is table-wise) is a slot group: it holds
 a fixed share of the table's cold rows, in proportion to its slots, so every rank plans all groups
-alike and copies only those of the shards it holds. On CUDA the host rows are pinned.
+alike and copies only those of the shards it holds. A rank's groups whose slots lie one after another
+in memory (FBGEMM keeps the tables of one kernel in one buffer) form a run: a step's copies of a run
+are one index operation per tensor and direction, not one per table. On CUDA the host rows are pinned.
 """
 
 from __future__ import annotations
@@ -73,16 +75,30 @@ class SlotGroup:
 
 
 @dataclass
-class _HostRows:
-    """This rank's copy of a slot group: the device slots (views of FBGEMM's weights and per-row
-    optimizer state of the shard), the group's rows in host memory, which row each slot holds, and a
-    row's initial optimizer state (the slots' when the tier was made)."""
+class _Run:
+    """Slot groups of this rank whose device slots lie one after another in memory (FBGEMM keeps the
+    tables of one kernel in one buffer), so that a step's copies of all of them are one index operation
+    per tensor and direction: their slots as one view per name (weights, and each per-row optimizer
+    state), their rows in host memory one after another likewise, which host row of the run each slot
+    holds (-1: none), and each group's first slot and first row in the run (a last entry: the run's
+    slots and rows) and its rows' initial optimizer state (the slots' when the tier was made)."""
 
-    group: SlotGroup
+    groups: list[SlotGroup]
+    slot_starts: np.ndarray
+    row_starts: np.ndarray
     slots: dict[str, torch.Tensor]
     rows: dict[str, torch.Tensor]
     held: np.ndarray
-    initial: dict[str, torch.Tensor]
+    initial: list[dict[str, torch.Tensor]]
+
+    def group_rows(self, index: int, name: str) -> torch.Tensor:
+        """The host rows of the run's group ``index`` (a view), of weights or optimizer state ``name``."""
+        return self.rows[name][self.row_starts[index] : self.row_starts[index + 1]]
+
+    def group_held(self, index: int) -> np.ndarray:
+        """The row of its own group that each slot of group ``index`` holds (-1: none)."""
+        held = self.held[self.slot_starts[index] : self.slot_starts[index + 1]]
+        return np.where(held >= 0, held - self.row_starts[index], -1)
 
 
 @dataclass(frozen=True)
@@ -96,15 +112,50 @@ class _StepRows:
 
 
 @dataclass(frozen=True)
+class _RunCopies:
+    """A run's copies of every cold step of an epoch's plans, in its slots and host rows: before step
+    ``s``, the slots ``evicted_slots`` and their rows ``evicted_rows`` at ``evicted_bounds[s]:[s + 1]``
+    go back, then the rows ``loaded_rows`` come into ``loaded_slots`` at ``loaded_bounds[s]:[s + 1]``."""
+
+    evicted_slots: np.ndarray
+    evicted_rows: np.ndarray
+    evicted_bounds: np.ndarray
+    loaded_rows: np.ndarray
+    loaded_slots: np.ndarray
+    loaded_bounds: np.ndarray
+
+    def moves(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Step ``step``'s evicted slots, their rows, loaded rows and their slots."""
+        evicted = slice(self.evicted_bounds[step], self.evicted_bounds[step + 1])
+        loaded = slice(self.loaded_bounds[step], self.loaded_bounds[step + 1])
+        return (
+            self.evicted_slots[evicted],
+            self.evicted_rows[evicted],
+            self.loaded_rows[loaded],
+            self.loaded_slots[loaded],
+        )
+
+
+@dataclass(frozen=True)
 class _Copies:
     """The copies before cold step ``step``: whether every held row goes back first (a new epoch's plan
     starts from empty slots), then for each of the steps ``targets`` (``step`` and the steps ``ahead``,
-    ``SlotPlan.copied_before``), per local group, (evicted slots, their rows, loaded rows, their slots)."""
+    ``SlotPlan.copied_before``), per run, (evicted slots, their rows, loaded rows, their slots)."""
 
     step: int
     flush_first: bool
     targets: tuple[int, ...]
     moves: tuple[tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...], ...]
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """An epoch's plans: every group's slot plan, every group's rows of each step with their slots (for
+    the remap), and each of this rank's runs' copies."""
+
+    plans: dict[SlotGroup, SlotPlan]
+    step_rows: _StepRows
+    copies: list[_RunCopies]
 
 
 class PlannedColdTier:
@@ -150,8 +201,8 @@ class PlannedColdTier:
         # per slot key, the row key it held there (so that a stale slot is told from a held one)
         self._slot_of = np.zeros(starts[-1], dtype=np.int32)
         self._key_at = np.full(slot_starts[-1], -1, dtype=np.int64)
-        self._local = _host_rows(fae, self.groups)
-        devices = [local.slots["weight"].device for local in self._local]
+        self._runs = _runs(fae, self.groups)
+        devices = [run.slots["weight"].device for run in self._runs]
         self._engine = CopyEngine(devices[0] if devices else torch.device("cpu"))
         self._reset()
         self._features = {
@@ -163,6 +214,7 @@ class PlannedColdTier:
         #: The current epoch's slot plan of every group.
         self.plans: dict[SlotGroup, SlotPlan] = {}
         self._remap = _StepRows(*(np.zeros(n, dtype=np.int64) for n in (0, 0, 1)))  # of self.plans
+        self._copies: list[_RunCopies] = []  # each run's copies by self.plans
         self._num_steps = self._routed = 0  # cold steps of the epoch planned, and routed so far
         self._flush_next = False  # the next routed step writes every held row back first
         self._queue: deque[_Copies] = deque()
@@ -171,7 +223,7 @@ class PlannedColdTier:
         self.rows_in = self.rows_out = self.bytes_in = self.bytes_out = 0
         self.plan_seconds = self.route_seconds = self.copy_seconds = self.plan_ahead_seconds = 0.0
         self._planner: ThreadPoolExecutor | None = None  # plans epochs ahead (plan_ahead)
-        # an epoch's plans made ahead: its partition, its key and the plans (with their _StepRows) to come
+        # an epoch's plans made ahead: its partition, its key and the plans to come
         self._made_ahead: tuple[HotColdPartition, Hashable, Future] | None = None
         self.copied_steps = 0
         fae.cold.register_forward_pre_hook(self._before_lookup)
@@ -210,22 +262,29 @@ class PlannedColdTier:
         """Empty the slots; every host row's optimizer state the slots' initial one."""
         self._engine.settle()
         with torch.no_grad():
-            for local in self._local:
-                for name, initial in local.initial.items():
-                    local.rows[name].copy_(initial.expand_as(local.rows[name]))
-                local.held[:] = -1
+            for run in self._runs:
+                for index, initial in enumerate(run.initial):
+                    for name, value in initial.items():
+                        rows = run.group_rows(index, name)
+                        rows.copy_(value.expand_as(rows))
+                run.held[:] = -1
 
     def _set_rows(self, table: str, first: int, rows: torch.Tensor, name: str = "weight") -> None:
         """Set cold rows ``first:first + len(rows)`` of ``table`` (their weights, or the optimizer state
         ``name``), those in this rank's groups."""
         with torch.no_grad():
-            for local in self._local:
-                group = local.group
+            for run, index, group in self._mine():
                 begin, end = max(first, group.row_start), min(first + len(rows), group.row_stop)
                 if group.table == table and begin < end:
-                    local.rows[name][begin - group.row_start : end - group.row_start] = rows[
+                    run.group_rows(index, name)[begin - group.row_start : end - group.row_start] = rows[
                         begin - first : end - first
                     ]
+
+    def _mine(self) -> Iterator[tuple[_Run, int, SlotGroup]]:
+        """This rank's slot groups: each one's run, its index in the run, and the group."""
+        for run in self._runs:
+            for index, group in enumerate(run.groups):
+                yield run, index, group
 
     def plan_epoch(
         self,
@@ -251,9 +310,10 @@ class PlannedColdTier:
         started = time.perf_counter()
         made, self._made_ahead = self._made_ahead, None
         if made is not None and made[0] is partition and key is not None and made[1] == key:
-            self.plans, self._remap = made[2].result()
+            planned = made[2].result()
         else:
-            self.plans, self._remap = self._planned(partition, cold_steps)
+            planned = self._planned(partition, cold_steps)
+        self.plans, self._remap, self._copies = planned.plans, planned.step_rows, planned.copies
         self._num_steps, self._routed = len(cold_steps), start
         self._engine.forget()
         # rows an earlier epoch left in the slots (none: nothing to write); mid-epoch, the plan's own
@@ -273,32 +333,31 @@ class PlannedColdTier:
             self._planner.submit(self._plans_ahead, partition, list(cold_steps)),
         )
 
-    def _plans_ahead(
-        self, partition: HotColdPartition, cold_steps: list[Step]
-    ) -> tuple[dict[SlotGroup, SlotPlan], _StepRows]:
+    def _plans_ahead(self, partition: HotColdPartition, cold_steps: list[Step]) -> _Planned:
         started = time.perf_counter()
         try:
             return self._planned(partition, cold_steps)
         finally:
             self.plan_ahead_seconds += time.perf_counter() - started
 
-    def _planned(
-        self, partition: HotColdPartition, cold_steps: Sequence[Step]
-    ) -> tuple[dict[SlotGroup, SlotPlan], _StepRows]:
-        """Every group's slot plan over ``cold_steps`` of ``partition``, and every group's rows of each
-        step as row keys with their slots, step after step (one slice a step for the remap)."""
+    def _planned(self, partition: HotColdPartition, cold_steps: Sequence[Step]) -> _Planned:
+        """Every group's slot plan over ``cold_steps`` of ``partition``; every group's rows of each step
+        as row keys with their slots, and each run's copies, step after step (one slice a step)."""
         plans = self._plans(partition, cold_steps)
-        counts = np.stack([np.diff(plans[g].bounds) for g in self.groups])  # (group, step)
-        starts = np.cumsum(np.r_[0, counts.T.ravel()])  # of (step, group), step after step
-        keys = np.empty(starts[-1], dtype=np.int64)
-        slots = np.empty(starts[-1], dtype=np.int64)
-        for index, group in enumerate(self.groups):
-            plan = plans[group]
-            firsts = starts[index : -1 : len(self.groups)] - plan.bounds[:-1]  # where each step's rows go
-            where = np.repeat(firsts, counts[index]) + np.arange(len(plan.rows))
-            keys[where] = self._offsets[group.table] + group.row_start + plan.rows
-            slots[where] = self._slot_offsets[group.table] + group.slot_start + plan.slots
-        return plans, _StepRows(keys, slots, starts[:: len(self.groups)])
+        ordered = [plans[g] for g in self.groups]
+        row_keys = [self._offsets[g.table] + g.row_start for g in self.groups]
+        slot_keys = [self._slot_offsets[g.table] + g.slot_start for g in self.groups]
+        (keys, slots), bounds = _step_major(
+            [np.diff(plan.bounds) for plan in ordered],
+            [
+                [plan.rows + key for plan, key in zip(ordered, row_keys, strict=True)],
+                [plan.slots + key for plan, key in zip(ordered, slot_keys, strict=True)],
+            ],
+            len(cold_steps),
+        )
+        return _Planned(
+            plans, _StepRows(keys, slots, bounds), [_run_copies(run, plans) for run in self._runs]
+        )
 
     def _plans(self, partition: HotColdPartition, cold_steps: Sequence[Step]) -> dict[SlotGroup, SlotPlan]:
         """Every group's slot plan over ``cold_steps`` of ``partition``."""
@@ -336,13 +395,7 @@ class PlannedColdTier:
         self._routed += 1
         started = time.perf_counter()
         targets = tuple(self.plans[self.groups[0]].copied_before(step))
-        moves = tuple(
-            tuple(
-                (*self.plans[local.group].evictions(target)[::-1], *self.plans[local.group].loads(target))
-                for local in self._local
-            )
-            for target in targets
-        )
+        moves = tuple(tuple(copies.moves(target) for copies in self._copies) for target in targets)
         self._queue.append(_Copies(step, self._flush_next, targets, moves))
         self._flush_next = False
         cold = features.cold
@@ -358,8 +411,8 @@ class PlannedColdTier:
         if self._queue:
             raise ValueError(f"{len(self._queue)} routed cold steps have not run yet: flush after them")
         with self._engine.copying():
-            for local in self._local:
-                self._write_back(local, np.flatnonzero(local.held >= 0))
+            for run in self._runs:
+                self._write_back(run, np.flatnonzero(run.held >= 0))
         self._engine.settle()
 
     def state_dict(self) -> dict:
@@ -373,8 +426,12 @@ class PlannedColdTier:
             "ahead": self.ahead,
             "routed": self._routed,
             "groups": [
-                {"group": astuple(local.group), "rows": dict(local.rows), "held": local.held.copy()}
-                for local in self._local
+                {
+                    "group": astuple(group),
+                    "rows": {name: run.group_rows(index, name) for name in run.rows},
+                    "held": run.group_held(index),
+                }
+                for run, index, group in self._mine()
             ],
         }
 
@@ -383,7 +440,7 @@ class PlannedColdTier:
         again when its router resumes it (``plan_epoch(..., start=)``). ``ValueError`` for the state of
         other slot groups, or of copies run another number of steps ahead (the slots hold other rows)."""
         groups = [tuple(saved["group"]) for saved in state["groups"]]
-        mine = [astuple(local.group) for local in self._local]
+        mine = [astuple(group) for _, _, group in self._mine()]
         if groups != mine:
             raise ValueError(f"the cold tier's state holds slot groups {groups}, this rank's are {mine}")
         if state["ahead"] != self.ahead:
@@ -393,10 +450,12 @@ class PlannedColdTier:
             )
         self._engine.settle()
         with torch.no_grad():
-            for local, saved in zip(self._local, state["groups"], strict=True):
-                for name, rows in local.rows.items():
-                    rows.copy_(saved["rows"][name])
-                local.held[:] = saved["held"]
+            for (run, index, _), saved in zip(self._mine(), state["groups"], strict=True):
+                for name in run.rows:
+                    run.group_rows(index, name).copy_(saved["rows"][name])
+                held = np.asarray(saved["held"])
+                slots = slice(run.slot_starts[index], run.slot_starts[index + 1])
+                run.held[slots] = np.where(held >= 0, held + run.row_starts[index], -1)
         self._resumed = state["routed"]
 
     @contextmanager
@@ -406,25 +465,23 @@ class PlannedColdTier:
         collective: every rank looks up as many batches). The held rows are written back first and
         copied into their slots again after (counted as copies)."""
         self.flush()
-        held = [(local, np.flatnonzero(local.held >= 0)) for local in self._local]
-        held = [(local, slots, local.held[slots].copy()) for local, slots in held]
+        held = [(run, np.flatnonzero(run.held >= 0)) for run in self._runs]
+        held = [(run, slots, run.held[slots].copy()) for run, slots in held]
         self._evaluating = True
         try:
             yield
         finally:
             self._evaluating = False
             with self._engine.copying():
-                for local, slots, rows in held:
-                    local.held[:] = -1
-                    self._load(local, rows, slots)
+                for run, slots, rows in held:
+                    run.held[:] = -1
+                    self._load(run, rows, slots)
 
     def gather_cold_state(self) -> dict[str, dict[str, torch.Tensor]]:
         """Every cold table's rows, on every rank (a collective; :meth:`flush` first): per name (``weight``,
         and each per-row optimizer state such as FBGEMM's ``momentum1``), full tensors keyed as the cold
         part's weights in the split module's state dict (:attr:`keys`)."""
-        mine = {
-            name: (tuple(t.shape[1:]), t.dtype) for local in self._local for name, t in local.rows.items()
-        }
+        mine = {name: (tuple(t.shape[1:]), t.dtype) for run in self._runs for name, t in run.rows.items()}
         everyone = [mine]
         if dist.is_initialized() and dist.get_world_size() > 1:  # a rank may hold no group
             everyone = [None] * dist.get_world_size()
@@ -436,9 +493,9 @@ class PlannedColdTier:
                     (self.fae.num_cold[table], *shape),
                     dtype,
                     [
-                        ((slice(local.group.row_start, local.group.row_stop),), local.rows[name])
-                        for local in self._local
-                        if local.group.table == table
+                        ((slice(group.row_start, group.row_stop),), run.group_rows(index, name))
+                        for run, index, group in self._mine()
+                        if group.table == table
                     ],
                 )
                 for key, table in self.keys.items()
@@ -481,20 +538,21 @@ class PlannedColdTier:
         self._engine.settle()
         with self._engine.copying(copies.targets):
             if copies.flush_first:
-                for local in self._local:
-                    self._write_back(local, np.flatnonzero(local.held >= 0))
-                    local.held[:] = -1
+                for run in self._runs:
+                    self._write_back(run, np.flatnonzero(run.held >= 0))
+                    run.held[:] = -1
             for moves in copies.moves:
-                for local, (evicted_slots, evicted_rows, loaded_rows, loaded_slots) in zip(
-                    self._local, moves, strict=True
+                for run, (evicted_slots, evicted_rows, loaded_rows, loaded_slots) in zip(
+                    self._runs, moves, strict=True
                 ):
-                    if np.any(local.held[evicted_slots] != evicted_rows):
+                    if np.any(run.held[evicted_slots] != evicted_rows):
                         raise RuntimeError(
-                            f"cold table {local.group.table}: the slots hold other rows than planned"
+                            f"cold tables {sorted({g.table for g in run.groups})}: the slots hold other "
+                            "rows than planned"
                         )
-                    self._write_back(local, evicted_slots)
-                    local.held[evicted_slots] = -1
-                    self._load(local, loaded_rows, loaded_slots)
+                    self._write_back(run, evicted_slots)
+                    run.held[evicted_slots] = -1
+                    self._load(run, loaded_rows, loaded_slots)
         self._engine.wait(copies.step)
         self.copy_seconds += time.perf_counter() - started
         self.copied_steps += 1
@@ -525,38 +583,43 @@ class PlannedColdTier:
                 )
             rows_of[group] = rows
         with self._engine.copying():
-            for local in self._local:
-                local.held[:] = -1
-                self._load(local, rows_of[local.group], np.arange(len(rows_of[local.group])))
+            for run in self._runs:
+                run.held[:] = -1
+                self._load(
+                    run,
+                    np.concatenate([rows_of[g] + run.row_starts[i] for i, g in enumerate(run.groups)]),
+                    np.concatenate(
+                        [np.arange(len(rows_of[g])) + run.slot_starts[i] for i, g in enumerate(run.groups)]
+                    ),
+                )
         keys = [self._offsets[g.table] + g.row_start + rows_of[g] for g in self.groups]
         slots = [self._slot_offsets[g.table] + g.slot_start + np.arange(len(rows_of[g])) for g in self.groups]
         return self._slot_ids(cold, np.concatenate(keys), np.concatenate(slots), "an evaluation batch")
 
-    def _write_back(self, local: _HostRows, slots: np.ndarray) -> None:
-        """Copy ``slots`` (with their optimizer state) to the host rows they hold."""
+    def _write_back(self, run: _Run, slots: np.ndarray) -> None:
+        """Copy ``slots`` of ``run`` (with their optimizer state) to the host rows they hold."""
         if not len(slots):
             return
-        rows = torch.from_numpy(local.held[slots])
-        index = torch.from_numpy(slots).to(local.slots["weight"].device)
+        rows = torch.from_numpy(run.held[slots])
+        index = torch.from_numpy(slots).to(run.slots["weight"].device)
         with torch.no_grad():
-            for name, device_slots in local.slots.items():
+            for name, device_slots in run.slots.items():
                 values = device_slots.index_select(0, index)
-                self._engine.to_host(local.rows[name], rows, values)
+                self._engine.to_host(run.rows[name], rows, values)
                 self.bytes_out += values.nbytes
         self.rows_out += len(slots)
 
-    def _load(self, local: _HostRows, rows: np.ndarray, slots: np.ndarray) -> None:
-        """Copy host ``rows`` (with their optimizer state) into ``slots``."""
+    def _load(self, run: _Run, rows: np.ndarray, slots: np.ndarray) -> None:
+        """Copy host ``rows`` of ``run`` (with their optimizer state) into its ``slots``."""
         if not len(rows):
             return
         index = torch.from_numpy(rows)
-        device = local.slots["weight"].device
-        targets = torch.from_numpy(slots).to(device)
+        targets = torch.from_numpy(slots).to(run.slots["weight"].device)
         with torch.no_grad():
-            for name, device_slots in local.slots.items():
-                self._engine.to_device(device_slots, targets, local.rows[name], index)
-                self.bytes_in += len(rows) * local.rows[name][0].nbytes
-        local.held[slots] = rows
+            for name, device_slots in run.slots.items():
+                self._engine.to_device(device_slots, targets, run.rows[name], index)
+                self.bytes_in += len(rows) * run.rows[name][0].nbytes
+        run.held[slots] = rows
         self.rows_in += len(rows)
 
 
@@ -611,12 +674,13 @@ def _slot_groups(fae: FAEEmbeddingBagCollection) -> list[SlotGroup]:
     return groups
 
 
-def _host_rows(fae: FAEEmbeddingBagCollection, groups: list[SlotGroup]) -> list[_HostRows]:
-    """This rank's slot groups: the local shards of the slot tables' weights and per-row fused
-    optimizer state, and host rows for them (pinned on CUDA)."""
+def _runs(fae: FAEEmbeddingBagCollection, groups: list[SlotGroup]) -> list[_Run]:
+    """This rank's slot groups in runs (``_Run``): the local shards of the slot tables' weights and
+    per-row fused optimizer state, a group joining the run before it where each of its tensors starts
+    where that run's ends, and host rows for each run (pinned on CUDA)."""
     weights = fae.cold.state_dict()
     optimizer_state = fae.cold.fused_optimizer.state_dict()["state"]
-    result = []
+    local = []
     for group in groups:
         key = f"embedding_bags.{part_table_name(group.table, COLD)}.weight"
         tensors = {"weight": weights[key], **optimizer_state.get(key, {})}
@@ -631,16 +695,91 @@ def _host_rows(fae: FAEEmbeddingBagCollection, groups: list[SlotGroup]) -> list[
                 if shards[0].shape[0] != group.num_slots:
                     raise ValueError(f"cold table {group.table}: optimizer state {name} is not kept per row")
                 slots[name.rsplit(".", 1)[-1]] = shards[0]
-        if not slots:
-            continue  # another rank's shard
-        pin = slots["weight"].device.type == "cuda"
-        rows = {
-            name: torch.zeros((group.row_stop - group.row_start, *t.shape[1:]), dtype=t.dtype, pin_memory=pin)
-            for name, t in slots.items()
-        }
-        initial = {name: t[:1].clone() for name, t in slots.items() if name != "weight"}
-        result.append(_HostRows(group, slots, rows, np.full(group.num_slots, -1, dtype=np.int64), initial))
-    return result
+        if slots:  # else another rank's shard
+            local.append((group, slots))
+    local.sort(key=lambda member: member[1]["weight"].data_ptr())
+    runs: list[list[tuple[SlotGroup, dict[str, torch.Tensor]]]] = []
+    for member in local:
+        if runs and _follows(runs[-1][-1][1], member[1]):
+            runs[-1].append(member)
+        else:
+            runs.append([member])
+    return [_run(members) for members in runs]
+
+
+def _follows(before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]) -> bool:
+    """Whether each of ``after``'s tensors starts in memory where ``before``'s of that name ends, both
+    contiguous with the same rows (one view spans them)."""
+    return before.keys() == after.keys() and all(
+        a.is_contiguous()
+        and b.is_contiguous()
+        and (a.dtype, a.shape[1:], a.device) == (b.dtype, b.shape[1:], b.device)
+        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and b.data_ptr() == a.data_ptr() + a.nbytes
+        for a, b in ((before[name], after[name]) for name in before)
+    )
+
+
+def _run(members: list[tuple[SlotGroup, dict[str, torch.Tensor]]]) -> _Run:
+    """The run of ``members`` (each group and its slots, one after another in memory)."""
+    groups = [group for group, _ in members]
+    slot_starts = np.cumsum([0, *(g.num_slots for g in groups)])
+    row_starts = np.cumsum([0, *(g.row_stop - g.row_start for g in groups)])
+    slots = {
+        name: t.as_strided((int(slot_starts[-1]), *t.shape[1:]), t.stride())
+        for name, t in members[0][1].items()
+    }
+    pin = slots["weight"].device.type == "cuda"
+    rows = {
+        name: torch.zeros((int(row_starts[-1]), *t.shape[1:]), dtype=t.dtype, pin_memory=pin)
+        for name, t in slots.items()
+    }
+    initial = [
+        {name: t[:1].clone() for name, t in tensors.items() if name != "weight"} for _, tensors in members
+    ]
+    held = np.full(int(slot_starts[-1]), -1, dtype=np.int64)
+    return _Run(groups, slot_starts, row_starts, slots, rows, held, initial)
+
+
+def _run_copies(run: _Run, plans: Mapping[SlotGroup, SlotPlan]) -> _RunCopies:
+    """``run``'s copies of every step of ``plans``, in its slots and host rows."""
+    ordered = [plans[group] for group in run.groups]
+    slot_starts, row_starts = run.slot_starts[:-1], run.row_starts[:-1]
+    num_steps = ordered[0].num_steps
+    (evicted_slots, evicted_rows), evicted_bounds = _step_major(
+        [plan.evictions_per_step() for plan in ordered],
+        [
+            [plan.evicted_slots + start for plan, start in zip(ordered, slot_starts, strict=True)],
+            [plan.evicted_rows + start for plan, start in zip(ordered, row_starts, strict=True)],
+        ],
+        num_steps,
+    )
+    (loaded_rows, loaded_slots), loaded_bounds = _step_major(
+        [plan.loads_per_step() for plan in ordered],
+        [
+            [plan.rows[plan.loaded] + start for plan, start in zip(ordered, row_starts, strict=True)],
+            [plan.slots[plan.loaded] + start for plan, start in zip(ordered, slot_starts, strict=True)],
+        ],
+        num_steps,
+    )
+    return _RunCopies(evicted_slots, evicted_rows, evicted_bounds, loaded_rows, loaded_slots, loaded_bounds)
+
+
+def _step_major(
+    counts: Sequence[np.ndarray], columns: Sequence[Sequence[np.ndarray]], num_steps: int
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """Groups' entries merged step after step, each step's groups in order: per column, the groups'
+    arrays ``columns[c][g]`` (group ``g``'s entries step after step, ``counts[g][s]`` of step ``s``) as
+    one; and each step's bounds in them."""
+    table = np.stack(counts) if len(counts) else np.zeros((0, num_steps), dtype=np.int64)
+    starts = np.cumsum(np.r_[0, table.T.ravel()])  # of each (step, group), step after step
+    merged = [np.empty(starts[-1], dtype=np.int64) for _ in columns]
+    for index, group_counts in enumerate(table):
+        firsts = starts[index : -1 : len(table)] - np.r_[0, np.cumsum(group_counts)[:-1]]
+        where = np.repeat(firsts, group_counts) + np.arange(group_counts.sum())
+        for out, column in zip(merged, columns, strict=True):
+            out[where] = column[index]
+    return merged, starts[:: len(table)] if len(table) else np.zeros(num_steps + 1, dtype=np.int64)
 
 
 def min_cold_slots(
