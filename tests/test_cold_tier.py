@@ -145,10 +145,10 @@ def _planned_training(
             train_step(base_dmp, step.batch, base_optimizer)
             train_step(fae_dmp, fae_step.batch, fae_optimizer)
             if index == STEPS // 2:
-                before = _counts(tier)
+                before, here = _counts(tier), tier.rows_in
                 with tier.evaluating():
                     assert evaluate(fae_dmp, validation) == pytest.approx(evaluate(base_dmp, validation))
-                evaluation = _counts(tier) - before
+                evaluation, evaluated_here = _counts(tier) - before, tier.rows_in - here
                 assert evaluation[0] > 0, "the evaluation's rows were copied into the slots"
     else:  # the pipeline reads a batch ahead: routed steps wait in the tier for their lookup
         routed = [step for epoch in range(2) for step in router.epoch(epoch)]
@@ -173,8 +173,12 @@ def _planned_training(
     assert bytes_in == bytes_out == rows_in * (8 * 4 + STATE_BYTES[optimizer_name])  # dim 8, float32
     if pipeline is None:  # the copies are the plan's: each group's loads made by the rank holding it
         copied = sum(not step.hot for step in routed) + ahead  # the last step copies those ahead of it
-        assert rows_in == sum(int(p.loads_per_step()[:copied].sum()) for p in tier.plans.values())
-        assert sum(int(p.evictions_per_step()[:copied].sum()) for p in tier.plans.values()) > 0
+        mine = tier.plans.values()  # the plans of the groups this rank holds
+        loads = sum(int(p.loads_per_step()[:copied].sum()) for p in mine)
+        assert loads == tier.rows_in - evaluated_here, "this rank's copies are its own groups' plans"
+        planned = torch.tensor([loads, sum(int(p.evictions_per_step()[:copied].sum()) for p in mine)])
+        dist.all_reduce(planned)
+        assert rows_in == planned[0] and planned[1] > 0
     batches = [step.batch for step in routed]
     cold = tier.gather_cold_state()["weight"]
     _assert_trained_alike(base_dmp, fae_dmp, "dlrm", tables, batches, initial, initial_dense, tolerance, cold)
@@ -340,6 +344,24 @@ def _misuses(rank: int, world_size: int, directory: str) -> None:
 
 def test_misuses_of_a_planned_cold_tier_are_refused(tmp_path):
     run_on_ranks(_misuses, 1, tmp_path, str(tmp_path / "checkpoints"))
+
+
+def _too_few_slots(rank: int, world_size: int) -> None:
+    data, tables, _, hot_set = _setup("dlrm", world_size)
+    partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
+    slots = _slots(hot_set, world_size, False)
+    table = next(iter(slots))
+    model, _ = _sharded(tables, hot_set, {**slots, table: 2}, world_size)
+    tier = PlannedColdTier(model)  # the table's slots on one rank (table-wise)
+    with pytest.raises(ValueError, match=rf"cold table {table}, slots 0:2: step \d+ looks up \d+ distinct"):
+        next(BatchRouter(partition, 32, world_size, rank, split=model, cold_tier=tier).epoch(0))
+
+
+@pytest.mark.slow
+def test_a_plan_that_fails_on_one_rank_fails_on_every_rank(tmp_path):
+    """Each rank plans the slot groups it holds: a table-wise table with too few slots is refused on
+    the rank holding it and on the other one too (none goes on to wait for it)."""
+    run_on_ranks(_too_few_slots, 2, tmp_path)
 
 
 def test_the_recipe_sizes_slots_from_a_step_and_grows_them_within_a_budget():

@@ -54,7 +54,7 @@ from fae_torchrec.torchrec_compat import ShardedTensor
 from fae_torchrec.train.copy_engine import CopyEngine
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.schedule import Step
-from fae_torchrec.train.slot_plan import SlotPlan, min_slots, plan_slots
+from fae_torchrec.train.slot_plan import SlotPlan, copied_before, min_slots, plan_slots
 from fae_torchrec.train.step import find_fae_module
 
 
@@ -176,9 +176,10 @@ class PlannedColdTier:
     optimizer state) host to device and back; ``plan_seconds`` the time of :meth:`plan_epoch`,
     ``route_seconds`` that of :meth:`route` (the remap to slots and the plans' copies looked up),
     ``plan_ahead_seconds`` that of the plans made ahead in a background thread (:meth:`plan_ahead`),
-    ``copy_seconds`` that of the ``copied_steps`` steps' copies (evaluations' aside). Every rank plans
-    every group, reading into memory the part ids of the epoch's cold steps (8 bytes each) and a step
-    and a row per cold id.
+    ``copy_seconds`` that of the ``copied_steps`` steps' copies (evaluations' aside). Each rank plans
+    the groups it holds, reading into memory the part ids of the epoch's cold steps (8 bytes each) and
+    a step and a row per cold id of its tables; every rank then holds every group's rows of each step
+    with their slots (16 bytes each), gathered from the others, to remap its own batches.
     """
 
     def __init__(self, model: nn.Module, window: int | None = None, ahead: int = 0) -> None:
@@ -202,6 +203,12 @@ class PlannedColdTier:
         self._slot_of = np.zeros(starts[-1], dtype=np.int32)
         self._key_at = np.full(slot_starts[-1], -1, dtype=np.int64)
         self._runs = _runs(fae, self.groups)
+        self._held = [group for run in self._runs for group in run.groups]  # the groups planned here
+        # each rank plans the groups it holds and gathers the others' step rows over a process group of
+        # the plans' own, from the planning thread alone: every rank plans the same epochs in one order
+        self._planning_group = (
+            dist.new_group(backend="gloo") if dist.is_initialized() and dist.get_world_size() > 1 else None
+        )
         devices = [run.slots["weight"].device for run in self._runs]
         self._engine = CopyEngine(devices[0] if devices else torch.device("cpu"))
         self._reset()
@@ -211,7 +218,7 @@ class PlannedColdTier:
             for f in c.feature_names
             if c.name in fae.cold_slots
         }  # the table of each feature the tier's tables read
-        #: The current epoch's slot plan of every group.
+        #: The current epoch's slot plan of each group this rank holds.
         self.plans: dict[SlotGroup, SlotPlan] = {}
         self._remap = _StepRows(*(np.zeros(n, dtype=np.int64) for n in (0, 0, 1)))  # of self.plans
         self._copies: list[_RunCopies] = []  # each run's copies by self.plans
@@ -222,7 +229,7 @@ class PlannedColdTier:
         self._resumed: int | None = None  # the cold steps of the epoch a loaded state was saved after
         self.rows_in = self.rows_out = self.bytes_in = self.bytes_out = 0
         self.plan_seconds = self.route_seconds = self.copy_seconds = self.plan_ahead_seconds = 0.0
-        self._planner: ThreadPoolExecutor | None = None  # plans epochs ahead (plan_ahead)
+        self._planner: ThreadPoolExecutor | None = None  # makes every plan (plan_epoch, plan_ahead)
         # an epoch's plans made ahead: its partition, its key and the plans to come
         self._made_ahead: tuple[HotColdPartition, Hashable, Future] | None = None
         self.copied_steps = 0
@@ -295,11 +302,12 @@ class PlannedColdTier:
         key: Hashable | None = None,
     ) -> None:
         """Plan the slots of every group over ``cold_steps`` (an epoch's cold steps of ``partition``, in
-        order, as every rank schedules them): the rows of a step are those of every rank's inputs (every
-        rank reads them from the partition). The rows held from an earlier epoch are written back
-        before the first of them. ``start``: the cold steps already trained, when resuming mid-epoch
-        from a state (:meth:`load_state_dict`) saved after them. ``key``: the epoch's name, as
-        :meth:`plan_ahead` was given it, whose plans, made ahead, are taken."""
+        order, as every rank schedules them; a collective): the rows of a step are those of every rank's
+        inputs (each rank reads those of its groups' tables from the partition). The rows held from an
+        earlier epoch are written back before the first of them. ``start``: the cold steps already
+        trained, when resuming mid-epoch from a state (:meth:`load_state_dict`) saved after them.
+        ``key``: the epoch's name, as :meth:`plan_ahead` was given it, whose plans, made ahead, are
+        taken. ``ValueError`` on every rank where a group's slots are too few for its steps."""
         if start and self._resumed != start:
             raise ValueError(
                 f"resuming at cold step {start} of the epoch: load the tier's state saved there first "
@@ -312,7 +320,7 @@ class PlannedColdTier:
         if made is not None and made[0] is partition and key is not None and made[1] == key:
             planned = made[2].result()
         else:
-            planned = self._planned(partition, cold_steps)
+            planned = self._plans_thread().submit(self._planned, partition, list(cold_steps)).result()
         self.plans, self._remap, self._copies = planned.plans, planned.step_rows, planned.copies
         self._num_steps, self._routed = len(cold_steps), start
         self._engine.forget()
@@ -324,14 +332,19 @@ class PlannedColdTier:
     def plan_ahead(self, partition: HotColdPartition, cold_steps: Sequence[Step], key: Hashable) -> None:
         """Plan another epoch's slots (as :meth:`plan_epoch` would) in a background thread, during the
         epoch before it: ``plan_epoch(..., key=key)`` takes them. The thread's time goes to
-        ``plan_ahead_seconds``; the two epochs' plans are held at once while it runs."""
-        if self._planner is None:
-            self._planner = ThreadPoolExecutor(1, thread_name_prefix="fae-slot-plans")
+        ``plan_ahead_seconds``; the two epochs' plans are held at once while it runs. Every rank calls
+        it alike (its plans gather the ranks' step rows)."""
         self._made_ahead = (
             partition,
             key,
-            self._planner.submit(self._plans_ahead, partition, list(cold_steps)),
+            self._plans_thread().submit(self._plans_ahead, partition, list(cold_steps)),
         )
+
+    def _plans_thread(self) -> ThreadPoolExecutor:
+        """The one thread that makes the plans: their collectives run in the order every rank asks."""
+        if self._planner is None:
+            self._planner = ThreadPoolExecutor(1, thread_name_prefix="fae-slot-plans")
+        return self._planner
 
     def _plans_ahead(self, partition: HotColdPartition, cold_steps: list[Step]) -> _Planned:
         started = time.perf_counter()
@@ -341,30 +354,50 @@ class PlannedColdTier:
             self.plan_ahead_seconds += time.perf_counter() - started
 
     def _planned(self, partition: HotColdPartition, cold_steps: Sequence[Step]) -> _Planned:
-        """Every group's slot plan over ``cold_steps`` of ``partition``; every group's rows of each step
-        as row keys with their slots, and each run's copies, step after step (one slice a step)."""
-        plans = self._plans(partition, cold_steps)
-        ordered = [plans[g] for g in self.groups]
-        row_keys = [self._offsets[g.table] + g.row_start for g in self.groups]
-        slot_keys = [self._slot_offsets[g.table] + g.slot_start for g in self.groups]
+        """The slot plans over ``cold_steps`` of ``partition`` of the groups this rank holds and each
+        run's copies; every group's rows of each step as row keys with their slots, step after step
+        (one slice a step), gathered from the ranks holding them (a collective). ``ValueError`` on every
+        rank where any rank's plan failed."""
+        problem, plans = None, {}
+        try:
+            plans = self._plans(partition, cold_steps)
+        except ValueError as error:
+            problem = str(error)
+        held = [g for g in self._held if g in plans]
         (keys, slots), bounds = _step_major(
-            [np.diff(plan.bounds) for plan in ordered],
+            [np.diff(plans[g].bounds) for g in held],
             [
-                [plan.rows + key for plan, key in zip(ordered, row_keys, strict=True)],
-                [plan.slots + key for plan, key in zip(ordered, slot_keys, strict=True)],
+                [plans[g].rows + self._offsets[g.table] + g.row_start for g in held],
+                [plans[g].slots + self._slot_offsets[g.table] + g.slot_start for g in held],
             ],
             len(cold_steps),
         )
+        mine = (problem, np.diff(bounds), keys, slots)
+        everyone = [mine]
+        if self._planning_group is not None:
+            everyone = [None] * dist.get_world_size(self._planning_group)
+            dist.all_gather_object(everyone, mine, self._planning_group)
+        problems = [found for found, *_ in everyone if found is not None]
+        if problems:
+            raise ValueError(problems[0])
+        if len(everyone) > 1:
+            (keys, slots), bounds = _step_major(
+                [counts for _, counts, _, _ in everyone],
+                [[k for _, _, k, _ in everyone], [s for _, _, _, s in everyone]],
+                len(cold_steps),
+            )
         return _Planned(
             plans, _StepRows(keys, slots, bounds), [_run_copies(run, plans) for run in self._runs]
         )
 
     def _plans(self, partition: HotColdPartition, cold_steps: Sequence[Step]) -> dict[SlotGroup, SlotPlan]:
-        """Every group's slot plan over ``cold_steps`` of ``partition``."""
-        ids = cold_step_rows(partition, cold_steps, self._features)
+        """The slot plans over ``cold_steps`` of ``partition`` of the groups this rank holds."""
+        tables = {group.table for group in self._held}
+        features = {feature: table for feature, table in self._features.items() if table in tables}
+        ids = cold_step_rows(partition, cold_steps, features)
         bounds_of = np.arange(len(cold_steps) + 1)
         plans = {}
-        for group in self.groups:
+        for group in self._held:
             steps, rows = ids.get(group.table, (np.zeros(0, dtype=np.int64),) * 2)
             inside = (rows >= group.row_start) & (rows < group.row_stop)
             steps, rows = steps[inside], rows[inside]
@@ -394,7 +427,7 @@ class PlannedColdTier:
             )
         self._routed += 1
         started = time.perf_counter()
-        targets = tuple(self.plans[self.groups[0]].copied_before(step))
+        targets = tuple(copied_before(step, self.ahead, self._num_steps))
         moves = tuple(tuple(copies.moves(target) for copies in self._copies) for target in targets)
         self._queue.append(_Copies(step, self._flush_next, targets, moves))
         self._flush_next = False

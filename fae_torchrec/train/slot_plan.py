@@ -109,9 +109,8 @@ class SlotPlan:
         )
 
     def copied_before(self, step: int) -> range:
-        """The steps whose copies (evictions, then loads) run before ``step``: those ``ahead`` steps
-        later, and at the first step every step up to that one."""
-        return range(0 if step == 0 else step + self.ahead, min(step + self.ahead + 1, self.num_steps))
+        """The steps whose copies (evictions, then loads) run before ``step`` (:func:`copied_before`)."""
+        return copied_before(step, self.ahead, self.num_steps)
 
     def loads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """The rows copied in before ``step`` and their slots."""
@@ -138,6 +137,12 @@ class SlotPlan:
             missing = ids[rows[at] != ids] if len(rows) else ids
             raise ValueError(f"step {step} does not look up rows {missing[:5].tolist()}")
         return held[at]
+
+
+def copied_before(step: int, ahead: int, num_steps: int) -> range:
+    """The steps of ``num_steps`` whose copies run before ``step`` when they run ``ahead`` steps early:
+    the step ``ahead`` steps later, and at the first step every step up to that one."""
+    return range(0 if step == 0 else step + ahead, min(step + ahead + 1, num_steps))
 
 
 def plan_slots(
