@@ -37,13 +37,14 @@ from torch import nn
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer
+from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, ShardingOption, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan, ShardingPlanner
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from fae_torchrec.modules import FAEEmbeddingBagCollection
+from fae_torchrec.modules import FAEEmbeddingBagCollection, part_table_name
 from fae_torchrec.stats import COLD, HOT, AccessStats, HotSet
 from fae_torchrec.torchrec_compat import best_plan
 from fae_torchrec.units import format_bytes
@@ -58,6 +59,7 @@ from planner.constraints import (
 )
 from planner.enumerator import OrderedEnumerator
 from planner.report import FAEPlanReport, RankTotals, in_hbm, part_paths
+from planner.slot_copies import SlotCopyEstimator
 from planner.torchrec_configs import TorchRecConfig, offloaded_tables, plan_with_sharding, torchrec_configs
 
 logger = logging.getLogger(__name__)
@@ -193,6 +195,10 @@ class FAEShardingPlanner(ShardingPlanner):
         #: The last hot set sized (the knob's choice, or ``plan``'s) and the cold sizing of its plan (load
         #: factors, kernel options), which ``plan`` tries first for that hot set.
         self._chosen: tuple[HotSet, Sizing] | None = None
+        #: Per table, the bytes a planned cold tier's slot plan copies in and back per cold step (with
+        #: optimizer state): ``plan`` prices them on the slot tables (``SlotCopyEstimator``). Set by the
+        #: one who sizes the slots, before ``plan``; none by default.
+        self.slot_copies: dict[str, float] = {}
 
     def choose_hot_set(self) -> HotSet:
         """The hot set to build the model with: the given budget's, or the knob's choice.
@@ -291,6 +297,10 @@ class FAEShardingPlanner(ShardingPlanner):
             return None
         self._chosen = (hot_set, sizing)
         return sizing
+
+    def _slot_copies(self) -> dict[str, float]:
+        """``slot_copies`` by the slot tables' names (the cold parts')."""
+        return {part_table_name(table, COLD): copied for table, copied in self.slot_copies.items()}
 
     def cold_slot_budget(self, hot_set: HotSet) -> float | None:
         """The device memory (bytes, all devices together) that a planned cold tier's slot tables may
@@ -393,7 +403,10 @@ class FAEShardingPlanner(ShardingPlanner):
                 return False
             try:
                 if config is None:
-                    planned = self._torchrec_plan(module, sharders, constraints(load_factors, **options))
+                    copied = self._slot_copies() if options.get("slots") else None
+                    planned = self._torchrec_plan(
+                        module, sharders, constraints(load_factors, **options), copied=copied
+                    )
                 else:
                     planned = self._plan_config(module, sharders, config, caches, constraints, unconstrained)
             except PlannerError as error:
@@ -433,11 +446,20 @@ class FAEShardingPlanner(ShardingPlanner):
         sharders: list,
         constraints: dict[str, ParameterConstraints],
         scaleup: bool = False,
+        copied: dict[str, float] | None = None,
     ) -> tuple[ShardingPlan, list[ShardingOption], OrderedEnumerator]:
         """TorchRec's ``EmbeddingShardingPlanner`` run with ``constraints`` (and with ``scaleup``, its
-        ``EmbeddingOffloadScaleupProposer`` growing the caches): the plan, its sharding options and the
-        enumerator that priced them. Raises TorchRec's ``PlannerError``."""
-        enumerator = OrderedEnumerator(self.topology, self.batch_size, constraints)
+        ``EmbeddingOffloadScaleupProposer`` growing the caches; with ``copied``, slot tables' copies per
+        cold step priced by ``SlotCopyEstimator``): the plan, its sharding options and the enumerator
+        that priced them. Raises TorchRec's ``PlannerError``."""
+        estimators = None
+        if copied:  # TorchRec's own estimators, then the copies on the perfs they set
+            estimators = [
+                EmbeddingPerfEstimator(self.topology, constraints),
+                EmbeddingStorageEstimator(self.topology, constraints),
+                SlotCopyEstimator(self.topology, constraints, copied),
+            ]
+        enumerator = OrderedEnumerator(self.topology, self.batch_size, constraints, estimator=estimators)
         planner = EmbeddingShardingPlanner(
             topology=self.topology,
             batch_size=self.batch_size,
@@ -525,7 +547,7 @@ class FAEShardingPlanner(ShardingPlanner):
             torchrec_config=config.name if config else None,
             hot_step=self._price(enumerator, options, fae_path, {HOT: pooling.hot_step}),
             cold_step=self._price(enumerator, options, fae_path, cold_step),
-            cold_step_in_hbm=self._price(enumerator, in_hbm(options), fae_path, cold_step),
+            cold_step_in_hbm=self._price(enumerator, in_hbm(options), fae_path, cold_step, transfers=False),
             pooling=pooling,
         )
 
@@ -535,9 +557,12 @@ class FAEShardingPlanner(ShardingPlanner):
         options: list[ShardingOption],
         fae_path: str,
         pooling: dict[str, np.ndarray],
+        *,
+        transfers: bool = True,
     ) -> float:
         """TorchRec's predicted step of the plan ``options`` with each FAE part at ``pooling[part]``
-        (ids per input and feature, per table); parts missing from ``pooling`` do not run."""
+        (ids per input and feature, per table); parts missing from ``pooling`` do not run. Without
+        ``transfers`` no shard prefetches (a cache's, or a planned cold tier's copies)."""
         parts = part_paths(fae_path)
         table_index = {c.name: t for t, c in enumerate(self.stats.tables)}
         priced = []
@@ -551,6 +576,9 @@ class FAEShardingPlanner(ShardingPlanner):
                 option.input_lengths = [float(pooling[part][t])] * len(option.input_lengths)
             priced.append(option)
         enumerator.populate_estimates(priced)
+        if not transfers:
+            for shard in (shard for option in priced for shard in option.shards):
+                shard.perf = replace(shard.perf, prefetch_compute=0.0)
         return RankTotals.of(priced, self.topology.world_size).step
 
     def _smaller_sizings(

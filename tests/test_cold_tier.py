@@ -22,10 +22,10 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from fae_torchrec import FAEEmbeddingBagCollection
 from fae_torchrec.modules.fae_embedding_bag import part_table_name
 from fae_torchrec.modules.state import gather_full_state_dict, load_initial_tables
-from fae_torchrec.recipes.slots import slot_sizing
+from fae_torchrec.recipes.slots import SlotLayout, slot_sizing
 from fae_torchrec.stats.hot_set import COLD
 from fae_torchrec.train.checkpoint import Checkpoints
-from fae_torchrec.train.cold_tier import PlannedColdTier, cold_step_rows, min_cold_slots
+from fae_torchrec.train.cold_tier import PlannedColdTier, cold_step_pools, cold_step_rows, min_cold_slots
 from fae_torchrec.train.evaluation import evaluate, evaluation_cold_slots, validation_batches
 from fae_torchrec.train.optimizers import EmbeddingOptimizer
 from fae_torchrec.train.partition import HotColdPartition
@@ -366,27 +366,37 @@ def test_a_plan_that_fails_on_one_rank_fails_on_every_rank(tmp_path):
 
 def test_the_recipe_sizes_slots_from_a_step_and_grows_them_within_a_budget():
     """``slot_sizing``: without a budget (CPU) each cold table gets the rows of its busiest training or
-    evaluation step; within a budget (CUDA's ``cold_slot_budget``) the slots grow, never past it; a
-    resumed run's slots are kept."""
+    evaluation step; within a budget (CUDA's ``cold_slot_budget``) the slots grow, never past it, and
+    copy less; the copies are the first epoch's plans' per cold step; a resumed run's are kept."""
     data, _, _, hot_set = _setup("dlrm", 1)
     partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
     args = argparse.Namespace(
         batch_size=32, order="stream", order_seed=None, seed=0, epochs=2, optimizer="sgd", copy_ahead=0
     )
     validation = partition.cold.slice(0, 64).without_part_ids()
-    floor = slot_sizing(args, [partition], validation, hot_set, 1, 0.0)(None)
+    floored = slot_sizing(args, [partition], validation, hot_set, 1, 0.0)(None)
+    floor = floored.slots
     steps = [BatchRouter(partition, 32, seed=0).schedule(e) for e in range(2)]
     trained = [min_cold_slots(partition, s, hot_set) for s in steps]
     evaluated = evaluation_cold_slots(validation, partition.keys, hot_set, 32, 1)
     assert floor == {t: max(evaluated[t], *(f[t] for f in trained)) for t in evaluated}
     row_bytes = dict(zip(hot_set.layout.names, hot_set.layout.row_bytes(), strict=True))
     budget = 2.0 * sum(floor[t] * row_bytes[t] for t in floor)
-    grown = slot_sizing(args, [partition], validation, hot_set, 1, 0.0)(budget)
+    first_epoch = cold_step_pools(partition, steps[0], hot_set)
+    cold_steps = sum(not step.hot for step in steps[0])
+    for table, (ids, bounds) in first_epoch.items():
+        plan = plan_slots(ids, bounds, floor[table])
+        copied = (plan.rows_in + plan.rows_out) * row_bytes[table] / cold_steps
+        assert floored.copied_bytes[table] == pytest.approx(copied), table
+    grown_layout = slot_sizing(args, [partition], validation, hot_set, 1, 0.0)(budget)
+    grown = grown_layout.slots
     assert all(grown[t] >= floor[t] for t in floor) and grown != floor
     assert sum(grown[t] * row_bytes[t] for t in grown) <= budget
-    assert slot_sizing(args, [partition], validation, hot_set, 1, 0.0, saved={"t": 3})(budget) == {"t": 3}
+    assert sum(grown_layout.copied_bytes.values()) < sum(floored.copied_bytes.values())
+    saved = SlotLayout({"t": 3}, {"t": 1.0})
+    assert slot_sizing(args, [partition], validation, hot_set, 1, 0.0, saved=saved)(budget) == saved
     args.copy_ahead = 1  # the rows of two cold steps in a row
-    ahead = slot_sizing(args, [partition], validation, hot_set, 1, 0.0)(None)
+    ahead = slot_sizing(args, [partition], validation, hot_set, 1, 0.0)(None).slots
     pairs = [min_cold_slots(partition, s, hot_set, ahead=1) for s in steps]
     assert ahead == {t: max(evaluated[t], *(f[t] for f in pairs)) for t in evaluated}
     assert all(ahead[t] >= floor[t] for t in floor) and ahead != floor

@@ -352,9 +352,9 @@ def test_no_cache_sizing_that_asks_more_than_an_unplaced_one_is_planned():
     runs = []
 
     class Recording(FAEShardingPlanner):
-        def _torchrec_plan(self, module, sharders, constraints, scaleup=False):
+        def _torchrec_plan(self, module, sharders, constraints, scaleup=False, copied=None):
             runs.append((constraints, False))
-            planned = super()._torchrec_plan(module, sharders, constraints, scaleup)
+            planned = super()._torchrec_plan(module, sharders, constraints, scaleup, copied)
             runs[-1] = (constraints, True)
             return planned
 
@@ -469,3 +469,42 @@ def test_a_planned_cold_tiers_slots_get_the_caches_memory_and_plan_as_plain_rows
     assert {p.sharding_type for p in cold.values()} <= set(SLOT_SHARDING_TYPES)
     if compute_device == "cuda":
         assert max(planner.report.rank_hbm) <= hbm_cap
+
+
+@pytest.mark.slow
+def test_a_planned_cold_tiers_copies_are_priced_and_spread_over_the_ranks(kaggle_stats):
+    """``slot_copies`` adds each slot table's copies per cold step, over the host-device link, to its
+    shards' ``prefetch_compute`` (``SlotCopyEstimator``): the predicted cold step carries them and the
+    step in HBM does not, and TorchRec's partitioner moves apart two tables it had put on one rank once
+    they copy."""
+    stats = _stats_at_dim(kaggle_stats, 128)
+    topology = Topology(world_size=2, compute_device="cuda", hbm_cap=GIB)
+    planner = FAEShardingPlanner(topology, stats, batch_size=2048, hot_budget_bytes=GIB // 8)
+    hot_set = planner.choose_hot_set()
+    slots = {
+        c.name: min(c.num_embeddings - len(h), 4096)
+        for c, h in zip(stats.tables, hot_set.hot_ids, strict=True)
+        if c.num_embeddings > len(h)
+    }
+
+    def planned() -> dict:
+        model = FAEEmbeddingBagCollection(
+            stats.tables, hot_set, device=torch.device("meta"), cold_slots=slots
+        )
+        return planner.plan(model, get_default_sharders()).plan["cold"]
+
+    def whole_on(sharding) -> int | None:
+        return sharding.ranks[0] if sharding.sharding_type == "table_wise" else None
+
+    before = planned()
+    assert planner.report.cold_step < 1.0, "lookups of a few thousand slots a table"
+    on_rank = {}
+    for name, sharding in before.items():
+        on_rank.setdefault(whole_on(sharding), []).append(name)
+    first, second = next(names for rank, names in on_rank.items() if rank is not None and len(names) > 1)[:2]
+    ten_ms = 10 * topology.hbm_to_ddr_mem_bw  # bytes that take 10 ms to cross the link
+    planner.slot_copies = {name.removesuffix("_cold"): ten_ms for name in (first, second)}
+    after = planned()
+    assert 10.0 < planner.report.cold_step < 11.0, "one table's copies on the slowest rank"
+    assert planner.report.cold_step_in_hbm < 1.0, "the step in HBM leaves the transfers out"
+    assert whole_on(after[first]) is None or whole_on(after[first]) != whole_on(after[second])

@@ -8,7 +8,6 @@ import logging
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from torchrec.optim.keyed import CombinedOptimizer
 from fae_torchrec.modules import FAEEmbeddingBagCollection, load_initial_tables
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.recipes.options import order_seed
-from fae_torchrec.recipes.slots import SlotSizing, slot_sizing
+from fae_torchrec.recipes.slots import SlotLayout, SlotSizing, slot_sizing
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import EVERYTHING_HOT, HotSet
 from fae_torchrec.stats.hot_share import estimate_hot_share
@@ -86,6 +85,8 @@ class Training:
     stats: AccessStats
     #: The planned cold tier (``--cold-tier planned``), else None.
     cold_tier: PlannedColdTier | None = None
+    #: Its slots and the copies the plan priced, else None.
+    slots: SlotLayout | None = None
 
 
 @dataclass(frozen=True)
@@ -208,12 +209,13 @@ def build_training(
     device: torch.device,
     family: ModelFamily,
     replanned: Replanned | None = None,
-    saved_slots: Mapping[str, int] | None = None,
+    saved_slots: SlotLayout | None = None,
 ) -> Training:
     """Prepare the data (:func:`prepare`), build and plan the model of ``args`` (FAE's, or the baseline's
     with ``--baseline``), shard it with DMP in its initial state and make its router. ``replanned``: a
     resumed run's last re-plan, whose hot set, statistics and partition replace the profile's;
-    ``saved_slots``: a resumed run's planned cold tier's slots (the planner sizes them alike)."""
+    ``saved_slots``: a resumed run's planned cold tier's slots and their copies (the planner plans them
+    alike)."""
     if args.optimizer == "adam" and device.type == "cpu":
         raise ValueError(
             "--optimizer adam: FBGEMM has no fused Adam on CPU; use it on GPU, or another optimizer"
@@ -243,7 +245,9 @@ def build_training(
     if hot_set is not None and args.cold_tier == "planned":
         # a resumed run's slots as the run that saved sized them (its --epochs may differ)
         sizing = slot_sizing(args, [partition], data.validation, hot_set, world, warmup, saved_slots)
-    plan, dmp, dense = shard_model(args, family, tables, stats, hot_set, world, device, plan_file, sizing)
+    plan, dmp, dense, slots = shard_model(
+        args, family, tables, stats, hot_set, world, device, plan_file, sizing
+    )
     # the same initial tables on every rank and in both layouts, made a block at a time in the shards
     load_initial_tables(dmp.module.get_submodule(family.sparse_path), tables, args.seed)
     cold_tier = None
@@ -258,7 +262,9 @@ def build_training(
         mode, num_train, len(partition.hot), 100 * len(partition.hot) / num_train, len(data.validation),
         world,
     )  # fmt: skip
-    return Training(mode, tables, data, plan, dmp, dense, router, hot_set is not None, stats, cold_tier)
+    return Training(
+        mode, tables, data, plan, dmp, dense, router, hot_set is not None, stats, cold_tier, slots
+    )
 
 
 def shard_model(
@@ -271,11 +277,12 @@ def shard_model(
     device: torch.device,
     plan_file: PlanFile | None = None,
     slot_sizing: SlotSizing | None = None,
-) -> tuple[ShardingPlan, DistributedModelParallel, CombinedOptimizer]:
+) -> tuple[ShardingPlan, DistributedModelParallel, CombinedOptimizer, SlotLayout | None]:
     """``args``' model, split by ``hot_set`` (None: the baseline's, unsplit), planned from ``stats`` (or
     with ``plan_file``'s plan, made for ``hot_set``) and sharded by DMP with its tables not yet set, and
     its unfused optimizer (collective). With ``slot_sizing`` its cold part is a planned cold tier's slot
-    tables, sized within the planner's budget for them (``cold_slot_budget``)."""
+    tables, sized within the planner's budget for them (``cold_slot_budget``) and planned with their
+    copies priced; their ``SlotLayout`` is returned too (else None)."""
     mode = args.baseline or "fae"
     hbm_cap = parse_bytes(args.hbm_cap) if args.hbm_cap is not None and device.type != "cpu" else None
     budget = parse_bytes(args.budget)
@@ -288,9 +295,10 @@ def shard_model(
             mode, world, device, hbm_cap, stats, args.batch_size, budget, args.pipeline == "prefetch",
             optimizer_class=EMBEDDING_OPTIMIZERS[args.optimizer],
         )  # fmt: skip
-    cold_slots = None
+    cold_slots = layout = None
     if slot_sizing is not None:
-        cold_slots = slot_sizing(planner.cold_slot_budget(hot_set))
+        layout = slot_sizing(planner.cold_slot_budget(hot_set))
+        cold_slots, planner.slot_copies = layout.slots, layout.copied_bytes
     sparse = (
         EmbeddingBagCollection(tables, device=meta)
         if hot_set is None
@@ -314,7 +322,7 @@ def shard_model(
     dense = unfused_optimizer(
         dmp, embedding_optimizer(args), lambda params: torch.optim.Adagrad(params, lr=args.dense_lr)
     )
-    return plan, dmp, dense
+    return plan, dmp, dense, layout
 
 
 def _check_plan(args: argparse.Namespace, plan_file: PlanFile, run: dict) -> None:

@@ -31,6 +31,7 @@ from fae_torchrec.recipes.curves import compared_run, plot_curves
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.recipes.options import check_resume_position, resume_config
 from fae_torchrec.recipes.replan import Replanning, resumed_replan
+from fae_torchrec.recipes.slots import SlotLayout
 from fae_torchrec.tables import TableLayout
 from fae_torchrec.threads import share_cores
 from fae_torchrec.train.checkpoint import Checkpoints
@@ -134,7 +135,9 @@ def _train(
 ) -> dict:
     checkpoints, summary = _checked_checkpoints(args, resume_config(args, family))
     replanned = None if args.baseline else resumed_replan(args, summary)
-    training = build_training(args, rank, world, device, family, replanned, summary.get("cold_slots"))
+    slots = summary.get("cold_slots")  # and their copies (none saved: planned before they were priced)
+    saved = None if slots is None else SlotLayout(slots, summary.get("slot_copies", {}))
+    training = build_training(args, rank, world, device, family, replanned, saved)
     mode, tables, partition = training.mode, training.tables, training.data.partition
     num_train = len(partition.hot) + len(partition.cold)
     validation = validation_batches(training.data.validation, partition.keys, args.batch_size, world, rank)
@@ -224,8 +227,9 @@ def _train(
                 if replanning is not None:
                     position["replanning"] = replanning.state_dict()
                     summary = replanning.summary(training)
-                if training.cold_tier is not None:  # what the resumed model's slots are sized from
-                    summary["cold_slots"] = dict(training.cold_tier.fae.cold_slots)
+                if training.slots is not None:  # what the resumed model's slots are planned from
+                    summary["cold_slots"] = dict(training.slots.slots)
+                    summary["slot_copies"] = dict(training.slots.copied_bytes)
                 checkpoints.save(
                     step_index, runner.paused(), training.optimizer, position, summary,
                     cold_tier=training.cold_tier,

@@ -241,7 +241,7 @@ class Replanning:
         if training.cold_tier is not None:
             partitions = [remainder, self.full]
             sizing = slot_sizing(args, partitions, training.data.validation, hot_set, self.world, 0.0)
-        plan, dmp, dense = shard_model(
+        plan, dmp, dense, slots = shard_model(
             args, self.family, training.tables, stats, hot_set, self.world, self.device, slot_sizing=sizing
         )
         self.last_move["shard_seconds"] = clock.lap()
@@ -253,7 +253,14 @@ class Replanning:
         self.replanner.moved_to(hot_set, decision.proposed)
         router = make_router(args, remainder, self.world, self.rank, dmp, warmup=0.0, cold_tier=cold_tier)
         return dataclasses.replace(
-            training, plan=plan, model=dmp, optimizer=dense, router=router, stats=stats, cold_tier=cold_tier
+            training,
+            plan=plan,
+            model=dmp,
+            optimizer=dense,
+            router=router,
+            stats=stats,
+            cold_tier=cold_tier,
+            slots=slots,
         )
 
     def next_epoch(self, training: Training, epoch: int) -> Training:

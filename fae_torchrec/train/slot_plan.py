@@ -351,6 +351,17 @@ def allocate_slots(
     return sizes
 
 
+def copied_rows(
+    pools: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    sizes: Mapping[str, int],
+    window: int | None = None,
+    ahead: int = 0,
+) -> dict[str, int]:
+    """Per pool (``pools`` as :func:`allocate_slots` takes them), the rows its plan with ``sizes[p]``
+    slots copies in and back."""
+    return {p: _copies(pool, sizes[p], window, ahead) for p, pool in pools.items()}
+
+
 def _copies(pool: tuple[np.ndarray, np.ndarray], num_slots: int, window: int | None, ahead: int) -> int:
     """Rows the plan of ``pool`` (ids, step bounds) with ``num_slots`` slots copies in and back."""
     plan = plan_slots(pool[0], pool[1], num_slots, window, ahead)
