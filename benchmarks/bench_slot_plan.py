@@ -74,7 +74,8 @@ from planner.topology import make_topology
 FAE_PLAN = "FAE pp"
 #: The tier's host work per cold step (ms) beyond the caching tier's routing (its remap, and what its
 #: epochs' plans cost the step when made ahead), measured on CPU by ``bench_interleaved.py --modes planned
-#: fae`` at 2 ranks, batch 2048 per rank (BENCHMARKS section 9).
+#: fae`` at 2 ranks, batch 2048 per rank (BENCHMARKS section 9: 0.85 at 60f6a53, 0.71 to 0.83 since;
+#: the larger kept).
 HOST_MS = 0.85
 
 

@@ -182,6 +182,9 @@ def _planned_training(
     batches = [step.batch for step in routed]
     cold = tier.gather_cold_state()["weight"]
     _assert_trained_alike(base_dmp, fae_dmp, "dlrm", tables, batches, initial, initial_dense, tolerance, cold)
+    tier.close()  # its planning thread and process group freed: no more plans
+    with pytest.raises(ValueError, match="the planned cold tier was closed"):
+        tier.plan_epoch(partition, [s for s in fae_router.schedule(0) if not s.hot])
 
 
 @pytest.mark.slow

@@ -218,6 +218,8 @@ class Replanning:
         clock = _Clock()
         embedding = embedding_optimizer(args)
         state = gather_unsplit_state(model, training.optimizer, embedding, training.cold_tier)
+        if training.cold_tier is not None:  # the new model gets a tier of its own
+            training.cold_tier.close()
         self.last_move = {"state_bytes": state.nbytes(), "gather_seconds": clock.lap()}
         stats, hot_set = decision.stats, decision.hot_set
         folder = self.out / FOLDER.format(step_index)

@@ -230,6 +230,7 @@ class PlannedColdTier:
         self.rows_in = self.rows_out = self.bytes_in = self.bytes_out = 0
         self.plan_seconds = self.route_seconds = self.copy_seconds = self.plan_ahead_seconds = 0.0
         self._planner: ThreadPoolExecutor | None = None  # makes every plan (plan_epoch, plan_ahead)
+        self._closed = False
         # an epoch's plans made ahead: its partition, its key and the plans to come
         self._made_ahead: tuple[HotColdPartition, Hashable, Future] | None = None
         self.copied_steps = 0
@@ -340,8 +341,20 @@ class PlannedColdTier:
             self._plans_thread().submit(self._plans_ahead, partition, list(cold_steps)),
         )
 
+    def close(self) -> None:
+        """Stop planning (a plan made ahead is waited for and dropped) and free the process group of the
+        plans: on every rank, when the tier is done with (a re-plan's new model has its own)."""
+        if self._planner is not None:
+            self._planner.shutdown(wait=True)
+        self._planner, self._made_ahead, self._closed = None, None, True
+        if self._planning_group is not None:
+            dist.destroy_process_group(self._planning_group)
+            self._planning_group = None
+
     def _plans_thread(self) -> ThreadPoolExecutor:
         """The one thread that makes the plans: their collectives run in the order every rank asks."""
+        if self._closed:
+            raise ValueError("the planned cold tier was closed: it plans no more epochs")
         if self._planner is None:
             self._planner = ThreadPoolExecutor(1, thread_name_prefix="fae-slot-plans")
         return self._planner
