@@ -18,8 +18,9 @@ Every value is copied, none recomputed, and FBGEMM's fused optimizers update onl
 looks up, so the trained model is the one the cold rows would give in a table of their own.
 
 Each row-wise shard of a slot table (the whole table when it is table-wise) is a slot group: it holds
-a fixed share of the table's cold rows, in proportion to its slots, so every rank plans all groups
-alike and copies only those of the shards it holds. A rank's groups whose slots lie one after another
+a fixed share of the table's cold rows, in proportion to its slots. Each rank plans and copies the
+groups of the shards it holds, and gathers the others' rows of each step with their slots (the remap of
+its batches needs every group's). A rank's groups whose slots lie one after another
 in memory (FBGEMM keeps the tables of one kernel in one buffer) form a run: a step's copies of a run
 are one index operation per tensor and direction, not one per table. On CUDA the host rows are pinned.
 """
@@ -385,18 +386,17 @@ class PlannedColdTier:
             ],
             len(cold_steps),
         )
-        mine = (problem, np.diff(bounds), keys, slots)
-        everyone = [mine]
         if self._planning_group is not None:
-            everyone = [None] * dist.get_world_size(self._planning_group)
-            dist.all_gather_object(everyone, mine, self._planning_group)
-        problems = [found for found, *_ in everyone if found is not None]
-        if problems:
-            raise ValueError(problems[0])
-        if len(everyone) > 1:
+            problems = [None] * dist.get_world_size(self._planning_group)
+            dist.all_gather_object(problems, problem, self._planning_group)
+            problem = next((found for found in problems if found is not None), None)
+        if problem is not None:
+            raise ValueError(problem)
+        if self._planning_group is not None:
+            everyone = _all_gathered([np.diff(bounds), keys, slots], self._planning_group)
             (keys, slots), bounds = _step_major(
-                [counts for _, counts, _, _ in everyone],
-                [[k for _, _, k, _ in everyone], [s for _, _, _, s in everyone]],
+                [counts for counts, _, _ in everyone],
+                [[k for _, k, _ in everyone], [s for _, _, s in everyone]],
                 len(cold_steps),
             )
         return _Planned(
@@ -809,6 +809,25 @@ def _run_copies(run: _Run, plans: Mapping[SlotGroup, SlotPlan]) -> _RunCopies:
         num_steps,
     )
     return _RunCopies(evicted_slots, evicted_rows, evicted_bounds, loaded_rows, loaded_slots, loaded_bounds)
+
+
+def _all_gathered(arrays: Sequence[np.ndarray], group: dist.ProcessGroup) -> list[list[np.ndarray]]:
+    """Every rank's ``arrays`` (1-d, int64) on every rank of ``group`` (a collective): their lengths, then
+    each rank's arrays end to end in one tensor padded to the longest (no pickling)."""
+    lengths = torch.tensor([len(a) for a in arrays], dtype=torch.int64)
+    all_lengths = [torch.empty_like(lengths) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(all_lengths, lengths, group=group)
+    size = max(int(n.sum()) for n in all_lengths)
+    mine = torch.zeros(size, dtype=torch.int64)
+    mine[: int(lengths.sum())] = torch.from_numpy(
+        np.concatenate([np.asarray(a, dtype=np.int64) for a in arrays])
+    )
+    gathered = [torch.empty(size, dtype=torch.int64) for _ in all_lengths]
+    dist.all_gather(gathered, mine, group=group)
+    return [
+        np.split(values.numpy(), np.cumsum(n.numpy()))[: len(arrays)]
+        for values, n in zip(gathered, all_lengths, strict=True)
+    ]
 
 
 def _step_major(
