@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.common.cache_model import BatchedKeys, belady_moves
-from fae_torchrec.train.slot_plan import SlotPlan, allocate_slots, min_slots, plan_slots
+from fae_torchrec.train.slot_plan import SlotPlan, allocate_slots, copied_before, min_slots, plan_slots
 
 
 def _skewed_steps(seed: int, steps: int = 60, per_step: int = 12, rows: int = 200) -> tuple:
@@ -24,7 +24,7 @@ def _replay(plan: SlotPlan) -> None:
     that evicted rows were last used before the copies run."""
     held = np.full(plan.num_slots, -1)
     for s in range(plan.num_steps):
-        for u in plan.copied_before(s):
+        for u in copied_before(s, plan.ahead, plan.num_steps):
             rows, slots = plan.evictions(u)
             assert np.array_equal(held[slots], rows), f"step {u} evicts rows its slots hold"
             span = slice(plan.evicted_bounds[u], plan.evicted_bounds[u + 1])
@@ -200,8 +200,9 @@ def test_copies_ahead_need_the_rows_of_that_many_steps_more_in_slots():
     plan = plan_slots(ids, bounds, 4, ahead=1)
     _replay(plan)
     assert plan.rows_in == 4, "rows 1 and 2 stay while rows 3 and 4 are copied in"
-    assert list(plan.copied_before(0)) == [0, 1] and list(plan.copied_before(1)) == [2]
-    assert list(plan.copied_before(2)) == []
+    assert list(copied_before(0, plan.ahead, plan.num_steps)) == [0, 1]
+    assert list(copied_before(1, plan.ahead, plan.num_steps)) == [2]
+    assert list(copied_before(2, plan.ahead, plan.num_steps)) == []
     with pytest.raises(ValueError, match="ahead must be at least 0"):
         plan_slots(ids, bounds, 4, ahead=-1)
 

@@ -141,7 +141,7 @@ class _RunCopies:
 class _Copies:
     """The copies before cold step ``step``: whether every held row goes back first (a new epoch's plan
     starts from empty slots), then for each of the steps ``targets`` (``step`` and the steps ``ahead``,
-    ``SlotPlan.copied_before``), per run, (evicted slots, their rows, loaded rows, their slots)."""
+    ``slot_plan.copied_before``), per run, (evicted slots, their rows, loaded rows, their slots)."""
 
     step: int
     flush_first: bool

@@ -45,7 +45,7 @@ class SlotPlan:
     ``evicted_slots``, each written back (device to host) at any time after its last use, step
     ``evicted_after``. ``resident_rows`` hold ``resident_slots`` after the last step (written back
     when the plan ends). ``window``: the look-ahead in steps (None: the whole epoch). ``ahead``: the
-    copies of step ``s`` run before step ``s - ahead`` (:meth:`copied_before`), and the evictions'
+    copies of step ``s`` run before step ``s - ahead`` (:func:`copied_before`), and the evictions'
     last uses are before that step.
     """
 
@@ -107,10 +107,6 @@ class SlotPlan:
                 "resident_slots",
             )
         )
-
-    def copied_before(self, step: int) -> range:
-        """The steps whose copies (evictions, then loads) run before ``step`` (:func:`copied_before`)."""
-        return copied_before(step, self.ahead, self.num_steps)
 
     def loads(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """The rows copied in before ``step`` and their slots."""
