@@ -541,3 +541,21 @@ def test_bench_slot_plan_prices_the_planned_slots_against_caches_and_by_the_step
     for gen, part in product(("Gen4", "Gen5"), ("sparse", "whole")):  # copies ahead overlap the steps
         before, one = (ratios["tier", ahead, gen, part, "0.00"] for ahead in "01")
         assert all(o >= b for o, b in zip(one, before, strict=True)) and one[-1] > before[-1], (gen, part)
+
+
+@pytest.mark.benchmark
+def test_bench_copy_engine_trains_the_resident_model_through_the_slots():
+    """``bench_copy_engine.py`` on CPU (the tier's copy engine and slot plan, loaded without TorchRec):
+    every planned mode trains the rows that the resident mode trains, and counts its copies; bad options
+    exit with status 2."""
+    from benchmarks import bench_copy_engine
+
+    small = ["--rows", "50k", "--steps", "12", "--warmup", "4", "--hot-rows", "2k", "--dense-ms", "0"]
+    results = bench_copy_engine.main([*small, "--aheads", "0", "2"])
+    assert set(results) == {"resident", "planned 0", "planned 2"}
+    for name in ("planned 0", "planned 2"):
+        assert results[name]["max_diff"] < 1e-5, name
+        assert results[name]["mib"] > 0 and results[name]["in_ms"] > 0
+    with pytest.raises(SystemExit) as bad:
+        bench_copy_engine.main([*small, "--hot-rows", "50k"])
+    assert bad.value.code == 2

@@ -581,7 +581,7 @@ class PlannedColdTier:
             )
         started = time.perf_counter()
         copies = self._queue.popleft()
-        self._engine.settle()
+        self._engine.collect()
         with self._engine.copying(copies.targets):
             if copies.flush_first:
                 for run in self._runs:
@@ -647,7 +647,7 @@ class PlannedColdTier:
         if not len(slots):
             return
         rows = torch.from_numpy(run.held[slots])
-        index = torch.from_numpy(slots).to(run.slots["weight"].device)
+        index = self._engine.index(slots)
         with torch.no_grad():
             for name, device_slots in run.slots.items():
                 values = device_slots.index_select(0, index)
@@ -660,7 +660,7 @@ class PlannedColdTier:
         if not len(rows):
             return
         index = torch.from_numpy(rows)
-        targets = torch.from_numpy(slots).to(run.slots["weight"].device)
+        targets = self._engine.index(slots)
         with torch.no_grad():
             for name, device_slots in run.slots.items():
                 self._engine.to_device(device_slots, targets, run.rows[name], index)

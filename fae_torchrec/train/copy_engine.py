@@ -4,11 +4,15 @@ steps before the one that needs them (issue 48).
 On CPU every copy runs at once. On CUDA the copies run on a side stream: they start once the work queued
 so far on the current stream is done (the steps that last used the evicted rows), a step waits only for
 the copies of its own rows (:meth:`CopyEngine.wait`), the host rows are pinned, and a row written back
-reaches host memory when the engine settles (before any copy reads it again, and at :meth:`settle`).
+reaches host memory when its copy has ended and the engine collects it (:meth:`collect`), or at the
+latest when it settles (before any copy reads it again, and at :meth:`settle`). Nothing the engine does
+per step waits for the device: slot indices travel from pinned memory, and :meth:`collect` takes only
+the write-backs already done, so the host prepares the next steps while the device runs this one.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -23,7 +27,9 @@ class CopyEngine:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._ready: dict[int, torch.cuda.Event] = {}  # per step, its copies' end
         # write-backs on their way: (end, host rows, their indices, pinned values)
-        self._pending: list[tuple[torch.cuda.Event, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._pending: deque[tuple[torch.cuda.Event, torch.Tensor, torch.Tensor, torch.Tensor]] = deque()
+        # per host rows tensor written back to (by id, the tensor kept): write-backs on their way per row
+        self._in_flight: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
 
     @contextmanager
     def copying(self, steps: Sequence[int] = ()) -> Iterator[None]:
@@ -52,6 +58,13 @@ class CopyEngine:
         """Drop the waits of steps that will not run (a new epoch's plan)."""
         self._ready.clear()
 
+    def index(self, slots: np.ndarray) -> torch.Tensor:
+        """``slots`` as an index on the device, copied there without waiting (from pinned memory)."""
+        index = torch.from_numpy(slots)
+        if self.stream is None:
+            return index
+        return index.pin_memory().to(self.stream.device, non_blocking=True)
+
     def to_host(self, rows: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:
         """``rows[index] = values`` (device values): at once on CPU; on CUDA once copied, when settled."""
         if self.stream is None:
@@ -62,24 +75,36 @@ class CopyEngine:
         end = torch.cuda.Event()
         end.record(self.stream)
         self._pending.append((end, rows, index, staged))
+        if id(rows) not in self._in_flight:
+            self._in_flight[id(rows)] = (rows, np.zeros(len(rows), dtype=np.int32))
+        self._in_flight[id(rows)][1][index.numpy()] += 1  # distinct rows
 
     def to_device(
         self, slots: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor, index: torch.Tensor
     ) -> None:
         """``slots[targets] = rows[index]`` (host rows), once the write-backs of those rows are settled."""
-        if any(
-            held is rows and np.isin(index.numpy(), written.numpy()).any()
-            for _, held, written, _ in self._pending
-        ):
+        if id(rows) in self._in_flight and self._in_flight[id(rows)][1][index.numpy()].any():
             self.settle()
-        values = rows.index_select(0, index)
-        if self.stream is not None:
-            values = values.pin_memory()
+        values = torch.empty(
+            (len(index), *rows.shape[1:]), dtype=rows.dtype, pin_memory=self.stream is not None
+        )
+        torch.index_select(rows, 0, index, out=values)
         slots.index_copy_(0, targets, values.to(slots.device, non_blocking=True))
+
+    def collect(self) -> None:
+        """The write-backs whose copies have ended reach the host rows, in the order they were issued;
+        waits for none."""
+        while self._pending and self._pending[0][0].query():
+            self._arrive()
 
     def settle(self) -> None:
         """Every write-back issued so far reaches the host rows (waiting for it on CUDA)."""
-        for end, rows, index, values in self._pending:
-            end.synchronize()
-            rows.index_copy_(0, index, values)
-        self._pending.clear()
+        while self._pending:
+            self._pending[0][0].synchronize()
+            self._arrive()
+
+    def _arrive(self) -> None:
+        """The oldest write-back, its copy ended, reaches its host rows."""
+        _, rows, index, values = self._pending.popleft()
+        rows.index_copy_(0, index, values)
+        self._in_flight[id(rows)][1][index.numpy()] -= 1
