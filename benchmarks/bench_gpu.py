@@ -1,10 +1,12 @@
 """Training throughput of FAE against TorchRec's planners at capped HBM: one prepared run for a GPU.
 
-Trains ``examples/train_dlrm_fae.py`` four times on the same built-in synthetic data, on the inputs the
+Trains ``examples/train_dlrm_fae.py`` five times on the same built-in synthetic data, on the inputs the
 profile did not sample (``--exclude-profiled``), and compares the example's wall-clock samples/s
 (training steps only):
 
 - FAE: hot rows in HBM, cold rows in UVM-cached tables (``FAEShardingPlanner``), at ``--hbm-cap``;
+- FAE planned: the same hot rows, cold rows in host memory copied into slot tables by the epoch's slot
+  plan (``--cold-tier planned``, issue 48), at ``--hbm-cap``;
 - (a) ``torchrec``: TorchRec's default planner, at ``--hbm-cap``;
 - (b) ``scaleup``: every table UVM-cached, caches grown by ``EmbeddingOffloadScaleupProposer``, at
   ``--hbm-cap``;
@@ -34,9 +36,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common.example_runs import run_example
 from fae_torchrec.units import parse_bytes
 
-#: The runs, in order: FAE, then the example's ``--baseline`` choices (a), (b), (c).
-MODES = ("fae", "torchrec", "scaleup", "hbm")
-LABELS = {"fae": "FAE", "torchrec": "(a) torchrec", "scaleup": "(b) scaleup", "hbm": "(c) hbm"}
+#: The runs, in order, with the example's options of each: FAE with either cold tier, then the example's
+#: ``--baseline`` choices (a), (b), (c).
+MODES = {
+    "fae": [],
+    "planned": ["--cold-tier", "planned"],
+    "torchrec": ["--baseline", "torchrec"],
+    "scaleup": ["--baseline", "scaleup"],
+    "hbm": ["--baseline", "hbm"],
+}
+FAE_MODES = ("fae", "planned")
+LABELS = {
+    "fae": "FAE",
+    "planned": "FAE planned",
+    "torchrec": "(a) torchrec",
+    "scaleup": "(b) scaleup",
+    "hbm": "(c) hbm",
+}
 #: Defaults with CUDA, and the smaller ones without (keys are the options' destinations).
 CUDA_DEFAULTS = {"hbm_cap": "8GiB", "num_samples": 2_000_000, "scale": 1.0, "dim": 64, "batch_size": 4096}
 CPU_DEFAULTS = {"hbm_cap": None, "num_samples": 100_000, "scale": 0.02, "dim": 16, "batch_size": 512}
@@ -45,7 +61,9 @@ CPU_DEFAULTS = {"hbm_cap": None, "num_samples": 100_000, "scale": 0.02, "dim": 1
 def parse_args(argv: list[str] | None, cuda: bool) -> argparse.Namespace:
     defaults = CUDA_DEFAULTS if cuda else CPU_DEFAULTS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--hbm-cap", help=f"HBM per GPU for FAE, (a) and (b) (default {defaults['hbm_cap']})")
+    parser.add_argument(
+        "--hbm-cap", help=f"HBM per GPU for FAE (both tiers), (a) and (b) (default {defaults['hbm_cap']})"
+    )
     parser.add_argument(
         "--num-samples", type=int, help=f"synthetic inputs (default {defaults['num_samples']:,})"
     )
@@ -88,7 +106,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict | None]:
         f"{args.batch_size} per rank, {args.world_size} rank(s), FAE budget {args.budget}"
     )
     if cuda:
-        print(f"device: {torch.cuda.get_device_name()}; HBM cap {args.hbm_cap} per GPU for FAE, (a), (b)")
+        name = torch.cuda.get_device_name()
+        print(f"device: {name}; HBM cap {args.hbm_cap} per GPU for FAE (both tiers), (a), (b)")
     else:
         print(
             "device: CPU (no CUDA): (b) scaleup and (c) hbm plan like (a), TorchRec's CPU kernels, and "
@@ -96,8 +115,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict | None]:
         )
     results: dict[str, dict | None] = {}
     errors: dict[str, str] = {}
-    for mode in MODES:
-        extra = [] if mode == "fae" else ["--baseline", mode]
+    for mode, extra in MODES.items():
         try:
             results[mode] = run_example([*common, *extra], Path(args.out) / mode, args.world_size)
         except RuntimeError as error:
@@ -119,11 +137,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict | None]:
             f"{LABELS[mode]:<14}{metrics['samples_per_second']:>12,.0f}{ratio:>8}"
             f"{'-' if hot is None else f'{hot:.1f}':>9}{'-' if cold is None else f'{cold:.1f}':>9}  {kernels}"
         )
-    fae = results["fae"]
-    for mode in MODES[1:]:
-        if fae is not None and results[mode] is not None:
-            ratio = fae["samples_per_second"] / results[mode]["samples_per_second"]
-            print(f"ratio FAE / {LABELS[mode]} samples/s: {ratio:.2f}x")
+    for fae_mode in FAE_MODES:
+        for mode in MODES:
+            fae, other = results[fae_mode], results[mode]
+            if mode not in FAE_MODES and fae is not None and other is not None:
+                ratio = fae["samples_per_second"] / other["samples_per_second"]
+                print(f"ratio {LABELS[fae_mode]} / {LABELS[mode]} samples/s: {ratio:.2f}x")
     print(f"total wall time {time.perf_counter() - started:.0f} s")
     if errors:
         raise SystemExit(f"{len(errors)} run(s) failed: {', '.join(errors)}")

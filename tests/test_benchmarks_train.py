@@ -4,6 +4,7 @@ import json
 import re
 import subprocess
 import sys
+from itertools import product
 from pathlib import Path
 
 import numpy as np
@@ -102,14 +103,13 @@ def test_bench_train_two_ranks(tmp_path):
 def test_bench_gpu_runs_on_cpu(tmp_path):
     out = _script("benchmarks/bench_gpu.py", *TINY, "--num-samples", "12000", "--out", str(tmp_path))
     assert "plan like (a), TorchRec's CPU kernels" in out
-    rows = re.findall(
-        r"^(FAE|\(a\) torchrec|\(b\) scaleup|\(c\) hbm) +([\d,]+) +([\d.]+)x", out, re.MULTILINE
-    )
-    assert [mode for mode, _, _ in rows] == ["FAE", "(a) torchrec", "(b) scaleup", "(c) hbm"], out
+    modes = ["FAE", "FAE planned", "(a) torchrec", "(b) scaleup", "(c) hbm"]
+    rows = re.findall(rf"^({'|'.join(map(re.escape, modes))}) +([\d,]+) +([\d.]+)x", out, re.MULTILINE)
+    assert [mode for mode, _, _ in rows] == modes, out
     assert all(int(value.replace(",", "")) > 0 for _, value, _ in rows)
-    assert rows[1][2] == "1.00"
-    for baseline in ("(a) torchrec", "(b) scaleup", "(c) hbm"):
-        assert re.search(rf"ratio FAE / {re.escape(baseline)} samples/s: [\d.]+x", out), out
+    assert rows[2][2] == "1.00"
+    for fae, baseline in product(modes[:2], modes[2:]):
+        assert re.search(rf"ratio {fae} / {re.escape(baseline)} samples/s: [\d.]+x", out), out
 
 
 def test_bench_gpu_rejects_a_bad_hbm_cap():
