@@ -210,7 +210,7 @@ def table_pools(
         pools[t] = (row[mine], np.searchsorted(step[mine], bounds))
     floor = {t: min_slots(*pool, ahead) for t, pool in pools.items()}
     row_bytes = dict.fromkeys(pools, float(dim * ELEMENT_BYTES))
-    slots = allocate_slots(pools, row_bytes, budget, floor, ahead=ahead)
+    slots = allocate_slots(pools, row_bytes, budget, floor, ahead=ahead).slots
     return [(steps[tables == t], rows[tables == t], slots[t]) for t in pools]
 
 

@@ -165,14 +165,18 @@ def test_slots_go_where_the_copies_fall_most_per_byte():
     pools, floor = {"skewed": skewed, "fresh": fresh}, {"skewed": 12, "fresh": 12}
     row_bytes = {"skewed": 8.0, "fresh": 16.0}
     budget = 8.0 * 12 + 16.0 * 12 + 8.0 * 60
-    sizes = allocate_slots(pools, row_bytes, budget, floor)
+    allocation = allocate_slots(pools, row_bytes, budget, floor)
+    sizes = allocation.slots
+    assert allocation.copied_rows == {p: _copies(pools[p], sizes[p]) for p in pools}
     assert sizes["fresh"] == 12 and 12 < sizes["skewed"] <= len(np.unique(skewed[0]))
     assert sum(sizes[p] * row_bytes[p] for p in pools) <= budget
     even = {"skewed": 12 + 30, "fresh": 12 + 15}  # the same bytes split evenly
     assert sum(_copies(pools[p], sizes[p]) for p in pools) < sum(_copies(pools[p], even[p]) for p in pools)
-    assert allocate_slots(pools, row_bytes, budget, floor, window=4)["fresh"] == 12
-    assert allocate_slots(pools, row_bytes, 100.0, floor) == floor, "floors over the budget: as they are"
-    roomy = allocate_slots(pools, row_bytes, 1e9, floor)
+    assert allocate_slots(pools, row_bytes, budget, floor, window=4).slots["fresh"] == 12
+    over = allocate_slots(pools, row_bytes, 100.0, floor)
+    assert over.slots == floor, "floors over the budget: as they are"
+    assert over.copied_rows == {p: _copies(pools[p], floor[p]) for p in pools}
+    roomy = allocate_slots(pools, row_bytes, 1e9, floor).slots
     assert roomy["skewed"] == len(np.unique(skewed[0])), "no more slots than distinct rows"
 
 

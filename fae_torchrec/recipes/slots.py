@@ -17,7 +17,7 @@ from fae_torchrec.train.evaluation import evaluation_cold_slots
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.router import BatchRouter
-from fae_torchrec.train.slot_plan import allocate_slots, copied_rows
+from fae_torchrec.train.slot_plan import allocate_slots
 from fae_torchrec.units import format_bytes
 
 logger = logging.getLogger("fae_torchrec.recipes")
@@ -53,7 +53,7 @@ def slot_sizing(
     of one evaluation step
     (``evaluation_cold_slots``); within a budget, grown where the first partition's first epoch's slot
     plans copy fewest rows per byte (``allocate_slots``, rows with their optimizer state); with the copies
-    of that epoch's plans per cold step (``copied_rows``). ``saved``: a resumed run's, kept as they
+    of that epoch's plans per cold step (planned as it sized them). ``saved``: a resumed run's, kept as they
     are."""
     if saved is not None:
         return lambda budget: saved
@@ -77,13 +77,13 @@ def slot_sizing(
         layout = hot_set.layout
         optimizer = EMBEDDING_OPTIMIZERS[args.optimizer]
         row_bytes = dict(zip(layout.names, layout.row_bytes(optimizer), strict=True))
-        slots = floor
-        if budget is not None:  # copies ahead: --copy-ahead steps early
-            slots = allocate_slots(pools, row_bytes, budget, floor, ahead=args.copy_ahead)
+        # copies ahead: --copy-ahead steps early; no budget (CPU): the floors
+        allocation = allocate_slots(pools, row_bytes, budget or 0.0, floor, ahead=args.copy_ahead)
+        slots = allocation.slots
         cold_steps = max(len(bounds) - 1 for _, bounds in pools.values()) if pools else 0
         copied = {
             table: rows * row_bytes[table] / max(cold_steps, 1)
-            for table, rows in copied_rows(pools, slots, ahead=args.copy_ahead).items()
+            for table, rows in allocation.copied_rows.items()
         }
         logger.info(
             "planned cold tier: slots per cold table %s (one step's rows: %s; device memory for them: %s); "

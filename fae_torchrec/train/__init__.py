@@ -19,7 +19,7 @@ from fae_torchrec.train.resplit import UnsplitState, gather_unsplit_state, load_
 from fae_torchrec.train.router import BatchRouter, RoutedBatch
 from fae_torchrec.train.runner import StepRunner
 from fae_torchrec.train.schedule import ORDERS, Step, make_schedule, trained_inputs
-from fae_torchrec.train.slot_plan import SlotPlan, allocate_slots, plan_slots
+from fae_torchrec.train.slot_plan import SlotAllocation, SlotPlan, allocate_slots, plan_slots
 from fae_torchrec.train.step import train_step
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "ReplanPolicy",
     "Replanner",
     "RoutedBatch",
+    "SlotAllocation",
     "SlotPlan",
     "Step",
     "StepRunner",

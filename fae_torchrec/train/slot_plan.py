@@ -304,6 +304,14 @@ def _farthest(
     return np.argpartition(rank, len(rank) - count)[len(rank) - count :]
 
 
+@dataclass(frozen=True)
+class SlotAllocation:
+    """Slots per pool (:func:`allocate_slots`), and the rows each pool's plan with them copies in and back."""
+
+    slots: dict[str, int]
+    copied_rows: dict[str, int]
+
+
 def allocate_slots(
     pools: Mapping[str, tuple[np.ndarray, np.ndarray]],
     row_bytes: Mapping[str, float],
@@ -311,13 +319,14 @@ def allocate_slots(
     floor: Mapping[str, int],
     window: int | None = None,
     ahead: int = 0,
-) -> dict[str, int]:
+) -> SlotAllocation:
     """Slots per pool within ``budget_bytes``, a slot of pool ``p`` costing ``row_bytes[p]``, at least
     ``floor[p]``: each pool (``pools[p]``: its ids and step bounds, as :func:`plan_slots` takes them)
     starts at its floor and grows a doubling at a time where its plan's copies (rows in and back) fall
     most per byte; the last growth takes what is left of the budget. Each size tried is planned
-    (``window`` and ``ahead`` as :func:`plan_slots`'s); a pool stops at its distinct rows, where only
-    first loads remain. The floors alone may exceed the budget: they are returned as they are."""
+    (``window`` and ``ahead`` as :func:`plan_slots`'s), so the copies of the sizes chosen come with
+    them; a pool stops at its distinct rows, where only first loads remain. The floors alone may exceed
+    the budget: they are returned as they are."""
     sizes = {p: int(floor[p]) for p in pools}
     spent = sum(sizes[p] * row_bytes[p] for p in pools)
     distinct = {p: len(np.unique(ids)) for p, (ids, _) in pools.items()}
@@ -341,21 +350,13 @@ def allocate_slots(
         grown, fewer = tried.pop(p)
         cost = (grown - sizes[p]) * row_bytes[p]
         if spent + cost > budget_bytes:
-            sizes[p] += int((budget_bytes - spent) // row_bytes[p])
+            extra = int((budget_bytes - spent) // row_bytes[p])
+            if extra:
+                sizes[p] += extra
+                copies[p] = _copies(pools[p], sizes[p], window, ahead)
             break
         sizes[p], copies[p], spent = grown, fewer, spent + cost
-    return sizes
-
-
-def copied_rows(
-    pools: Mapping[str, tuple[np.ndarray, np.ndarray]],
-    sizes: Mapping[str, int],
-    window: int | None = None,
-    ahead: int = 0,
-) -> dict[str, int]:
-    """Per pool (``pools`` as :func:`allocate_slots` takes them), the rows its plan with ``sizes[p]``
-    slots copies in and back."""
-    return {p: _copies(pool, sizes[p], window, ahead) for p, pool in pools.items()}
+    return SlotAllocation(sizes, copies)
 
 
 def _copies(pool: tuple[np.ndarray, np.ndarray], num_slots: int, window: int | None, ahead: int) -> int:
