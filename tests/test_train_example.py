@@ -417,6 +417,8 @@ def test_the_planned_cold_tier_trains_the_caching_tiers_model_and_resumes_mid_ep
     assert (
         min(tier["plan_ms_per_cold_step"], tier["route_ms_per_cold_step"], tier["copy_ms_per_cold_step"]) > 0
     )
+    parts = tier["write_back_ms_per_cold_step"], tier["load_ms_per_cold_step"]
+    assert min(parts) > 0 and sum(parts) <= tier["copy_ms_per_cold_step"]
     assert tier["plan_ahead_ms_per_cold_step"] > 0, "the second epoch planned during the first"
     steps = planned["hot_steps"] + planned["cold_steps"]
     last = steps - steps % 25  # the last checkpoint, in the second epoch's middle

@@ -306,6 +306,9 @@ def _tier_metrics(cold_tier: PlannedColdTier) -> dict:
         "plan_ms_per_cold_step": 1000 * cold_tier.plan_seconds / max(cold_tier.copied_steps, 1),
         "route_ms_per_cold_step": 1000 * cold_tier.route_seconds / max(cold_tier.copied_steps, 1),
         "copy_ms_per_cold_step": 1000 * cold_tier.copy_seconds / max(cold_tier.copied_steps, 1),
+        # of which issuing the write-backs, and the loads
+        "write_back_ms_per_cold_step": 1000 * cold_tier.write_back_seconds / max(cold_tier.copied_steps, 1),
+        "load_ms_per_cold_step": 1000 * cold_tier.load_seconds / max(cold_tier.copied_steps, 1),
         # the next epoch's plans, made in a background thread during the epoch before
         "plan_ahead_ms_per_cold_step": 1000 * cold_tier.plan_ahead_seconds / max(cold_tier.copied_steps, 1),
     }

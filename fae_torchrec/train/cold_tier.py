@@ -177,7 +177,8 @@ class PlannedColdTier:
     optimizer state) host to device and back; ``plan_seconds`` the time of :meth:`plan_epoch`,
     ``route_seconds`` that of :meth:`route` (the remap to slots and the plans' copies looked up),
     ``plan_ahead_seconds`` that of the plans made ahead in a background thread (:meth:`plan_ahead`),
-    ``copy_seconds`` that of the ``copied_steps`` steps' copies (evaluations' aside). Each rank plans
+    ``copy_seconds`` that of the ``copied_steps`` steps' copies (evaluations' aside), of which
+    ``write_back_seconds`` issuing the write-backs and ``load_seconds`` the loads. Each rank plans
     the groups it holds, reading into memory the part ids of the epoch's cold steps (8 bytes each) and
     a step and a row per cold id of its tables; every rank then holds every group's rows of each step
     with their slots (16 bytes each), gathered from the others, to remap its own batches.
@@ -230,6 +231,7 @@ class PlannedColdTier:
         self._resumed: int | None = None  # the cold steps of the epoch a loaded state was saved after
         self.rows_in = self.rows_out = self.bytes_in = self.bytes_out = 0
         self.plan_seconds = self.route_seconds = self.copy_seconds = self.plan_ahead_seconds = 0.0
+        self.write_back_seconds = self.load_seconds = 0.0
         self._planner: ThreadPoolExecutor | None = None  # makes every plan (plan_epoch, plan_ahead)
         self._closed = False
         # an epoch's plans made ahead: its partition, its key and the plans to come
@@ -596,9 +598,13 @@ class PlannedColdTier:
                             f"cold tables {sorted({g.table for g in run.groups})}: the slots hold other "
                             "rows than planned"
                         )
+                    tick = time.perf_counter()
                     self._write_back(run, evicted_slots)
                     run.held[evicted_slots] = -1
+                    tock = time.perf_counter()
                     self._load(run, loaded_rows, loaded_slots)
+                    self.write_back_seconds += tock - tick
+                    self.load_seconds += time.perf_counter() - tock
         self._engine.wait(copies.step)
         self.copy_seconds += time.perf_counter() - started
         self.copied_steps += 1
