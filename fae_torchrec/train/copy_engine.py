@@ -28,8 +28,8 @@ class CopyEngine:
         self._ready: dict[int, torch.cuda.Event] = {}  # per step, its copies' end
         # write-backs on their way: (end, host rows, their indices, pinned values)
         self._pending: deque[tuple[torch.cuda.Event, torch.Tensor, torch.Tensor, torch.Tensor]] = deque()
-        # per host rows tensor written back to (by id, the tensor kept): write-backs on their way per row
-        self._in_flight: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
+        # per host rows tensor written back to (keyed by the tensor itself): write-backs on their way per row
+        self._in_flight: dict[torch.Tensor, np.ndarray] = {}
 
     @contextmanager
     def copying(self, steps: Sequence[int] = ()) -> Iterator[None]:
@@ -66,7 +66,8 @@ class CopyEngine:
         return index.pin_memory().to(self.stream.device, non_blocking=True)
 
     def to_host(self, rows: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:
-        """``rows[index] = values`` (device values): at once on CPU; on CUDA once copied, when settled."""
+        """``rows[index] = values`` (device values): at once on CPU; on CUDA once copied, when collected
+        or settled."""
         if self.stream is None:
             rows.index_copy_(0, index, values.cpu())
             return
@@ -75,15 +76,15 @@ class CopyEngine:
         end = torch.cuda.Event()
         end.record(self.stream)
         self._pending.append((end, rows, index, staged))
-        if id(rows) not in self._in_flight:
-            self._in_flight[id(rows)] = (rows, np.zeros(len(rows), dtype=np.int32))
-        self._in_flight[id(rows)][1][index.numpy()] += 1  # distinct rows
+        if rows not in self._in_flight:
+            self._in_flight[rows] = np.zeros(len(rows), dtype=np.int32)
+        self._in_flight[rows][index.numpy()] += 1  # distinct rows
 
     def to_device(
         self, slots: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor, index: torch.Tensor
     ) -> None:
         """``slots[targets] = rows[index]`` (host rows), once the write-backs of those rows are settled."""
-        if id(rows) in self._in_flight and self._in_flight[id(rows)][1][index.numpy()].any():
+        if rows in self._in_flight and self._in_flight[rows][index.numpy()].any():
             self.settle()
         values = torch.empty(
             (len(index), *rows.shape[1:]), dtype=rows.dtype, pin_memory=self.stream is not None
@@ -107,4 +108,4 @@ class CopyEngine:
         """The oldest write-back, its copy ended, reaches its host rows."""
         _, rows, index, values = self._pending.popleft()
         rows.index_copy_(0, index, values)
-        self._in_flight[id(rows)][1][index.numpy()] -= 1
+        self._in_flight[rows][index.numpy()] -= 1

@@ -329,7 +329,7 @@ def allocate_slots(
     the budget: they are returned as they are."""
     sizes = {p: int(floor[p]) for p in pools}
     spent = sum(sizes[p] * row_bytes[p] for p in pools)
-    distinct = {p: len(np.unique(ids)) for p, (ids, _) in pools.items()}
+    distinct = {p: len(np.unique(ids)) for p, (ids, _) in pools.items()} if spent < budget_bytes else {}
     copies = {p: _copies(pools[p], sizes[p], window, ahead) for p in pools}
     tried: dict[str, tuple[int, int]] = {}
     while spent < budget_bytes:
