@@ -16,20 +16,23 @@ Modes, on the same steps in one run:
 - ``planned K``: ``--slots`` slots in device memory, the rows in pinned host memory; before each step the
   tier's work: the engine settles, issues the copies of the step K steps on (write-backs, then loads) on
   its side stream, the step waits for its own copies, the ids are remapped to slots by an array over
-  every row (as ``PlannedColdTier`` does) and copied to the device.
+  every row (as ``PlannedColdTier`` does) and copied to the device;
+- ``mapped K`` (CUDA): the same with the engine's ``mapped`` copies: the device gathers the loads from
+  and scatters the write-backs into the pinned host rows itself, the host only issues the kernels.
 
 Printed: ms per step (wall clock, the GPU synchronised at the end), the ratio to ``resident``, the
 host's own ms per step for the copies and for the remap, bytes moved per step, and the largest
 difference between the trained rows and ``resident``'s (exactness on the device; 0 on CPU).
 
     python benchmarks/bench_copy_engine.py                   # CPU: small defaults, copies inline
-    python benchmarks/bench_copy_engine.py --aheads 0 1 2     # a CUDA machine: 10M rows x 128
+    python benchmarks/bench_copy_engine.py --aheads 0 1 2     # a CUDA machine: 10M rows x 128, both copies
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import sys
 import time
 from collections.abc import Iterator
@@ -85,12 +88,23 @@ def parse_args(argv: list[str] | None, cuda: bool) -> argparse.Namespace:
     parser.add_argument("--alpha", type=float, default=1.05, help="the Zipf exponent of the ids")
     parser.add_argument("--slots", type=_count, help="the tier's slots (default 8x the largest step's rows)")
     parser.add_argument("--aheads", type=int, nargs="+", default=[0, 1], help="copies K steps ahead")
+    parser.add_argument(
+        "--copies",
+        choices=("staged", "mapped"),
+        nargs="+",
+        help="the engine's copies: staged through the host (the tier's), mapped (the device's own gathers "
+        "and scatters of pinned host rows; CUDA only) (default: both on CUDA, staged on CPU)",
+    )
     parser.add_argument("--dense-ms", type=float, default=1.0, help="the rest of a step on the device (ms)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.copies is None:
+        args.copies = ["staged", "mapped"] if cuda else ["staged"]
+    if "mapped" in args.copies and not cuda:
+        parser.error("--copies mapped: needs CUDA (on CPU the copies are the same plain copies)")
     if args.hot_rows >= args.rows:
         parser.error(f"--hot-rows ({args.hot_rows}) must be fewer than --rows ({args.rows})")
     if min(args.aheads) < 0:
@@ -216,7 +230,13 @@ class HostClock:
 
 
 def planned(
-    steps: Steps, weight: torch.Tensor, state: torch.Tensor, num_slots: int, ahead: int, warmup: int
+    steps: Steps,
+    weight: torch.Tensor,
+    state: torch.Tensor,
+    num_slots: int,
+    ahead: int,
+    warmup: int,
+    mapped: bool = False,
 ) -> dict:
     """Every step on ``num_slots`` device slots filled by the slot plan's copies ``ahead`` steps early
     (host rows ``weight`` and ``state``, pinned on CUDA); ms per timed step, the host's ms per step in
@@ -230,7 +250,7 @@ def planned(
     if device.type == "cuda":
         host = {name: rows.pin_memory() for name, rows in host.items()}
     slots = {name: torch.zeros((num_slots, *rows.shape[1:]), device=device) for name, rows in host.items()}
-    engine = copy_engine.CopyEngine(device)
+    engine = copy_engine.CopyEngine(device, mapped=mapped)
     slot_of = np.zeros(len(weight), dtype=np.int32)
     clock, moved = HostClock(), 0
     for step in range(steps.num_steps):
@@ -315,13 +335,14 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     results = {
         "resident": resident(steps, weight.to(device, copy=True), state.to(device, copy=True), args.warmup)
     }
-    for ahead in args.aheads:
+    for copies, ahead in itertools.product(args.copies, args.aheads):
+        name = f"{'planned' if copies == 'staged' else 'mapped'} {ahead}"
         try:
-            results[f"planned {ahead}"] = planned(
-                steps, weight.clone(), state.clone(), num_slots, ahead, args.warmup
+            results[name] = planned(
+                steps, weight.clone(), state.clone(), num_slots, ahead, args.warmup, copies == "mapped"
             )
         except ValueError as error:  # too few slots for the copies this far ahead
-            print(f"planned {ahead}: {error}")
+            print(f"{name}: {error}")
     base = results["resident"]
     parts = " | ".join(f"{part:>7}" for part in HostClock.PARTS)
     print(f"mode        | ms/step | x resident | host ms: {parts} | MiB/step | plan s/1M | max diff")

@@ -279,25 +279,28 @@ def step_lines(
 ) -> list[str]:
     """Per tier (``links``: its busiest link's bytes per input, by name and cold steps ahead), PCIe
     generation, part of the step (the sparse part; the whole step, ``dense`` ms added to every plan's)
-    and host work per cold step (``host_ms``, then none): TorchRec's best step over the tier's by the
-    traffic model at each effective bandwidth, ``*`` where TorchRec's best is transfer-bound."""
+    and host work per cold step (``host_ms``, then none; ``ceil``: none, and no copies either, the most
+    any slot plan of the tier's layout could gain): TorchRec's best step over the tier's by the traffic
+    model at each effective bandwidth, ``*`` where TorchRec's best is transfer-bound."""
     lines = []
     for (name, ahead), link in links.items():
         if not name.startswith("tier"):
             continue
-        for model, part, host in product(PCIE, ("sparse", "whole"), (host_ms, 0.0)):
+        for model, part, host in product(PCIE, ("sparse", "whole"), (host_ms, 0.0, None)):
             cells = []
             for share in BANDWIDTH_SHARES:
                 terms = Terms(dense_ms=dense if part == "whole" else 0.0, bandwidth_share=share)
                 steps = point.steps(model, terms)
                 best = best_plan(steps)
                 tier = tier_step(
-                    point, link, model, ahead, hot_rows=name == "tier", terms=terms, host_ms=host
-                )
+                    point, 0.0 if host is None else link, model, ahead, hot_rows=name == "tier",
+                    terms=terms, host_ms=host or 0.0,
+                )  # fmt: skip
                 bound = "*" if transfer_bound(point, best, model, terms) else " "
                 cells.append(f"{steps[best] / tier:>5.2f}{bound}")
+            label = "ceil" if host is None else f"{host:.2f}"
             lines.append(
-                f"{where} | {name:<15} {ahead:>1} | {model} {part:<6} {host:>4.2f} | " + " ".join(cells)
+                f"{where} | {name:<15} {ahead:>1} | {model} {part:<6} {label:>4} | " + " ".join(cells)
             )
     return lines
 
@@ -395,7 +398,8 @@ def main(argv: list[str] | None = None) -> None:
         print(
             "then per tier (whole-stream plans), PCIe generation, part of the step (sparse; whole: with "
             "DLRM's dense part at --dense-efficiency of --gpu-tflops) and host ms (the tier's own work per "
-            "cold step, added to it): TorchRec's best step / the tier's by the traffic model (no cache "
+            "cold step, added to it; ceil: no host work and no copies, the most any slot plan of the tier's "
+            "layout could gain): TorchRec's best step / the tier's by the traffic model (no cache "
             "machinery), at effective bandwidths of "
             + ", ".join(f"{share:.2f}" for share in BANDWIDTH_SHARES)
             + " of the link's; *: TorchRec's best is transfer-bound there. The tier's step: FAE pp's layout, "

@@ -104,6 +104,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict
+from itertools import product
 from pathlib import Path
 
 import matplotlib
@@ -142,6 +143,7 @@ from benchmarks.common.step_models import (
     dlrm_training_flops,
     pipelined,
     torchrec_best,
+    transfer_bound,
 )
 from benchmarks.common.training_data import NUM_USERS, describe, model_parser
 from fae_torchrec import HotSet
@@ -700,6 +702,27 @@ def print_sweeps(points: list[Point], dense: dict[int, float]) -> None:
             print(f"  {fae} against TorchRec's best ({model}): {tally}")
 
 
+def print_ceilings(points: list[Point]) -> None:
+    """Where TorchRec's best is transfer-bound (traffic models, sparse part), its step over (c)'s: every
+    row in HBM and nothing moved, the most that any placement (FAE's, a planned cold tier's) can gain."""
+    print(
+        "ceiling: TorchRec's best step / (c)'s (every row in HBM, nothing moved) where TorchRec's best is "
+        "transfer-bound (-: it is not), traffic model, sparse part, at "
+        + ", ".join(f"{share:.2f}" for share in BANDWIDTH_SHARES)
+        + " of the link's bandwidth: the most any placement can gain there"
+    )
+    for model, p in product(PCIE, points):
+        cells = []
+        for share in BANDWIDTH_SHARES:
+            terms = Terms(bandwidth_share=share)
+            steps = p.steps(model, terms)
+            best = best_plan(steps)
+            bound = transfer_bound(p, best, model, terms)
+            cells.append(f"{steps[best] / steps['c']:>5.2f}" if bound else f"{'-':>5}")
+        if any(cell.strip() != "-" for cell in cells):
+            print(f"  {model} {_where(p)} | " + " ".join(cells))
+
+
 def dense_ms(model: str, args: argparse.Namespace, points: list[Point]) -> dict[int, float]:
     """The dense part of a step by embedding dimension (ms): DLRM's training FLOPs per input
     (``step_models.dlrm_training_flops``) times the per-GPU batch, at ``--dense-efficiency`` of
@@ -1060,6 +1083,7 @@ def print_models(points: list[Point], dense: dict[int, float], args: argparse.Na
     print_decisions(points)
     print_decision_table(points, dense, extra)
     print_sweeps(points, dense)
+    print_ceilings(points)
     print_extra(points, extra, found)
 
 

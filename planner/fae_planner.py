@@ -25,7 +25,7 @@ import logging
 import multiprocessing
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from copy import deepcopy
 from dataclasses import replace
@@ -303,12 +303,21 @@ class FAEShardingPlanner(ShardingPlanner):
         return {part_table_name(table, COLD): copied for table, copied in self.slot_copies.items()}
 
     def cold_slot_budget(self, hot_set: HotSet) -> float | None:
-        """The device memory (bytes, all devices together) that a planned cold tier's slot tables may
-        take beside ``hot_set``'s hot rows: what the caching tier's cold caches may take; None on a CPU
-        topology, which has no device memory to fill."""
+        """The device memory (bytes, all devices together) that a planned cold tier's slot rows may take
+        beside ``hot_set``'s hot rows: what TorchRec's storage reservation leaves, less TorchRec's own
+        storage estimate of every part (hot rows, slot tables of one row each, their input and output
+        buffers) in its least option. A slot is a plain row (no cache rounding or bookkeeping), so no
+        headroom is kept beyond TorchRec's. None on a CPU topology, which has no device memory to fill."""
         if self.topology.compute_device != "cuda":
             return None
-        return self._cache_budget(self.device_memory(self.meta_module(hot_set)), hot_set)
+        tables = zip(self.stats.tables, hot_set.hot_ids, strict=True)
+        one_slot = {config.name: 1 for config, hot in tables if len(hot) < config.num_embeddings}
+        module = self.meta_module(hot_set, cold_slots=one_slot)
+        constraints = fae_constraints(
+            self.stats, hot_set, "cuda", {}, self.constraints, cache_params=self.cache_params, slots=True
+        )
+        taken = self._smallest_storage(module, get_default_sharders(), constraints)
+        return max(float(self.device_memory(module).sum()) - taken, 0.0)
 
     def _cache_budget(self, memory: np.ndarray, hot_set: HotSet) -> float:
         """The device memory the cold parts may take: ``CACHE_SHARE`` of what the hot rows leave of
@@ -649,10 +658,15 @@ class FAEShardingPlanner(ShardingPlanner):
             return f"topology too small: {summary}; missing {format_bytes(needed - memory)}"
         return f"no plan fits although {summary}: TorchRec could not place the shards\n{error}"
 
-    def meta_module(self, hot_set: HotSet) -> FAEEmbeddingBagCollection:
-        """For dry runs: the statistics' tables split by ``hot_set`` on the meta device, with
-        ``optimizer_class`` applied in backward so that its state counts in storage estimates."""
-        module = FAEEmbeddingBagCollection(self.stats.tables, hot_set, device=torch.device("meta"))
+    def meta_module(
+        self, hot_set: HotSet, cold_slots: Mapping[str, int] | None = None
+    ) -> FAEEmbeddingBagCollection:
+        """For dry runs: the statistics' tables split by ``hot_set`` on the meta device (the cold parts
+        slot tables of ``cold_slots``, when given), with ``optimizer_class`` applied in backward so that
+        its state counts in storage estimates."""
+        module = FAEEmbeddingBagCollection(
+            self.stats.tables, hot_set, device=torch.device("meta"), cold_slots=cold_slots
+        )
         if self.optimizer_class is not None:
             apply_optimizer_in_backward(self.optimizer_class, module.parameters(), {"lr": 0.01})
         return module

@@ -79,6 +79,9 @@ def _check_traffic_and_steps(out: str, dim: int, figures: Path, model: str) -> l
     assert re.search(r"^ +0\.10 \( *3\.15 GB/s\) \| FAE pp: win", out, re.M), "a tenth of PCIe Gen4"
     assert re.search(r"^ +100 us \| FAE pp Gen4: win", out, re.M), "100 us of cache machinery a step"
     assert len(_rows(out, "break-even:", "whole step:", dim)) == 2
+    for cells in re.findall(r"^  Gen[45] +\d+ +[12] .*\|((?: +(?:-|\d+\.\d\d)){5})$", out, re.M):
+        assert any(c != "-" for c in cells.split()), "a ceiling only where TorchRec's best is transfer-bound"
+    assert "\nceiling: TorchRec's best step / (c)'s" in out
     dense = "whole step: the dense part added to every plan's step" if model == "dlrm" else "not priced"
     assert dense in out
     for picture in ("traffic.png", "step_time.png", "hot_share.png"):
@@ -524,20 +527,22 @@ def test_bench_slot_plan_prices_the_planned_slots_against_caches_and_by_the_step
     assert min(no_hot) >= 0.98, out
     assert no_hot[1] >= no_hot[0], "a window of 4 steps moves no fewer than the whole stream's plan"
     tier_slots = int(rows[4][1].split()[-1].replace(",", ""))
-    assert 0 < tier_slots <= int(rows[0][1].split()[-1].replace(",", "")), "within the caches' memory"
+    assert 0 < tier_slots <= int(rows[0][1].split()[-1].replace(",", "")), "within d's memory"
     assert float(rows[6][2].split()[0]) >= float(rows[4][2].split()[0]), "copies ahead move no fewer rows"
     # the step model: per ahead, PCIe generation, part of the step and host ms, TorchRec's best / the
     # tier's at each bandwidth
     steps = {tuple(r[1].split()[-2:] + r[2].split()): r[3].split() for r in lines if len(r) == 4}
     assert set(steps) == set(
-        product(("tier",), "01", ("Gen4", "Gen5"), ("sparse", "whole"), ("0.50", "0.00"))
+        product(("tier",), "01", ("Gen4", "Gen5"), ("sparse", "whole"), ("0.50", "0.00", "ceil"))
     ), out
     ratios = {key: [float(c.rstrip("*")) for c in cells] for key, cells in steps.items()}
     for (_, ahead, gen, part, host), cells in ratios.items():
         assert len(cells) == 5 and all(c > 0 for c in cells), (ahead, gen, part, host)
+        hidden = ratios["tier", ahead, gen, part, "0.00"]
         if host == "0.50":  # the host's work slows the tier
-            hidden = ratios["tier", ahead, gen, part, "0.00"]
             assert all(c < h for c, h in zip(cells, hidden, strict=True)), (ahead, gen, part)
+        if host == "ceil":  # nothing moved: no slower than the copies hidden
+            assert all(c >= h - 0.01 for c, h in zip(cells, hidden, strict=True)), (ahead, gen, part)
     for gen, part in product(("Gen4", "Gen5"), ("sparse", "whole")):  # copies ahead overlap the steps
         before, one = (ratios["tier", ahead, gen, part, "0.00"] for ahead in "01")
         assert all(o >= b for o, b in zip(one, before, strict=True)) and one[-1] > before[-1], (gen, part)
@@ -556,6 +561,7 @@ def test_bench_copy_engine_trains_the_resident_model_through_the_slots():
     for name in ("planned 0", "planned 2"):
         assert results[name]["max_diff"] < 1e-5, name
         assert results[name]["mib"] > 0 and results[name]["in_ms"] > 0
-    with pytest.raises(SystemExit) as bad:
-        bench_copy_engine.main([*small, "--hot-rows", "50k"])
-    assert bad.value.code == 2
+    for wrong in (["--hot-rows", "50k"], ["--copies", "mapped"]):  # mapped copies need CUDA
+        with pytest.raises(SystemExit) as bad:
+            bench_copy_engine.main([*small, *wrong])
+        assert bad.value.code == 2, wrong

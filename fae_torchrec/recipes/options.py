@@ -120,8 +120,8 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
         "caches on CUDA (fused_uvm_caching); planned: cold rows in host memory with their optimizer state "
         "and, in device memory, plain fused tables of slots that each cold step's rows are copied into "
         "ahead of it, chosen from the epoch's schedule (Belady: evict the row used farthest ahead); each "
-        "table's slots hold a step's rows and, on CUDA, grow within the caches' device memory where the "
-        "schedule's copies fall most (docs/train.md)",
+        "table's slots hold a step's rows and, on CUDA, grow within the device memory TorchRec's "
+        "estimates leave them where the schedule's copies fall most (docs/train.md)",
     )
     parser.add_argument(
         "--copy-ahead",

@@ -8,6 +8,12 @@ reaches host memory when its copy has ended and the engine collects it (:meth:`c
 latest when it settles (before any copy reads it again, and at :meth:`settle`). Nothing the engine does
 per step waits for the device: slot indices travel from pinned memory, and :meth:`collect` takes only
 the write-backs already done, so the host prepares the next steps while the device runs this one.
+
+With ``mapped`` (CUDA) the host does none of the copying: the pinned host rows are also seen by the
+device (unified addressing maps pinned memory, as FBGEMM's host-mapped UVM tables are), so a load is one
+gather kernel reading host memory over the link into the slots and a write-back one scatter kernel
+writing it, both on the side stream in the order issued; nothing is staged, and the host rows are current
+once the stream is (:meth:`settle`). On CPU both ways are the same plain copies.
 """
 
 from __future__ import annotations
@@ -23,8 +29,12 @@ import torch
 class CopyEngine:
     """Copies between host rows and device slots on ``device``: inline on CPU, on a side stream on CUDA."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, *, mapped: bool = False) -> None:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.mapped = mapped and self.stream is not None
+        self._aliases: dict[
+            torch.Tensor, torch.Tensor
+        ] = {}  # mapped: per pinned host rows, the device's view
         self._ready: dict[int, torch.cuda.Event] = {}  # per step, its copies' end
         # write-backs on their way: (end, host rows, their indices, pinned values)
         self._pending: deque[tuple[torch.cuda.Event, torch.Tensor, torch.Tensor, torch.Tensor]] = deque()
@@ -71,6 +81,9 @@ class CopyEngine:
         if self.stream is None:
             rows.index_copy_(0, index, values.cpu())
             return
+        if self.mapped:
+            self._alias(rows).index_copy_(0, self.index(index.numpy()), values)
+            return
         staged = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
         staged.copy_(values, non_blocking=True)
         end = torch.cuda.Event()
@@ -84,6 +97,9 @@ class CopyEngine:
         self, slots: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor, index: torch.Tensor
     ) -> None:
         """``slots[targets] = rows[index]`` (host rows), once the write-backs of those rows are settled."""
+        if self.mapped:  # after the write-backs issued before it, on the same stream
+            slots.index_copy_(0, targets, self._alias(rows).index_select(0, self.index(index.numpy())))
+            return
         if rows in self._in_flight and self._in_flight[rows][index.numpy()].any():
             self.settle()
         values = torch.empty(
@@ -100,6 +116,8 @@ class CopyEngine:
 
     def settle(self) -> None:
         """Every write-back issued so far reaches the host rows (waiting for it on CUDA)."""
+        if self.mapped:
+            self.stream.synchronize()
         while self._pending:
             self._pending[0][0].synchronize()
             self._arrive()
@@ -109,3 +127,26 @@ class CopyEngine:
         _, rows, index, values = self._pending.popleft()
         rows.index_copy_(0, index, values)
         self._in_flight[rows][index.numpy()] -= 1
+
+    def _alias(self, rows: torch.Tensor) -> torch.Tensor:
+        """The device's view of the pinned host ``rows`` (made once per tensor)."""
+        if rows not in self._aliases:
+            if not rows.is_pinned():
+                raise ValueError("mapped copies need pinned host rows")
+            self._aliases[rows] = torch.as_tensor(_DeviceView(rows), device=self.stream.device)
+        return self._aliases[rows]
+
+
+class _DeviceView:
+    """Pinned host memory described to torch as device memory (``__cuda_array_interface__``): under
+    unified addressing a pinned host pointer is valid on the device. Keeps ``rows`` alive with the view."""
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self.rows = rows
+        self.__cuda_array_interface__ = {
+            "shape": tuple(rows.shape),
+            "typestr": torch.empty(0, dtype=rows.dtype).numpy().dtype.str,
+            "data": (rows.data_ptr(), False),
+            "strides": tuple(stride * rows.element_size() for stride in rows.stride()),
+            "version": 3,
+        }
