@@ -565,3 +565,20 @@ def test_bench_copy_engine_trains_the_resident_model_through_the_slots():
         with pytest.raises(SystemExit) as bad:
             bench_copy_engine.main([*small, *wrong])
         assert bad.value.code == 2, wrong
+
+
+@pytest.mark.benchmark
+def test_bench_checkpoint_prices_saving_and_resuming_against_the_tables(tmp_path):
+    """``bench_checkpoint.py`` runs the example without checkpoints, saving them and resuming, and prints
+    what each adds to the peak as a share of the tables with their optimizer state."""
+    out = _run(
+        "bench_checkpoint.py", "--scale", "0.01", "--num-samples", "10k", "--batch-size", "256",
+        "--checkpoint-every", "5", "--out", str(tmp_path),
+    )  # fmt: skip
+    shares = re.findall(
+        r"^  (saving|resuming \(a load\)): [\d.]+, [-+][\d.]+ GiB, ([-+][\d.]+)% of", out, re.M
+    )
+    assert [what for what, _ in shares] == ["saving", "resuming (a load)"], out
+    # no second copy of the tables (a whole-state pickle added +197%); tiny tables leave RSS noise
+    assert all(float(share) < 50 for _, share in shares), out
+    assert sorted(p.name for p in (tmp_path / "ws1" / "checkpoints").iterdir()) != [], "the saves were made"

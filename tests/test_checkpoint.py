@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torchrec
 from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.models.dlrm import DLRM, DLRMTrain
@@ -251,3 +252,60 @@ def _nothing_to_resume(rank: int, world_size: int, directory: str) -> None:
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
     run_on_ranks(_nothing_to_resume, 1, tmp_path, str(tmp_path / "empty"))
+
+
+def _peak_rss_reset() -> int:
+    """The resident bytes now, after resetting this process's peak to them (``/proc/self/clear_refs``)."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_bytes("VmRSS")
+
+
+def _status_bytes(key: str) -> int:
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(key))
+    return int(line.split()[1]) << 10
+
+
+def _save_and_load_in_bounded_memory(rank: int, world_size: int, directory: str) -> None:
+    """A 256 MiB table with Adagrad's state (512 MiB over the ranks): saving, then loading into a fresh
+    model, each rank's peak stays within its resident bytes before plus 10% of the state it holds."""
+    tables = [
+        torchrec.EmbeddingBagConfig(name="big", embedding_dim=64, num_embeddings=1 << 20, feature_names=["f"])
+    ]
+    topology = Topology(world_size=world_size, compute_device="cpu")
+    embedding = EmbeddingOptimizer(torchrec.optim.Adagrad, {"lr": 0.05})
+    plan = None
+
+    def fresh():
+        nonlocal plan
+        ebc = torchrec.EmbeddingBagCollection(tables, device=torch.device("meta"))
+        embedding.apply(ebc)
+        plan = plan or EmbeddingShardingPlanner(topology).collective_plan(
+            ebc, get_default_sharders(), dist.GroupMember.WORLD
+        )
+        dmp = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=plan)
+        return dmp, unfused_optimizer(dmp, embedding, lambda params: torch.optim.Adagrad(params, lr=0.05))
+
+    model, dense = fresh()
+    shards = model.state_dict()["embedding_bags.big.weight"].local_shards()
+    with torch.no_grad():
+        for shard in shards:
+            shard.tensor.normal_()
+    held = 2 * sum(shard.tensor.nbytes for shard in shards)  # the rank's rows and their Adagrad state
+    before = _peak_rss_reset()
+    Checkpoints(directory, CONFIG, plan).save(1, model, dense, {"step": 1})
+    saved_extra = _status_bytes("VmHWM") - before
+    expected = gather_full_state_dict(model)
+    del model, dense
+    resumed, resumed_dense = fresh()
+    before = _peak_rss_reset()
+    assert Checkpoints(directory, CONFIG, plan).load(resumed, resumed_dense) == {"step": 1}
+    loaded_extra = _status_bytes("VmHWM") - before
+    _assert_same_state(gather_full_state_dict(resumed), expected)
+    bound = max(held, 1 << 28) / 10  # a rank holding no rows still has the other's buffers to pay for
+    assert saved_extra < bound and loaded_extra < bound, (saved_extra, loaded_extra, held)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_saving_and_loading_hold_no_second_copy_of_the_tables(tmp_path, world_size):
+    run_on_ranks(_save_and_load_in_bounded_memory, world_size, tmp_path, str(tmp_path / "checkpoint"))

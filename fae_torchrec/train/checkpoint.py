@@ -7,6 +7,12 @@ own folder, and a rank deletes its older ones only after every rank has written 
 crash in the middle of a save leaves the previous checkpoint whole. Resuming takes the newest step
 that every rank holds, and refuses, naming the file or option, a damaged file, another run, another
 world size, configuration or plan: nothing is loaded silently.
+
+A rank's file streams its tensors, so that saving and loading hold no second copy of a table: the state's
+structure comes first (``torch.save`` of it, each tensor replaced by its place in the file), then every
+tensor's bytes, written from the tensor itself and read back into the model's own tensors (and a planned
+cold tier's host rows) ``CHUNK_BYTES`` at a time. A load checks the file's size and SHA-256, reading it a
+chunk at a time, before it reads anything into the model.
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -33,8 +41,13 @@ from fae_torchrec.train.cold_tier import PlannedColdTier, check_cold_tier
 
 logger = logging.getLogger(__name__)
 
-#: Manifest format; a manifest of another format is refused.
-FORMAT = 1
+#: Manifest format; a manifest of another format is refused. 2: the streamed file (1: one ``torch.save``).
+FORMAT = 2
+#: What a rank's file starts with.
+MAGIC = b"FAE-CKPT"
+#: Bytes of a tensor written or read at a time: what a save or load holds beyond the model's own tensors
+#: (on CUDA, a chunk's copy in host memory).
+CHUNK_BYTES = 16 << 20
 #: What a manifest holds.
 MANIFEST_KEYS = frozenset(
     {"format", "step", "run", "rank", "world_size", "sha256", "bytes", "config", "plan"}
@@ -145,32 +158,27 @@ class Checkpoints:
         folder.mkdir(parents=True, exist_ok=True)
         # a manifest left by an interrupted earlier save must never describe the new file
         (folder / f"rank{self.rank}.json").unlink(missing_ok=True)
-        buffer = io.BytesIO()
-        torch.save(
-            {
-                "model": _local(model.state_dict()),
-                "fused_optimizer": _local(model.fused_optimizer.state_dict()),
-                "unfused_optimizer": unfused_optimizer.state_dict(),
-                "position": dict(position),
-                "cold_tier": None if cold_tier is None else cold_tier.state_dict(),
-            },
-            buffer,
-        )
-        data = buffer.getvalue()
+        state = {
+            "model": model.state_dict(),
+            "fused_optimizer": model.fused_optimizer.state_dict(),
+            "unfused_optimizer": unfused_optimizer.state_dict(),
+            "position": dict(position),
+            "cold_tier": None if cold_tier is None else cold_tier.state_dict(),
+        }
+        digest, size = _write_atomically(folder / f"rank{self.rank}.pt", _streamed(state))
         manifest = {
             "format": FORMAT,
             "step": step,
             "run": self.run_id,
             "rank": self.rank,
             "world_size": self.world_size,
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "bytes": len(data),
+            "sha256": digest,
+            "bytes": size,
             "config": self.config,
             "plan": self.layout,
             "summary": dict(summary or {}),
         }
-        _write_atomically(folder / f"rank{self.rank}.pt", data)
-        _write_atomically(folder / f"rank{self.rank}.json", json.dumps(manifest, indent=1).encode())
+        _write_atomically(folder / f"rank{self.rank}.json", [json.dumps(manifest, indent=1).encode()])
 
     def load(
         self,
@@ -189,31 +197,36 @@ class Checkpoints:
         self._check(manifests, step)
         self._check_plan(manifests, step)
         check_cold_tier(model, cold_tier)
-        error, state = None, None
+        path = self._folder(step) / f"rank{self.rank}.pt"
+        error, reader = None, None
         try:
-            state = self._read(step, manifests[self.rank])
-            if (state.get("cold_tier") is None) != (cold_tier is None):
+            reader = _Reader(path, manifests[self.rank])
+            if (reader.state.get("cold_tier") is None) != (cold_tier is None):
                 raise CheckpointError(
-                    f"{self._folder(step) / f'rank{self.rank}.pt'}: saved "
-                    f"{'without' if cold_tier is not None else 'with'} a planned cold tier"
+                    f"{path}: saved {'without' if cold_tier is not None else 'with'} a planned cold tier"
                 )
             if cold_tier is not None:
-                cold_tier.load_state_dict(state["cold_tier"])
+                _load_cold_tier(cold_tier, reader)
         except (CheckpointError, ValueError) as failure:
             error = str(failure)
-        _raise_on_every_rank(error)
-        with torch.no_grad():
-            where = str(self._folder(step) / f"rank{self.rank}.pt")
-            _restore(model.state_dict(), state["model"], where)
-            fused = model.fused_optimizer.state_dict()
-            _restore(fused, state["fused_optimizer"], where)
-            model.fused_optimizer.load_state_dict(fused)
-        unfused_optimizer.load_state_dict(state["unfused_optimizer"])
+        try:
+            _raise_on_every_rank(error)
+            state = reader.state
+            with torch.no_grad():
+                _restore(model.state_dict(), state["model"], reader)
+                fused = model.fused_optimizer.state_dict()
+                _restore(fused, state["fused_optimizer"], reader)
+                model.fused_optimizer.load_state_dict(fused)
+            unfused_optimizer.load_state_dict(reader.materialized(state["unfused_optimizer"]))
+            position = reader.materialized(state["position"])
+        finally:
+            if reader is not None:
+                reader.close()
         self.run_id = manifests[0]["run"]  # later saves continue that run
         for newer in self._steps():  # what an interrupted save left: the run will write it again
             if newer > step:
                 self._remove(newer)
-        return state["position"]
+        return position
 
     def peek(self) -> tuple[int, dict]:
         """The step :meth:`load` would resume from and the summary saved with it (``{}`` when none),
@@ -320,24 +333,6 @@ class Checkpoints:
                 f"{self.layout.get(name)!r}"
             )
 
-    def _read(self, step: int, manifest: dict) -> dict:
-        """This rank's state at ``step``, checked against its manifest's size and checksum."""
-        path = self._folder(step) / f"rank{self.rank}.pt"
-        try:
-            data = path.read_bytes()
-        except OSError as error:
-            raise CheckpointError(f"{path}: cannot be read ({error})") from error
-        if len(data) != manifest["bytes"]:
-            raise CheckpointError(
-                f"{path}: damaged (truncated or overwritten): {len(data)} bytes, {manifest['bytes']} saved"
-            )
-        if hashlib.sha256(data).hexdigest() != manifest["sha256"]:
-            raise CheckpointError(f"{path}: damaged: its SHA-256 differs from the one saved with it")
-        try:
-            return torch.load(io.BytesIO(data), weights_only=False)
-        except Exception as error:  # whatever torch raises, the file is unusable
-            raise CheckpointError(f"{path}: damaged, it does not load ({error})") from error
-
     def _remove(self, step: int) -> None:
         """Delete this rank's files of ``step`` (and the folder once no rank has files in it)."""
         folder = self._folder(step)
@@ -365,14 +360,19 @@ def _raise_on_every_rank(error: str | None) -> None:
         raise CheckpointError(failed[0])
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` whole or not at all: into a temporary file beside it, then renamed.
-    A failed write (a full disk, a file size limit) removes the partial file and raises ``OSError``
-    naming the file (``path``, or the temporary one where that could not be made)."""
+def _write_atomically(path: Path, chunks: Iterable[bytes | np.ndarray]) -> tuple[str, int]:
+    """Write ``chunks`` to ``path`` whole or not at all: into a temporary file beside it, then renamed;
+    return the file's SHA-256 and size. A failed write (a full disk, a file size limit) removes the
+    partial file and raises ``OSError`` naming the file (``path``, or the temporary one where that could
+    not be made)."""
     temporary = path.with_name(path.name + ".tmp")
+    digest, size = hashlib.sha256(), 0
     try:
         with open(temporary, "wb") as file:
-            file.write(data)
+            for chunk in chunks:
+                file.write(chunk)
+                digest.update(chunk)
+                size += memoryview(chunk).nbytes
             file.flush()
             os.fsync(file.fileno())
         temporary.replace(path)
@@ -380,37 +380,186 @@ def _write_atomically(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):  # not a file of this write (a folder in its way): left alone
             temporary.unlink(missing_ok=True)
         raise OSError(error.errno, error.strerror, error.filename or str(path)) from error
+    return digest.hexdigest(), size
 
 
-def _local(value: Any) -> Any:
-    """``value`` with every ``ShardedTensor`` replaced by copies of this rank's shards."""
-    if isinstance(value, ShardedTensor):
-        return [shard.tensor.detach().cpu().clone() for shard in value.local_shards()]
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().clone()
-    if isinstance(value, dict):
-        return {key: _local(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_local(item) for item in value)
-    return value
+@dataclass(frozen=True)
+class _Stored:
+    """Where a tensor's bytes are in a rank's file (``offset`` from the first tensor's), and what it is."""
+
+    offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
 
 
-def _restore(current: Any, saved: Any, where: str, name: str = "") -> None:
-    """Copy ``saved`` (from :func:`_local`) into the tensors of ``current`` in place."""
+class _Tensors:
+    """A state's tensors in the order of the file, and where the next one starts."""
+
+    def __init__(self) -> None:
+        self.tensors: list[torch.Tensor] = []
+        self.end = 0
+
+    def stored(self, tensor: torch.Tensor) -> _Stored:
+        """``tensor`` appended, and its place."""
+        place = _Stored(self.end, tensor.dtype, tuple(tensor.shape))
+        self.tensors.append(tensor)
+        self.end += tensor.numel() * tensor.element_size()
+        return place
+
+    def skeleton(self, value: Any) -> Any:
+        """``value`` with each tensor replaced by its place (a ``ShardedTensor`` by the list of this rank's
+        shards')."""
+        if isinstance(value, ShardedTensor):
+            return [self.stored(shard.tensor) for shard in value.local_shards()]
+        if isinstance(value, torch.Tensor):
+            return self.stored(value)
+        if isinstance(value, dict):
+            return {key: self.skeleton(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self.skeleton(item) for item in value)
+        return value
+
+
+def _streamed(state: Mapping[str, Any]) -> Iterator[bytes | np.ndarray]:
+    """A rank's file of ``state``, chunk by chunk: ``MAGIC``, the structure's length and the structure
+    (``torch.save``, tensors replaced by their places), then each tensor's bytes from the tensor itself."""
+    tensors = _Tensors()
+    structure = io.BytesIO()
+    torch.save(tensors.skeleton(state), structure)
+    yield MAGIC
+    yield structure.getbuffer().nbytes.to_bytes(8, "little")
+    yield structure.getvalue()
+    for tensor in tensors.tensors:
+        for block in _blocks(tensor.detach()):
+            yield _bytes_of(block.contiguous()).cpu().numpy()
+
+
+def _blocks(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """``tensor`` in blocks of leading rows of at most ``CHUNK_BYTES`` (at least a row each; a scalar
+    whole), views of it."""
+    if tensor.dim() == 0 or not tensor.numel():
+        return [tensor.reshape(-1)]
+    row_bytes = max(tensor[0].numel() * tensor.element_size(), 1)
+    return list(tensor.split(max(CHUNK_BYTES // row_bytes, 1)))
+
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous ``tensor``'s bytes, as a flat uint8 view of it."""
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+class _Reader:
+    """A rank's file at ``path``, its size and SHA-256 checked against ``manifest`` a chunk at a time; its
+    structure read (``state``); its tensors read on demand into given tensors or new ones."""
+
+    def __init__(self, path: Path, manifest: Mapping[str, Any]) -> None:
+        self.path = path
+        self._check(manifest)
+        self._file = open(path, "rb")  # closed by ``close``: the reads span the load
+        try:
+            if self._file.read(len(MAGIC)) != MAGIC:
+                raise CheckpointError(f"{path}: not a checkpoint of format {FORMAT}")
+            length = int.from_bytes(self._file.read(8), "little")
+            self.state = torch.load(io.BytesIO(self._file.read(length)), weights_only=False)
+            self._start = len(MAGIC) + 8 + length
+        except CheckpointError:
+            self.close()
+            raise
+        except Exception as error:  # whatever torch raises, the file is unusable
+            self.close()
+            raise CheckpointError(f"{path}: damaged, it does not load ({error})") from error
+
+    def _check(self, manifest: Mapping[str, Any]) -> None:
+        try:
+            size = self.path.stat().st_size
+            if size != manifest["bytes"]:
+                saved = manifest["bytes"]
+                raise CheckpointError(
+                    f"{self.path}: damaged (truncated or overwritten): {size} bytes, {saved} saved"
+                )
+            digest, chunk = hashlib.sha256(), bytearray(CHUNK_BYTES)
+            with open(self.path, "rb") as file:
+                while read := file.readinto(chunk):
+                    digest.update(memoryview(chunk)[:read])
+        except OSError as error:
+            raise CheckpointError(f"{self.path}: cannot be read ({error})") from error
+        if digest.hexdigest() != manifest["sha256"]:
+            raise CheckpointError(f"{self.path}: damaged: its SHA-256 differs from the one saved with it")
+
+    def into(self, stored: Any, tensor: torch.Tensor, name: str) -> None:
+        """Read the tensor stored at ``stored`` into ``tensor`` (of its dtype and shape), a block at a time:
+        straight into it where it is contiguous host memory."""
+        if not isinstance(stored, _Stored) or (stored.dtype, stored.shape) != (
+            tensor.dtype,
+            tuple(tensor.shape),
+        ):
+            what = (
+                f"{stored.dtype} {list(stored.shape)}"
+                if isinstance(stored, _Stored)
+                else type(stored).__name__
+            )
+            raise CheckpointError(
+                f"{self.path}: {name or 'a tensor'} is saved as {what}, the model's is "
+                f"{tensor.dtype} {list(tensor.shape)}"
+            )
+        self._file.seek(self._start + stored.offset)
+        for block in _blocks(tensor):
+            direct = block.device.type == "cpu" and block.is_contiguous()
+            target = block if direct else torch.empty(block.shape, dtype=block.dtype)
+            view = _bytes_of(target.detach()).numpy()
+            if self._file.readinto(view) != len(view):
+                raise CheckpointError(f"{self.path}: damaged, {name or 'a tensor'} ends early")
+            if not direct:
+                block.copy_(target)
+
+    def materialized(self, value: Any, name: str = "") -> Any:
+        """``value`` (part of ``state``) with each stored tensor read into a new one."""
+        if isinstance(value, _Stored):
+            tensor = torch.empty(value.shape, dtype=value.dtype)
+            self.into(value, tensor, name)
+            return tensor
+        if isinstance(value, dict):
+            return {key: self.materialized(item, f"{name}{key}.") for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self.materialized(item, f"{name}{i}.") for i, item in enumerate(value))
+        return value
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _load_cold_tier(cold_tier: PlannedColdTier, reader: _Reader) -> None:
+    """Restore a planned cold tier from ``reader``: checked first, then its host rows read straight into
+    the tier's own (no second copy of the cold rows), then the rest as ``load_state_dict`` takes it."""
+    saved = reader.state["cold_tier"]
+    rest = reader.materialized({**saved, "groups": [{**g, "rows": {}} for g in saved["groups"]]})
+    cold_tier.check_state(rest)
+    current = cold_tier.state_dict()  # its host rows are views of the tier's own
+    with torch.no_grad():
+        for mine, theirs in zip(current["groups"], saved["groups"], strict=True):
+            _restore(mine["rows"], theirs["rows"], reader, "cold_tier.rows.")
+    for mine, group in zip(current["groups"], rest["groups"], strict=True):
+        group["rows"] = mine["rows"]
+    cold_tier.load_state_dict(rest)
+
+
+def _restore(current: Any, saved: Any, reader: _Reader, name: str = "") -> None:
+    """Read ``saved`` (a skeleton of stored tensors) into the tensors of ``current`` in place."""
+    where = reader.path
     if isinstance(current, ShardedTensor):
         shards = current.local_shards()
         if len(shards) != len(saved):
             raise CheckpointError(f"{where}: {name} has {len(saved)} saved shards, the model {len(shards)}")
-        for shard, tensor in zip(shards, saved, strict=True):
-            shard.tensor.copy_(tensor)
+        for shard, stored in zip(shards, saved, strict=True):
+            reader.into(stored, shard.tensor, name)
     elif isinstance(current, torch.Tensor):
-        current.copy_(saved)
+        reader.into(saved, current, name)
     elif isinstance(current, dict):
         missing = sorted(set(current) - set(saved), key=str)
         if missing:
             raise CheckpointError(f"{where}: no saved state for {name}{missing[0]}")
         for key, item in current.items():
-            _restore(item, saved[key], where, f"{name}{key}.")
+            _restore(item, saved[key], reader, f"{name}{key}.")
     elif isinstance(current, list | tuple):
         for index, item in enumerate(current):
-            _restore(item, saved[index], where, f"{name}{index}.")
+            _restore(item, saved[index], reader, f"{name}{index}.")

@@ -487,15 +487,7 @@ class PlannedColdTier:
         """Restore :meth:`state_dict` (with the model's state saved beside it); the epoch's plan is made
         again when its router resumes it (``plan_epoch(..., start=)``). ``ValueError`` for the state of
         other slot groups, or of copies run another number of steps ahead (the slots hold other rows)."""
-        groups = [tuple(saved["group"]) for saved in state["groups"]]
-        mine = [astuple(group) for _, _, group in self._mine()]
-        if groups != mine:
-            raise ValueError(f"the cold tier's state holds slot groups {groups}, this rank's are {mine}")
-        if state["ahead"] != self.ahead:
-            raise ValueError(
-                f"the cold tier's state was saved copying {state['ahead']} cold steps ahead, this tier "
-                f"copies {self.ahead} ahead"
-            )
+        self.check_state(state)
         self._engine.settle()
         with torch.no_grad():
             for (run, index, _), saved in zip(self._mine(), state["groups"], strict=True):
@@ -505,6 +497,18 @@ class PlannedColdTier:
                 slots = slice(run.slot_starts[index], run.slot_starts[index + 1])
                 run.held[slots] = np.where(held >= 0, held + run.row_starts[index], -1)
         self._resumed = state["routed"]
+
+    def check_state(self, state: Mapping) -> None:
+        """``ValueError`` unless :meth:`load_state_dict` can restore ``state`` (its rows not looked at)."""
+        groups = [tuple(saved["group"]) for saved in state["groups"]]
+        mine = [astuple(group) for _, _, group in self._mine()]
+        if groups != mine:
+            raise ValueError(f"the cold tier's state holds slot groups {groups}, this rank's are {mine}")
+        if state["ahead"] != self.ahead:
+            raise ValueError(
+                f"the cold tier's state was saved copying {state['ahead']} cold steps ahead, this tier "
+                f"copies {self.ahead} ahead"
+            )
 
     @contextmanager
     def evaluating(self) -> Iterator[None]:
