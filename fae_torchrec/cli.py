@@ -114,7 +114,13 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
     plan.add_argument(
         "--world-size",
         type=positive_int,
-        help="ranks, all on one host as in TorchRec's topology (default: this machine's GPUs, else 1)",
+        help="ranks (default: this machine's GPUs, else 1)",
+    )
+    plan.add_argument(
+        "--local-world-size",
+        type=positive_int,
+        help="ranks per host, as torchrun's LOCAL_WORLD_SIZE: TorchRec prices the links within a host and "
+        "across hosts apart (default: every rank on one host)",
     )
     plan.add_argument(
         "--hbm-cap",
@@ -291,9 +297,10 @@ def plan(args: argparse.Namespace) -> None:
     if args.out is not None:
         _check_out_file(args.out, "plan.pt")
     try:
-        topology = make_topology(world, device, hbm_cap)
+        topology = make_topology(world, device, hbm_cap, args.local_world_size)
     except ValueError as error:
-        raise ValueError(f"--world-size {world}: {error}") from error
+        local = f" --local-world-size {args.local_world_size}" if args.local_world_size else ""
+        raise ValueError(f"--world-size {world}{local}: {error}") from error
     stats = AccessStats.load(args.stats)
     if args.dim is not None:
         stats = stats.with_embedding_dim(args.dim)

@@ -37,6 +37,9 @@ CHECKED_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
     (FutureWarning, "HeuristicalStorageReservation is known to cause issues", ""),
     # TorchRec's own DDP wrappers pass DDP's renamed argument, which still means what it did
     (FutureWarning, "`broadcast_buffers` is deprecated", r"torchrec\."),
+    # torch's notice on ShardedTensor, which DMP's state dicts still are in TorchRec 1.8 (FAE reads and
+    # writes shards through them: re-plans, checkpoints); nothing to move to before TorchRec moves
+    (FutureWarning, "Please use DTensor instead and we are deprecating ShardedTensor", ""),
     # FBGEMM's CPU lookup for data-parallel tables: its gradients are nn.EmbeddingBag's (checked by hand)
     (
         UserWarning,

@@ -549,7 +549,7 @@ class FAEShardingPlanner(ShardingPlanner):
         return FAEPlanReport.from_options(
             options,
             fae_path,
-            self.topology.world_size,
+            self.topology,
             hot_budget_bytes=hot_set.hot_bytes(self.optimizer_class),
             hot_input_share=pooling.hot_input_share,
             load_factors=sizing[0],

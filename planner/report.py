@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-from torchrec.distributed.planner.types import ShardingOption
+from torchrec.distributed.planner.types import ShardingOption, Topology
 
 from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.units import format_bytes
@@ -29,11 +29,13 @@ class PartPlacement:
 
 @dataclass(frozen=True)
 class RankTotals:
-    """Per rank, the predicted time (ms) and storage of the shards a plan puts there."""
+    """Per rank, the predicted time (ms) and storage of the shards a plan puts there, and the part of
+    that time its shards' input and output distribution take (``comms``, forward and backward)."""
 
     perf: tuple[float, ...]
     hbm: tuple[int, ...]
     ddr: tuple[int, ...]
+    comms: tuple[float, ...] = ()
 
     @property
     def step(self) -> float:
@@ -42,13 +44,14 @@ class RankTotals:
 
     @classmethod
     def of(cls, options: list[ShardingOption], world_size: int) -> RankTotals:
-        perf = np.zeros(world_size)
+        perf, comms = np.zeros(world_size), np.zeros(world_size)
         hbm, ddr = np.zeros(world_size, dtype=np.int64), np.zeros(world_size, dtype=np.int64)
         for shard in (shard for option in options for shard in option.shards):
             perf[shard.rank] += shard.perf.total
+            comms[shard.rank] += shard.perf.fwd_comms + shard.perf.bwd_comms
             hbm[shard.rank] += shard.storage.hbm
             ddr[shard.rank] += shard.storage.ddr
-        return cls(tuple(perf.tolist()), tuple(hbm.tolist()), tuple(ddr.tolist()))
+        return cls(*(tuple(x.tolist()) for x in (perf, hbm, ddr, comms)))
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,11 @@ class FAEPlanReport:
     cold_step_in_hbm: float
     rank_hbm: tuple[int, ...]
     rank_ddr: tuple[int, ...]
+    #: Per rank, the ms of its shards' input and output distribution in a cold step (TorchRec's comms).
+    rank_comms: tuple[float, ...] = ()
+    #: Ranks per host and the links TorchRec prices between ranks on one host and across hosts (GiB/s).
+    ranks_per_host: int = 1
+    links_gibps: tuple[float, float] = (0.0, 0.0)
     placements: dict[str, dict[str, PartPlacement]] = field(default_factory=dict)
     #: Ids per input looked up on hot rows in a hot step, and on hot and on cold rows in a cold step.
     step_ids: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -85,7 +93,7 @@ class FAEPlanReport:
         cls,
         options: list[ShardingOption],
         fae_path: str,
-        world_size: int,
+        topology: Topology,
         *,
         hot_budget_bytes: int,
         hot_input_share: float,
@@ -96,7 +104,7 @@ class FAEPlanReport:
         cold_step_in_hbm: float,
         pooling: StepPooling,
     ) -> FAEPlanReport:
-        """The report of a plan's sharding options; ``fae_path`` is the FAE module's name in the model.
+        """The report of a plan's sharding options on ``topology``; ``fae_path`` is the FAE module's name.
         ``hot_step`` and ``cold_step`` are the plan's predicted steps at each kind of batch's pooling
         (``cold_step_in_hbm`` the cold one with its UVM parts priced as in HBM);
         a cache's load factor is FAE's (``load_factors``) or, for TorchRec's own choice, TorchRec's;
@@ -115,7 +123,7 @@ class FAEPlanReport:
                 if option.compute_kernel == EmbeddingComputeKernel.FUSED_UVM_CACHING.value
                 else None,
             )
-        totals = RankTotals.of(options, world_size)
+        totals = RankTotals.of(options, topology.world_size)
         return cls(
             hot_budget_bytes=hot_budget_bytes,
             hot_input_share=hot_input_share,
@@ -124,6 +132,9 @@ class FAEPlanReport:
             cold_step_in_hbm=cold_step_in_hbm,
             rank_hbm=totals.hbm,
             rank_ddr=totals.ddr,
+            rank_comms=totals.comms,
+            ranks_per_host=topology.local_world_size,
+            links_gibps=(topology.intra_host_bw * 1e3 / 2**30, topology.inter_host_bw * 1e3 / 2**30),
             placements=placements,
             torchrec_config=torchrec_config,
             step_ids=(
@@ -152,8 +163,19 @@ class FAEPlanReport:
                 f"{table:<14}{hot.rows if hot else 0:>11,}  {_where(hot):<26}"
                 f"{cold.rows if cold else 0:>11,}  {_where(cold):<34}"
             )
-        for rank, (h, d) in enumerate(zip(self.rank_hbm, self.rank_ddr, strict=True)):
-            lines.append(f"rank {rank}: HBM {format_bytes(h)}, DDR {format_bytes(d)}")
+        world = len(self.rank_hbm)
+        hosts = -(-world // self.ranks_per_host)
+        lines.append(
+            f"{hosts} host(s) of {min(self.ranks_per_host, world)} rank(s); TorchRec prices the input and "
+            f"output distribution at {self.links_gibps[0]:.1f} GiB/s within a host, "
+            f"{self.links_gibps[1]:.1f} GiB/s across hosts"
+        )
+        comms = self.rank_comms or (0.0,) * world
+        for rank, (h, d, c) in enumerate(zip(self.rank_hbm, self.rank_ddr, comms, strict=True)):
+            lines.append(
+                f"rank {rank} (host {rank // self.ranks_per_host}): HBM {format_bytes(h)}, DDR "
+                f"{format_bytes(d)}, distribution {c:.3f} ms (TorchRec's perf model)"
+            )
         return "\n".join(lines)
 
 

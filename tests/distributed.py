@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
@@ -103,31 +104,75 @@ def run_ranks(
             probe.bind(("127.0.0.1", 0))
             group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(probe.getsockname()[1]),
                      "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size)}  # fmt: skip
-        with ExitStack() as files:
-            errors = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(world_size)]
-            outputs = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(world_size)]
-            ranks = [
-                subprocess.Popen(list(command), stdout=output, stderr=error, cwd=cwd,
-                                 env={**os.environ, **group, "RANK": str(rank), "LOCAL_RANK": str(rank)})
-                for rank, (output, error) in enumerate(zip(outputs, errors, strict=True))
-            ]  # fmt: skip
-            try:
-                for rank in ranks:
-                    rank.wait(timeout=timeout)
-            finally:
-                for rank in ranks:
-                    rank.kill()  # those still running, after a timeout
-            for file in (*outputs, *errors):
-                file.seek(0)
-            return [
-                subprocess.CompletedProcess(
-                    rank.args, rank.returncode, stdout=output.read(), stderr=error.read()
-                )
-                for rank, output, error in zip(ranks, outputs, errors, strict=True)
-            ]
+        env = [
+            {**os.environ, **group, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(world_size)
+        ]
+        return _run_together([command] * world_size, timeout, cwd, env)
 
     runs = launch()
     if any(run.returncode == -signal.SIGABRT for run in runs):
         warnings.warn(f"a rank of {list(command)} got {ABORTED}; running the group again", stacklevel=2)
         runs = launch()
     return runs
+
+
+def run_nodes(
+    command: Sequence[str], nodes: int, ranks_per_node: int, timeout: float, outputs: Sequence[Path] = ()
+) -> list[subprocess.CompletedProcess]:
+    """Run ``command`` on ``nodes`` torchrun agents of ``ranks_per_node`` ranks each, all on this machine,
+    as on that many hosts: ``torchrun --nnodes`` per node, meeting by c10d rendezvous on a free local port
+    (the first node hosts the store). Each node's exit status and output; ``timeout`` (seconds) fails a
+    hang. A group with a rank killed by SIGABRT runs once more, ``outputs`` removed first."""
+
+    def launch() -> list[subprocess.CompletedProcess]:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+
+        def torchrun(node: int) -> list[str]:
+            return [
+                sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node",
+                str(ranks_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                "--rdzv-id", f"nodes-{port}", "--rdzv-conf", f"is_host={int(node == 0)}", *command,
+            ]  # fmt: skip
+
+        return _run_together([torchrun(node) for node in range(nodes)], timeout)
+
+    runs = launch()
+    if any(run.returncode != 0 and ABORTED in run.stderr for run in runs):
+        warnings.warn(f"a rank of {list(command)} got {ABORTED}; running the nodes again", stacklevel=2)
+        for path in outputs:
+            shutil.rmtree(path, ignore_errors=True)
+        runs = launch()
+    return runs
+
+
+def _run_together(
+    commands: Sequence[Sequence[str]],
+    timeout: float,
+    cwd: Path | None = None,
+    envs: Sequence[dict[str, str]] | None = None,
+) -> list[subprocess.CompletedProcess]:
+    """Start every command at once (in ``cwd``, each with its ``envs`` entry), each writing to its own
+    temporary files, so that none blocks on a full pipe; wait for all, killing those still running after
+    ``timeout`` seconds; each one's exit status and output."""
+    with ExitStack() as files:
+        logs = [[files.enter_context(tempfile.TemporaryFile("w+")) for _ in "oe"] for _ in commands]
+        started = [
+            subprocess.Popen(list(command), stdout=out, stderr=err, cwd=cwd, env=env)
+            for command, env, (out, err) in zip(commands, envs or [None] * len(commands), logs, strict=True)
+        ]
+        try:
+            for process in started:
+                process.wait(timeout=timeout)
+        finally:
+            for process in started:
+                process.kill()  # those still running, after a timeout
+        for file in (file for pair in logs for file in pair):
+            file.seek(0)
+        return [
+            subprocess.CompletedProcess(
+                process.args, process.returncode, stdout=out.read(), stderr=err.read()
+            )
+            for process, (out, err) in zip(started, logs, strict=True)
+        ]

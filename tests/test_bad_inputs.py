@@ -213,13 +213,19 @@ def test_bad_plan_options_name_the_option(stats_file, capsys, caplog, args, mess
 def test_plan_refuses_more_gpus_than_a_host_numbers_before_reading_the_statistics(
     tmp_path, capsys, caplog, world_size
 ):
-    """TorchRec's topology puts every GPU on one host, numbered up to 127: from 129 GPUs its plan fails
-    (after minutes; at 100,000 planning ran past 10 minutes and 3 GB), so ``plan`` refuses at once."""
-    reported = exits_2(
-        ["plan", "--stats", str(tmp_path / "absent.npz"), "--world-size", world_size], capsys, caplog
-    )
-    assert f"--world-size {world_size}: at most 128 CUDA devices, got {world_size}" in reported
+    """Without ``--local-world-size`` TorchRec's topology puts every GPU on one host, numbered up to 127:
+    from 129 GPUs its plan fails (after minutes; at 100,000 planning ran past 10 minutes and 3 GB), so
+    ``plan`` refuses at once; so it does hosts that the ranks do not fill evenly."""
+    absent = ["plan", "--stats", str(tmp_path / "absent.npz"), "--world-size", world_size]
+    reported = exits_2(absent, capsys, caplog)
+    assert f"--world-size {world_size}: at most 128 CUDA devices on a host, got {world_size}" in reported
     assert make_topology(128).world_size == 128, "the largest is planned"
+    uneven = exits_2([*absent, "--local-world-size", "7"], capsys, caplog)
+    assert (
+        f"--world-size {world_size} --local-world-size 7: {world_size} ranks do not fill hosts of 7" in uneven
+    )
+    hosts = make_topology(256, local_world_size=8)
+    assert (hosts.world_size, hosts.local_world_size) == (256, 8), "256 GPUs on 32 hosts are numbered"
 
 
 def test_the_planner_refuses_pipelined_caches_that_fbgemm_cannot_pipeline(stats_file):

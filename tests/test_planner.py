@@ -25,6 +25,7 @@ from planner.cache_sizing import smallest_load_factors
 from planner.cache_statistics import AccessCacheStatistics
 from planner.constraints import cold_cache_statistics
 from planner.fae_planner import CACHE_SHARE, place_largest
+from planner.topology import make_topology
 
 GIB = 1 << 30
 #: UVM caches without the prefetch pipeline (the planner's option for other train pipelines), where the
@@ -101,7 +102,25 @@ def test_the_knob_chooses_a_budget_that_beats_no_hot_rows(kaggle_stats):
     assert hot_set.total_hot > 0 and chosen.hot_budget_bytes > 0
     no_hot_rows, _ = _plan(stats, 8, GIB // 4, budget=0, cache_params=PLAIN_CACHES)
     assert chosen.step < no_hot_rows.report.step
-    assert "predicted step" in str(chosen) and "rank 7: HBM" in str(chosen)
+    assert "predicted step" in str(chosen) and "rank 7 (host 0): HBM" in str(chosen)
+
+
+def test_hosts_price_the_distribution_across_them(kaggle_stats):
+    """The same 4 GPUs as one host and as two hosts of two (``make_topology``'s ``local_world_size``,
+    torchrun's ``LOCAL_WORLD_SIZE``): the report names the hosts and the links TorchRec prices, and the
+    input and output distribution that crosses hosts costs more."""
+    stats = _stats_at_dim(kaggle_stats, 16)
+    reports = {}
+    for local in (4, 2):
+        topology = make_topology(4, "cuda", GIB // 4, local_world_size=local)
+        planner = FAEShardingPlanner(topology, stats, batch_size=2048, hot_budget_bytes=GIB // 16)
+        planner.plan(planner.meta_module(planner.choose_hot_set()), get_default_sharders())
+        reports[local] = planner.report
+    one, two = reports[4], reports[2]
+    assert (one.ranks_per_host, two.ranks_per_host) == (4, 2)
+    assert one.links_gibps == two.links_gibps == (600.0, 12.5)
+    assert "2 host(s) of 2 rank(s)" in str(two) and "rank 3 (host 1)" in str(two)
+    assert sum(two.rank_comms) > sum(one.rank_comms) > 0
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from fae_torchrec import AccessStats, HotColdPartition
 from fae_torchrec.recipes.loop import LOCK
 from fae_torchrec.train.schedule import make_schedule
 from tests.conftest import realdata, taobao_slice
-from tests.distributed import run_launched, run_ranks
+from tests.distributed import run_launched, run_nodes, run_ranks
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_dlrm_fae.py"
 TBSM_EXAMPLE = EXAMPLE.with_name("train_tbsm_fae.py")
@@ -379,6 +379,34 @@ def test_two_ranks_replan_alike(tmp_path):
     )  # fmt: skip
     assert metrics["world_size"] == 2 and metrics["checks"] >= 5
     assert metrics["replans"] and all(r["move"]["state_bytes"] > 0 for r in metrics["replans"])
+
+
+@pytest.mark.slow
+def test_two_nodes_of_two_ranks_plan_train_checkpoint_resume_and_replan(tmp_path):
+    """Two torchrun agents of 2 ranks each, meeting by c10d rendezvous on this machine as two hosts would
+    (LOCAL_WORLD_SIZE 2, WORLD_SIZE 4): the run plans a topology of 2 hosts (TorchRec prices the links
+    within and across them apart), trains, re-plans every 20 steps and saves a checkpoint every 30; resumed
+    from its last checkpoint (step 60, after three re-plans) it ends with the straight run's history."""
+    out, checkpoints = tmp_path / "out", tmp_path / "ck"
+    common = [str(EXAMPLE), "--out", str(out), "--num-samples", "20000", "--sample", "0.002", "--batch-size",
+              "64", "--days", "4", "--drift", "0.01", "--order", "time", "--replan", "every", "20",
+              "--replan-window", "20", "--checkpoint-dir", str(checkpoints)]  # fmt: skip
+
+    def nodes(*extra: str) -> tuple[dict, str]:
+        runs = run_nodes([*common, *extra], 2, 2, timeout=600, outputs=[out, checkpoints])
+        assert [run.returncode for run in runs] == [0, 0], "\n".join(run.stderr[-3000:] for run in runs)
+        return json.loads((out / "metrics.json").read_text()), runs[0].stderr + runs[1].stderr
+
+    straight, log = nodes("--checkpoint-every", "30")
+    assert straight["world_size"] == 4 and straight["hot_steps"] + straight["cold_steps"] == 70
+    assert [replan["step"] for replan in straight["replans"]] == [20, 40, 60]
+    assert (
+        "fae: 2 host(s) of 2 rank(s); TorchRec prices the input and output distribution at 600.0 GiB/s" in log
+    )
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000000060"]
+    resumed, _ = nodes("--resume")
+    assert resumed["history"] == straight["history"] and resumed["final_auc"] == straight["final_auc"]
+    assert [replan["step"] for replan in resumed["replans"]] == [20, 40, 60]
 
 
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")

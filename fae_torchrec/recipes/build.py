@@ -62,8 +62,8 @@ def init_distributed() -> tuple[int, int, torch.device]:
         store = Path(tempfile.mkdtemp()) / "store"
         dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if cuda:
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+    if cuda:  # torchrun numbers the ranks of a host from 0 (LOCAL_RANK)
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
         return rank, world, torch.device("cuda", torch.cuda.current_device())
     return rank, world, torch.device("cpu")
 
@@ -399,7 +399,18 @@ def _planner(
     cost their ``optimizer_class`` state, as the hot set counts them."""
     if mode == "hbm" and device.type == "cuda":
         hbm_cap = torch.cuda.get_device_properties(device).total_memory
-    topology = make_topology(world, device.type, hbm_cap)
+    # torchrun's ranks per host: TorchRec prices the links within a host and across hosts apart
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    try:
+        topology = make_topology(world, device.type, hbm_cap, local)
+    except ValueError as error:
+        raise ValueError(f"{world} ranks, LOCAL_WORLD_SIZE {local}: {error}") from error
+    links = (topology.intra_host_bw, topology.inter_host_bw)  # bytes per ms
+    logger.info(
+        "%s: %d host(s) of %d rank(s); TorchRec prices the input and output distribution at %.1f GiB/s "
+        "within a host, %.1f GiB/s across hosts",
+        mode, world // local, local, *(bw * 1e3 / 2**30 for bw in links),
+    )  # fmt: skip
     if mode == "fae":
         return FAEShardingPlanner(
             topology,
