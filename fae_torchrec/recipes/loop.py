@@ -60,6 +60,9 @@ def train(family: ModelFamily, args: argparse.Namespace) -> dict:
     if threads:
         logger.info("%s", threads)
     rank, world, device = init_distributed()
+    if rank:  # rank 0 reports the run; the others only what goes wrong on them
+        for name in (logger.name, "fae_torchrec.data"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         # log lines are written above the progress bars (tqdm.write), not into them
         with torchrec_quiet(), _holding(Path(args.out)), logging_redirect_tqdm():
