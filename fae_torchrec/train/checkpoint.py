@@ -364,7 +364,7 @@ def _write_atomically(path: Path, chunks: Iterable[bytes | np.ndarray]) -> tuple
     """Write ``chunks`` to ``path`` whole or not at all: into a temporary file beside it, then renamed;
     return the file's SHA-256 and size. A failed write (a full disk, a file size limit) removes the
     partial file and raises ``OSError`` naming the file (``path``, or the temporary one where that could
-    not be made)."""
+    not be made); an error making the chunks removes it too and is raised as it is."""
     temporary = path.with_name(path.name + ".tmp")
     digest, size = hashlib.sha256(), 0
     try:
@@ -376,10 +376,12 @@ def _write_atomically(path: Path, chunks: Iterable[bytes | np.ndarray]) -> tuple
             file.flush()
             os.fsync(file.fileno())
         temporary.replace(path)
-    except OSError as error:
+    except BaseException as error:  # a failed write, or a chunk that could not be made
         with contextlib.suppress(OSError):  # not a file of this write (a folder in its way): left alone
             temporary.unlink(missing_ok=True)
-        raise OSError(error.errno, error.strerror, error.filename or str(path)) from error
+        if isinstance(error, OSError):
+            raise OSError(error.errno, error.strerror, error.filename or str(path)) from error
+        raise
     return digest.hexdigest(), size
 
 
