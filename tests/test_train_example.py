@@ -399,6 +399,7 @@ def test_two_nodes_of_two_ranks_plan_train_checkpoint_resume_and_replan(tmp_path
 
     straight, log = nodes("--checkpoint-every", "30")
     assert straight["world_size"] == 4 and straight["hot_steps"] + straight["cold_steps"] == 70
+    assert len(straight["peak_rss_gib_ranks"]) == 4 and min(straight["peak_rss_gib_ranks"]) > 0
     assert [replan["step"] for replan in straight["replans"]] == [20, 40, 60]
     assert (
         "fae: 2 host(s) of 2 rank(s); TorchRec prices the input and output distribution at 600.0 GiB/s" in log

@@ -242,6 +242,8 @@ def _train(
             _evaluate(runner, validation, device, history, step_index, router, rank, training.cold_tier)
     all_steps = step_seconds["hot"] + step_seconds["cold"]
     layout = TableLayout.of(tables)
+    peaks: list = [None] * world  # every rank's peak resident memory (GiB), in rank order
+    dist.all_gather_object(peaks, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20))
     metrics = {
         "model": family.name,
         "mode": mode,
@@ -260,7 +262,8 @@ def _train(
         "cold_step_ms": _mean_ms(step_seconds["cold"]),
         "routing_ms": 1000 * routing_seconds / len(all_steps) if all_steps else None,
         # rank 0's peak resident memory, against the tables' size: weights, and with optimizer state
-        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20),
+        "peak_rss_gib": peaks[0],
+        "peak_rss_gib_ranks": peaks,
         "tables_gib": layout.num_rows @ layout.row_bytes() / (1 << 30),
         "tables_with_state_gib": layout.num_rows
         @ layout.row_bytes(EMBEDDING_OPTIMIZERS[args.optimizer])
