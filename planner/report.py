@@ -12,6 +12,7 @@ from torchrec.distributed.planner.types import ShardingOption, Topology
 from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.units import format_bytes
 from planner.constraints import StepPooling
+from planner.topology import links_gibps
 
 #: The kernels that keep rows in host memory (UVM), with or without a device cache.
 UVM_KERNELS = (EmbeddingComputeKernel.FUSED_UVM_CACHING.value, EmbeddingComputeKernel.FUSED_UVM.value)
@@ -35,7 +36,7 @@ class RankTotals:
     perf: tuple[float, ...]
     hbm: tuple[int, ...]
     ddr: tuple[int, ...]
-    comms: tuple[float, ...] = ()
+    comms: tuple[float, ...]
 
     @property
     def step(self) -> float:
@@ -68,10 +69,10 @@ class FAEPlanReport:
     rank_hbm: tuple[int, ...]
     rank_ddr: tuple[int, ...]
     #: Per rank, the ms of its shards' input and output distribution in a cold step (TorchRec's comms).
-    rank_comms: tuple[float, ...] = ()
+    rank_comms: tuple[float, ...]
     #: Ranks per host and the links TorchRec prices between ranks on one host and across hosts (GiB/s).
-    ranks_per_host: int = 1
-    links_gibps: tuple[float, float] = (0.0, 0.0)
+    ranks_per_host: int
+    links_gibps: tuple[float, float]
     placements: dict[str, dict[str, PartPlacement]] = field(default_factory=dict)
     #: Ids per input looked up on hot rows in a hot step, and on hot and on cold rows in a cold step.
     step_ids: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -134,7 +135,7 @@ class FAEPlanReport:
             rank_ddr=totals.ddr,
             rank_comms=totals.comms,
             ranks_per_host=topology.local_world_size,
-            links_gibps=(topology.intra_host_bw * 1e3 / 2**30, topology.inter_host_bw * 1e3 / 2**30),
+            links_gibps=links_gibps(topology),
             placements=placements,
             torchrec_config=torchrec_config,
             step_ids=(
@@ -170,8 +171,7 @@ class FAEPlanReport:
             f"output distribution at {self.links_gibps[0]:.1f} GiB/s within a host, "
             f"{self.links_gibps[1]:.1f} GiB/s across hosts"
         )
-        comms = self.rank_comms or (0.0,) * world
-        for rank, (h, d, c) in enumerate(zip(self.rank_hbm, self.rank_ddr, comms, strict=True)):
+        for rank, (h, d, c) in enumerate(zip(self.rank_hbm, self.rank_ddr, self.rank_comms, strict=True)):
             lines.append(
                 f"rank {rank} (host {rank // self.ranks_per_host}): HBM {format_bytes(h)}, DDR "
                 f"{format_bytes(d)}, distribution {c:.3f} ms (TorchRec's perf model)"

@@ -42,6 +42,12 @@ def make_topology(
     )
 
 
+def links_gibps(topology: Topology) -> tuple[float, float]:
+    """The bandwidths (GiB/s) TorchRec's perf model gives the input and output distribution between ranks
+    of one host and across hosts (``Topology`` keeps them in bytes per ms)."""
+    return topology.intra_host_bw * 1e3 / 2**30, topology.inter_host_bw * 1e3 / 2**30
+
+
 def local_devices() -> tuple[str, int, int | None]:
     """This machine's devices as the examples train on them: its CUDA GPUs (``cuda``, how many, the
     first one's memory in bytes) or, without any, its CPU as one rank (``cpu``, 1, None)."""

@@ -41,7 +41,7 @@ from fae_torchrec.units import format_bytes, parse_bytes
 from planner import FAEShardingPlanner
 from planner.baseline import default_planner, hbm_planner, scaleup_planner
 from planner.plan_file import PlanFile, file_digest
-from planner.topology import make_topology
+from planner.topology import links_gibps, make_topology
 
 logger = logging.getLogger("fae_torchrec.recipes")
 #: The share of validation inputs repeating training inputs from which a run warns (a public "Avazu
@@ -405,11 +405,10 @@ def _planner(
         topology = make_topology(world, device.type, hbm_cap, local)
     except ValueError as error:
         raise ValueError(f"{world} ranks, LOCAL_WORLD_SIZE {local}: {error}") from error
-    links = (topology.intra_host_bw, topology.inter_host_bw)  # bytes per ms
     logger.info(
         "%s: %d host(s) of %d rank(s); TorchRec prices the input and output distribution at %.1f GiB/s "
         "within a host, %.1f GiB/s across hosts",
-        mode, world // local, local, *(bw * 1e3 / 2**30 for bw in links),
+        mode, world // local, local, *links_gibps(topology),
     )  # fmt: skip
     if mode == "fae":
         return FAEShardingPlanner(

@@ -32,9 +32,8 @@ class CopyEngine:
     def __init__(self, device: torch.device, *, mapped: bool = False) -> None:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.mapped = mapped and self.stream is not None
-        self._aliases: dict[
-            torch.Tensor, torch.Tensor
-        ] = {}  # mapped: per pinned host rows, the device's view
+        # mapped: per pinned host rows tensor, the device's view of it
+        self._aliases: dict[torch.Tensor, torch.Tensor] = {}
         self._ready: dict[int, torch.cuda.Event] = {}  # per step, its copies' end
         # write-backs on their way: (end, host rows, their indices, pinned values)
         self._pending: deque[tuple[torch.cuda.Event, torch.Tensor, torch.Tensor, torch.Tensor]] = deque()
