@@ -99,6 +99,27 @@ class TableLayout:
             f"({int(bad.sum())} ids out of range)"
         )
 
+    def check_features(
+        self,
+        block_ids: np.ndarray,
+        keys: Sequence[str],
+        ids_per_feature: Sequence[int],
+        inputs: np.ndarray | None = None,
+    ) -> None:
+        """:meth:`check_ids` of a block's ids (columns: ``ids_per_feature`` of each of ``keys`` in turn;
+        the inputs the mask ``inputs`` selects, None: all) in one pass over the block, feature by
+        feature only to name one that fails."""
+        tables = np.repeat([self.table_of(key) for key in keys], ids_per_feature)
+        bad = (block_ids < 0) | (block_ids >= self.num_rows[tables])
+        if inputs is not None:
+            bad &= inputs[:, None]
+        if not bad.any():
+            return
+        bounds = np.concatenate([[0], np.cumsum(ids_per_feature)])
+        rows = slice(None) if inputs is None else inputs
+        for f, key in enumerate(keys):
+            self.check_ids(self.table_of(key), block_ids[rows, bounds[f] : bounds[f + 1]].reshape(-1), key)
+
     def index(self, table: str | int) -> int:
         """Position of ``table`` (a name or an index), checked."""
         if isinstance(table, str):

@@ -214,9 +214,9 @@ def _each_rank(rank: int, world_size: int, tmp_path: Path, small_tables) -> None
         prepare_data(failing() if rank == 1 else mine, small_tables, tmp_path / "broke", sample=0.5,
                      batch_size=BATCH, hot_budget=400)  # fmt: skip
     own = tmp_path / f"own-{rank}"  # each rank its own directory: as if not shared across nodes
-    with pytest.raises(ValueError, match=rf"rank 0 \(host {host}\) cannot read the batches another rank"):
+    with pytest.raises(ValueError, match=rf"^rank 0 \(host {host}\): cannot read the batches another rank"):
         prepare_data(mine, small_tables, own, sample=0.5, batch_size=BATCH, hot_budget=400)
-    with pytest.raises(ValueError, match=rf"^rank 1 \(host {host}\) cannot open the partition rank 0 wrote"):
+    with pytest.raises(ValueError, match=rf"^rank 1 \(host {host}\): cannot read the batches another rank"):
         prepare_data(mine, small_tables, own, sample=0.5, batch_size=BATCH, hot_budget=400, each_rank=False)
 
 

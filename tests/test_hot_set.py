@@ -158,3 +158,23 @@ def test_remap_rejects_ids_that_are_not_rows(small_tables):
 def test_tables_need_positive_sizes(small_tables):
     with pytest.raises(ValueError, match="t_a: num_embeddings and embedding_dim must be positive"):
         AccessProfiler([replace(small_tables[0], embedding_dim=0), *small_tables[1:]])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_bitmap_remap_of_a_block_is_the_search_of_each_table(seed):
+    """A block's part ids by the bitmap of hot rows (the offline pass's) are those the sorted hot rows
+    give table by table (training's ``HotRowIndex``), for tables split, all hot and all cold."""
+    rng = np.random.default_rng(seed)
+    sizes = [1, 70, 64, 129, 1000, 5]
+    tables = [
+        torchrec.EmbeddingBagConfig(name=f"t{t}", embedding_dim=4, num_embeddings=n, feature_names=[f"f{t}"])
+        for t, n in enumerate(sizes)
+    ]
+    shares = [1.0, 0.3, 0.0, 0.5, 0.02, 1.0]
+    hot = tuple(np.flatnonzero(rng.random(n) < share) for n, share in zip(sizes, shares, strict=True))
+    hot_set = HotSet(tuple(tables), hot)
+    columns = np.array([0, 1, 1, 2, 3, 4, 5, 4])
+    ids = (rng.random((300, len(columns))) * np.array(sizes)[columns]).astype(np.int64)
+    searched = np.stack([hot_set.signed_part_ids(t, ids[:, c]) for c, t in enumerate(columns)], axis=1)
+    np.testing.assert_array_equal(hot_set.signed_part_ids_by_column(ids, columns), searched)
+    np.testing.assert_array_equal(hot_set.is_hot_by_column(ids, columns), searched >= 0)

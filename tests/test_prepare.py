@@ -1,15 +1,20 @@
 """``prepare_data``: what it reads, and the hot set its partition records, which a split module of another
 hot set cannot train from (refused alike on every rank, before any step)."""
 
+import dataclasses
 import json
+import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 from torchrec.datasets.random import RandomRecDataset
 
 from fae_torchrec import FAEEmbeddingBagCollection, prepare_data
-from fae_torchrec.data import SyntheticCriteo
+from fae_torchrec.data import CriteoNpyReader, SyntheticCriteo, SyntheticTaobao
+from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.train.partition import HotColdPartition
+from fae_torchrec.train.prepare import _shares, repartition
 from fae_torchrec.train.router import BatchRouter
 from tests.distributed import run_on_ranks
 
@@ -61,3 +66,80 @@ def test_a_partition_without_its_hot_set_digest_is_refused(tmp_path):
     meta.write_text(json.dumps(described))
     with pytest.raises(ValueError, match="no digest of its hot set; the partition was written by an older"):
         HotColdPartition.open(tmp_path)
+
+
+#: A re-partition's options: label balance, and blocks small enough for each rank to hold some.
+AGAIN = {"balance": 0.5, "seed": 3, "block_size": 4096}
+
+
+def _sources(tmp_path: Path) -> dict:
+    """Sources of known size (each rank profiles and partitions its share), and how they are split:
+    synthetic Criteo, two npy days of uneven length, TBSM samples (split by time)."""
+    data = SyntheticCriteo(30_000, scale=0.002, seed=2)
+    block = SampleBlock.concat(list(data.raw_blocks()))
+    prefixes = []
+    for day, rows in enumerate((slice(0, 11_000), slice(11_000, None))):
+        prefix = str(tmp_path / f"day_{day}")
+        np.save(f"{prefix}_dense.npy", np.expm1(block.dense[rows]))
+        np.save(f"{prefix}_sparse.npy", block.ids[rows])
+        np.save(f"{prefix}_labels.npy", block.labels[rows, None])
+        prefixes.append(prefix)
+    taobao = SyntheticTaobao(3000, scale=0.01, ts_length=3, seed=1)
+    return {
+        "synthetic": (data, {"val_every": 7, "exclude_profiled": True, "balance": 0.5}),
+        "npy": (CriteoNpyReader(prefixes, table_sizes=data.table_sizes), {"val_every": 0}),
+        "taobao": (taobao, {"val_every": None, "balance": 1.0}),
+    }
+
+
+def _prepared(source, directory: Path, options: dict):
+    tables = source.table_configs(4)
+    return prepare_data(source, tables, directory, sample=0.1, batch_size=BATCH, hot_budget=16 << 10,
+                        seed=5, **options)  # fmt: skip
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+def _same_as_one_process(rank: int, world_size: int, tmp_path: Path) -> None:
+    for name, (source, options) in _sources(tmp_path / "data").items():
+        assert not any(share.empty for share in _shares(source)), name  # every rank writes its share
+        ours = _prepared(source, tmp_path / f"{name}-{world_size}", options)
+        one = pickle.loads((tmp_path / f"{name}.pkl").read_bytes())
+        assert ours.hot_set.digest == one.hot_set.digest, name
+        for mine, theirs in zip(ours.stats.counts, one.stats.counts, strict=True):
+            np.testing.assert_array_equal(mine, theirs)
+        assert (ours.stats.num_inputs, ours.stats.num_sampled) == (
+            one.stats.num_inputs,
+            one.stats.num_sampled,
+        )
+        for field in ("rows", "owners", "num_inputs"):
+            np.testing.assert_array_equal(
+                getattr(ours.stats.holdout, field), getattr(one.stats.holdout, field)
+            )
+        for field in ("dense", "ids", "labels") if one.validation else ():
+            np.testing.assert_array_equal(getattr(ours.validation, field), getattr(one.validation, field))
+        assert _files(tmp_path / f"{name}-{world_size}") == _files(tmp_path / f"{name}-1"), name
+        chosen, hot_set = pickle.loads((tmp_path / f"{name}-again.pkl").read_bytes())
+        repartition(ours.partition, chosen, hot_set, tmp_path / f"{name}-again-{world_size}", **AGAIN)
+        assert _files(tmp_path / f"{name}-again-{world_size}") == _files(tmp_path / f"{name}-again-1"), name
+
+
+def test_every_rank_profiles_and_partitions_its_share_as_one_process_would(tmp_path):
+    """Two ranks, each profiling and partitioning its share of the data, make what one process makes
+    of all of it: the same counts, holdout, validation set, hot set, and partition files byte for
+    byte (label balance and inputs kept out of training included); and so does a re-partition of a
+    part of the inputs against another hot set."""
+    (tmp_path / "data").mkdir()
+    for name, (source, options) in _sources(tmp_path / "data").items():
+        one = _prepared(source, tmp_path / f"{name}-1", options)
+        assert (one.validation is None) == (options["val_every"] == 0), name
+        assert len(one.partition.hot) > 0 < len(one.partition.cold), name
+        kept = dataclasses.replace(one, partition=None)
+        (tmp_path / f"{name}.pkl").write_bytes(pickle.dumps(kept))
+        chosen = np.random.default_rng(1).random(len(one.partition.is_hot)) < 0.6  # as a re-plan's rest
+        hot_set = one.stats.hot_set(4 << 10)
+        repartition(one.partition, chosen, hot_set, tmp_path / f"{name}-again-1", **AGAIN)
+        (tmp_path / f"{name}-again.pkl").write_bytes(pickle.dumps((chosen, hot_set)))
+    run_on_ranks(_same_as_one_process, 2, tmp_path, tmp_path)

@@ -186,3 +186,35 @@ def test_loaded_counts_equal_the_saved_ones(tmp_path, profiled):
     loaded = AccessStats.load(tmp_path / "stats.npz")
     for saved, read in zip(profiled.counts, loaded.counts, strict=True):
         assert read.dtype == saved.dtype and np.array_equal(read, saved) and read.flags.writeable
+
+
+@pytest.mark.parametrize("holdout", [0, 700, 50_000])
+def test_profilers_of_consecutive_shares_join_into_the_profiler_of_all(holdout):
+    """Profilers of three shares of the data (as ranks hold them), their counts added and joined on
+    the holdout's largest draw, are one profiler of all of it: counts, totals and holdout alike."""
+    data = SyntheticCriteo(20_000, scale=0.001, seed=3)
+    tables, keys = data.table_configs(4), data.feature_names
+    blocks = list(data.split_blocks(False, 5, 1000))
+    one = AccessProfiler(tables, 0.1, seed=7, holdout_size=holdout)
+    for block in blocks:
+        one.update(block.to_batch(keys))
+    parts, first = [], 0
+    for share in (blocks[:3], blocks[3:4], blocks[4:]):
+        profiler = AccessProfiler(tables, 0.1, seed=7, holdout_size=holdout, first_input=first)
+        for block in share:
+            profiler.update(block.to_batch(keys))
+        first += sum(map(len, share))
+        parts.append(profiler)
+    joined = parts[1]
+    for other in (parts[0], parts[2]):
+        for mine, theirs in zip(joined.counts, other.counts, strict=True):
+            mine += theirs
+    below = joined.holdout_below([part.holdout_draws() for part in parts])
+    joined.join([part.share(below) for part in parts])
+    expected, got = one.stats(), joined.stats()
+    for mine, theirs in zip(got.counts, expected.counts, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    assert (got.num_inputs, got.num_sampled) == (expected.num_inputs, expected.num_sampled)
+    assert got.holdout.num_inputs == min(holdout, expected.num_inputs - expected.num_sampled)
+    np.testing.assert_array_equal(got.holdout.rows, expected.holdout.rows)
+    np.testing.assert_array_equal(got.holdout.owners, expected.holdout.owners)

@@ -58,9 +58,16 @@ class CriteoNpyReader(CriteoSource):
         return sum(len(labels) for _, _, labels in self._arrays)
 
     def raw_blocks(self) -> Iterator[SampleBlock]:
+        return self.raw_range(0, None)
+
+    def raw_range(self, start: int, stop: int | None) -> Iterator[SampleBlock]:
+        """The rows ``start`` to ``stop`` of the files one after another, reading only those."""
+        wanted, before = start, 0  # before: rows of the files before this one
         for (dense, sparse, labels), prefix in zip(self._arrays, self.prefixes, strict=True):
-            for start in range(0, len(labels), self.chunk_rows):
-                rows = slice(start, start + self.chunk_rows)
+            first, before = before, before + len(labels)
+            last = len(labels) if stop is None else min(stop - first, len(labels))
+            for start in range(max(wanted - first, 0), last, self.chunk_rows):
+                rows = slice(start, min(start + self.chunk_rows, last))
                 raw = np.asarray(sparse[rows], dtype=np.int64)
                 if (raw < 0).any():
                     row = start + int(np.argwhere(raw < 0)[0][0])

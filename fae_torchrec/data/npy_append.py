@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -29,11 +30,35 @@ class NpyAppender:
         self.file.close()
 
     def _write_header(self) -> None:
-        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
-                  "shape": (self.rows, *self.row_shape)}  # fmt: skip
-        text = repr(header).encode("latin1")
-        padding = HEADER_BYTES - 10 - len(text) - 1
-        if padding < 0 or ast.literal_eval(text.decode("latin1")) != header:
-            raise ValueError(f"{self.path}: header does not fit {HEADER_BYTES} bytes")
-        self.file.write(b"\x93NUMPY\x01\x00" + (HEADER_BYTES - 10).to_bytes(2, "little"))
-        self.file.write(text + b" " * padding + b"\n")
+        _write_header(self.file, self.path, self.dtype, (self.rows, *self.row_shape))
+
+
+class NpyRegion(NpyAppender):
+    """Rows written into an ``.npy`` file that :func:`allocate_npy` made, from row ``start`` on: one
+    writer's share of a file that several processes write at once."""
+
+    def __init__(self, path: Path, dtype: np.dtype, row_shape: tuple[int, ...], start: int) -> None:
+        self.path, self.dtype, self.row_shape, self.rows = path, np.dtype(dtype), row_shape, 0
+        self.file = open(path, "r+b")  # closed in close()
+        self.file.seek(HEADER_BYTES + start * self.dtype.itemsize * int(np.prod(row_shape)))
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def allocate_npy(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """An ``.npy`` file of ``shape`` whose rows ``NpyRegion`` writers fill (the header as
+    :class:`NpyAppender` writes it, so that the bytes are those it would have written)."""
+    with open(path, "wb") as file:
+        _write_header(file, path, np.dtype(dtype), shape)
+        file.truncate(HEADER_BYTES + np.dtype(dtype).itemsize * int(np.prod(shape)))
+
+
+def _write_header(file: BinaryIO, path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    text = repr(header).encode("latin1")
+    padding = HEADER_BYTES - 10 - len(text) - 1
+    if padding < 0 or ast.literal_eval(text.decode("latin1")) != header:
+        raise ValueError(f"{path}: header does not fit {HEADER_BYTES} bytes")
+    file.write(b"\x93NUMPY\x01\x00" + (HEADER_BYTES - 10).to_bytes(2, "little"))
+    file.write(text + b" " * padding + b"\n")

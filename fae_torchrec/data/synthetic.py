@@ -187,6 +187,13 @@ class SyntheticCriteo(CriteoSource):
     def raw_blocks(self) -> Iterator[SampleBlock]:
         return (self.chunk(i) for i in range(self.num_chunks))
 
+    def raw_range(self, start: int, stop: int | None) -> Iterator[SampleBlock]:
+        """The inputs ``start`` to ``stop``, drawing only the chunks that hold them."""
+        stop = self.num_samples if stop is None else min(stop, self.num_samples)
+        for index in range(start // CHUNK_SIZE, -(-stop // CHUNK_SIZE)):
+            first = index * CHUNK_SIZE
+            yield self.chunk(index).slice(max(start - first, 0), min(stop - first, CHUNK_SIZE))
+
     def _draw(
         self, rng: np.random.Generator, n: int, days: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -197,10 +197,25 @@ class TaobaoSource(BlockSource):
         """All samples, training then validation, in blocks of at most ``RAW_BLOCK_SIZE``."""
         return rebatch([self.train, self.validation], RAW_BLOCK_SIZE)
 
-    def split_blocks(self, validation: bool, every: int | None, block_size: int) -> Iterator[SampleBlock]:
-        """The validation (or training) samples in blocks of at most ``block_size``. ``every`` is
-        ignored: TBSM splits by time (the users active last are held out), not every n-th input."""
-        return rebatch([self.validation if validation else self.train], block_size)
+    @property
+    def num_samples(self) -> int:
+        return len(self.train) + len(self.validation)
+
+    def split_masks(
+        self, every: int | None, block_size: int, start: int, stop: int | None
+    ) -> Iterator[tuple[SampleBlock, np.ndarray]]:
+        """The samples among raw samples ``start`` to ``stop`` (None: the end; training first, as
+        ``raw_blocks`` gives them) in blocks of at most ``block_size``, those of validation marked.
+        ``every`` is ignored: TBSM splits by time (the users active last are held out), not every n-th
+        input."""
+        for first, part, held in ((0, self.train, False), (len(self.train), self.validation, True)):
+            last = len(part) if stop is None else min(stop - first, len(part))
+            for block in rebatch([part.slice(max(start - first, 0), max(last, 0))], block_size):
+                yield block, np.full(len(block), held)
+
+    def training_before(self, position: int, every: int | None) -> int:
+        """Training samples before raw sample ``position`` (``every`` ignored)."""
+        return min(position, len(self.train))
 
 
 def _check_positive(name: str, value: int) -> None:

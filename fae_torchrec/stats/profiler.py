@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -18,6 +19,18 @@ from fae_torchrec.tables import TableLayout
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ProfiledShare:
+    """What a profiler of one share of the data saw, less its counts (which add up): its inputs, those
+    it sampled, and its holdout's candidates: their draws, rows, and which of them each row is of."""
+
+    num_inputs: int
+    num_sampled: int
+    draws: np.ndarray
+    rows: np.ndarray
+    owners: np.ndarray
+
+
 class AccessProfiler:
     """Streams over batches, counting the accesses of a seeded random sample of inputs.
 
@@ -30,6 +43,8 @@ class AccessProfiler:
         sample_fraction: probability that an input is counted (FAE uses 5% for DLRM).
         seed: seed of the sampling.
         holdout_size: inputs kept out of the sample for hot-input share estimates (0: none).
+        first_input: where in the data its inputs start: the profilers of consecutive shares of the
+            data (one per rank) draw what one profiler of all of it draws, and :meth:`join` makes one.
     """
 
     def __init__(
@@ -38,6 +53,7 @@ class AccessProfiler:
         sample_fraction: float = 0.05,
         seed: int = 0,
         holdout_size: int = 100_000,
+        first_input: int = 0,
     ) -> None:
         if not 0.0 < sample_fraction <= 1.0:
             raise ValueError(f"sample_fraction must be in (0, 1], got {sample_fraction}")
@@ -46,6 +62,7 @@ class AccessProfiler:
         self.layout = TableLayout.of(tables)
         self.sample_fraction = sample_fraction
         self._rng = generator(seed, "profile")
+        self._rng.bit_generator.advance(first_input)  # one draw an input
         # Counts of every row, in memory paged in as rows are counted (a small profile of large
         # tables costs little); ``stats`` shares them until the next ``update``.
         self._counts = [paged_zeros(int(n), np.int64) for n in self.layout.num_rows]
@@ -61,11 +78,9 @@ class AccessProfiler:
         ids.check(self.layout)
         draw = self._rng.random(ids.stride)
         sampled = draw < self.sample_fraction
-        if self._counts_shared:  # statistics handed out hold these arrays: count on in copies
-            self._counts = [paged_copy(c) for c in self._counts]
-            self._counts_shared = False
+        counts = self.counts  # statistics handed out hold the arrays: count on in copies
         for key, values in ids.subset(sampled).values.items():
-            np.add.at(self._counts[self.layout.table_of(key)], values, 1)
+            np.add.at(counts[self.layout.table_of(key)], values, 1)
         held = self._holdout.wants(draw, ~sampled)
         if held.any():
             part = ids.subset(held)
@@ -88,6 +103,52 @@ class AccessProfiler:
             bar.update(len(self.update(batch)))
         bar.close()
         return self.stats()
+
+    @property
+    def counts(self) -> list[np.ndarray]:
+        """The counts of every table's rows, writable (such as to add other shares' counts into)."""
+        if self._counts_shared:
+            self._counts = [paged_copy(c) for c in self._counts]
+            self._counts_shared = False
+        return self._counts
+
+    @property
+    def holdout_size(self) -> int:
+        return self._holdout.k
+
+    def holdout_draws(self) -> np.ndarray:
+        """The draws of the inputs its holdout keeps so far (at most ``holdout_size``)."""
+        return self._holdout.candidates()[0]
+
+    def holdout_below(self, draws: Sequence[np.ndarray]) -> float:
+        """The largest draw the holdout of all shares keeps, from each share's :meth:`holdout_draws`."""
+        every = np.concatenate(draws) if draws else np.empty(0)
+        k = self.holdout_size
+        return float(np.partition(every, k - 1)[k - 1]) if len(every) > k else 1.0
+
+    def share(self, below: float = 1.0) -> ProfiledShare:
+        """What this profiler saw, less its counts, for :meth:`join`: of its holdout, the inputs drawn
+        at most ``below`` (all by default; the largest draw the joined holdout keeps, where the
+        shares' :meth:`holdout_draws` tell it, sends no more than it keeps)."""
+        draws, rows, owners = self._holdout.candidates()
+        kept = draws <= below
+        if not kept.all():
+            positions = np.cumsum(kept) - 1
+            rows, owners = rows[kept[owners]], positions[owners[kept[owners]]]
+            draws = draws[kept]
+        return ProfiledShare(self.num_inputs, self.num_sampled, draws, rows, owners)
+
+    def join(self, shares: Sequence[ProfiledShare]) -> None:
+        """Become the profiler of all ``shares`` (consecutive shares of the data, in its order, this
+        one's among them; add their counts into :attr:`counts` first): its totals and holdout those
+        of one profiler over all of them."""
+        holdout = _BottomK(self._holdout.k)
+        for share in shares:
+            if len(share.draws):
+                holdout.add(share.draws, share.rows, share.owners)
+        self._holdout = holdout
+        self.num_inputs = sum(share.num_inputs for share in shares)
+        self.num_sampled = sum(share.num_sampled for share in shares)
 
     def stats(self) -> AccessStats:
         """The statistics so far. Raises ``ValueError`` when no input was sampled.
@@ -175,6 +236,14 @@ class _BottomK:
         self.row_serials = [row_serials[rows_kept]]
         self.held = int(kept.sum())
         return by_serial, base
+
+    def candidates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The inputs held (at most ``k``): their draws and rows, and each row's input among them."""
+        if not self.keys:
+            return np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64)
+        self._cut()
+        serials = self.serials[0]
+        return self.keys[0], self.rows[0], np.searchsorted(serials, self.row_serials[0])
 
     def holdout(self) -> Holdout:
         if not self.keys:

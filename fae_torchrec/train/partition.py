@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,11 +30,13 @@ from tqdm import tqdm
 
 from fae_torchrec.arguments import check_share
 from fae_torchrec.data.block import SampleBlock
-from fae_torchrec.data.npy_append import NpyAppender
+from fae_torchrec.data.npy_append import NpyAppender, NpyRegion, allocate_npy
 from fae_torchrec.seeds import generator
 from fae_torchrec.stats.hot_set import COLD, HOT, PARTS, HotSet
 
 _FIELDS = ("dense", "ids", "labels", "part_ids")
+#: Per field of a part, its dtype and the shape of a row.
+FieldLayout = dict[str, tuple[np.dtype, tuple[int, ...]]]
 
 
 @dataclass(frozen=True)
@@ -79,16 +81,20 @@ class HotColdPartition:
         ]
         return np.concatenate(pieces) if pieces else self.hot.ids[:0]
 
-    def inputs(self, chosen: np.ndarray, block_size: int = 1 << 16) -> Iterator[SampleBlock]:
+    def inputs(
+        self, chosen: np.ndarray, block_size: int = 1 << 16, start: int = 0, stop: int | None = None
+    ) -> Iterator[SampleBlock]:
         """The inputs that the boolean mask ``chosen`` (over the data, in its order) selects, in the
         data's order, ``block_size`` inputs of the data at a time (fewer chosen), with their original
-        ids only: what a re-plan partitions again against its new hot set."""
+        ids only: what a re-plan partitions again against its new hot set. ``start`` and ``stop``
+        (None: the end) limit them to a run of the data (one rank's share)."""
         if len(chosen) != len(self.is_hot):
             raise ValueError(f"a mask of {len(chosen)} inputs for a partition of {len(self.is_hot)}")
-        before = {HOT: 0, COLD: 0}  # inputs of each part before the window
-        for start in range(0, len(chosen), block_size):
-            hot = np.asarray(self.is_hot[start : start + block_size], dtype=bool)
-            window = np.asarray(chosen[start : start + block_size], dtype=bool)
+        hot_before = int(np.count_nonzero(self.is_hot[:start]))
+        before = {HOT: hot_before, COLD: start - hot_before}  # inputs of each part before the window
+        for first in range(start, len(chosen) if stop is None else stop, block_size):
+            hot = np.asarray(self.is_hot[first : first + block_size], dtype=bool)
+            window = np.asarray(chosen[first : first + block_size], dtype=bool)
             pieces, order = [], []
             for part, mask in ((HOT, hot), (COLD, ~hot)):
                 rows = before[part] + np.flatnonzero(window[mask])  # chosen rows of the part
@@ -133,38 +139,23 @@ class HotColdPartition:
         balance: float = 0.0,
         seed: int = 0,
         progress: bool = False,
+        first_block: int = 0,
     ) -> HotColdPartition:
         """Partition to ``directory`` block by block (memory stays one block), then open it
-        (``balance`` and ``seed`` as in :meth:`of`; ``progress`` draws a bar over ``total`` inputs)."""
+        (``balance`` and ``seed`` as in :meth:`of`; ``progress`` draws a bar over ``total`` inputs;
+        ``first_block``: the number of the first block, where they are a share of the data)."""
         check_share(balance, "label balance")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        writers: dict[tuple[str, str], NpyAppender] = {}
-        is_hot = NpyAppender(directory / "is_hot.npy", np.dtype(bool), ())
-        ids_per_feature = None
-        bar = tqdm(total=total, desc="partitioning", unit="input", unit_scale=True, leave=False,
-                   disable=not progress)  # fmt: skip
-        for index, block in enumerate(blocks):
-            bar.update(len(block))
-            ids_per_feature = block.ids_per_feature
-            block, hot = _with_part_ids(block, hot_set, keys, balance, generator(seed, "balance", index))
-            is_hot.append(hot)
-            for part, chosen in ((HOT, block.select(hot)), (COLD, block.select(~hot))):
-                for field in _FIELDS:
-                    array = getattr(chosen, field)
-                    key = (part, field)
-                    if key not in writers:
-                        writers[key] = NpyAppender(
-                            directory / f"{part}_{field}.npy", array.dtype, array.shape[1:]
-                        )
-                    writers[key].append(array)
-        bar.close()
-        for writer in (*writers.values(), is_hot):
-            writer.close()
+
+        def appender(name: str, array: np.ndarray) -> NpyAppender:
+            return NpyAppender(directory / f"{name}.npy", array.dtype, array.shape[1:])
+
+        bar = _bar(total, progress)
+        ids_per_feature = _write_blocks(blocks, hot_set, keys, appender, balance, seed, first_block, bar)
         if ids_per_feature is None:
             raise ValueError("no inputs to partition")
-        meta = {"ids_per_feature": list(ids_per_feature), "keys": list(keys), "hot_set": hot_set.digest}
-        (directory / "partition.json").write_text(json.dumps(meta))
+        finish_partition(directory, keys, ids_per_feature, hot_set)
         return cls.open(directory)
 
     @classmethod
@@ -202,6 +193,136 @@ class HotColdPartition:
             raise ValueError(f"{directory}: damaged partition: {error}") from error
 
 
+@dataclass(frozen=True)
+class PartitionShare:
+    """Where one writer's share of the data goes in a partition that several write at once
+    (:func:`write_share`): the rows before its own in the hot part, the cold part and the data
+    (``is_hot``)."""
+
+    hot: int
+    cold: int
+    inputs: int
+
+
+def hot_inputs(
+    blocks: Iterable[tuple[SampleBlock, np.ndarray]],
+    hot_set: HotSet,
+    keys: Sequence[str],
+    balance: float = 0.0,
+    seed: int = 0,
+    first_block: int = 0,
+) -> list[np.ndarray]:
+    """Per block of the data (a block of inputs and the mask of those it partitions), which of those
+    :meth:`HotColdPartition.write` sends to the hot part (``balance``, ``seed`` and ``first_block`` as
+    it takes them), by the hot set's bitmap, without the remap or a copy of the inputs: what a writer of
+    a share counts before it knows where its rows go."""
+    layout, masks = hot_set.layout, []
+    for index, (block, chosen) in enumerate(blocks, start=first_block):
+        layout.check_features(block.ids, keys, block.ids_per_feature, chosen)
+        tables = np.repeat([layout.table_of(key) for key in keys], block.ids_per_feature)
+        hot = hot_set.is_hot_by_column(block.ids, tables).all(axis=1)[chosen]
+        masks.append(balanced(hot, block.labels[chosen], balance, generator(seed, "balance", index)))
+    return masks
+
+
+def allocate_partition(directory: str | os.PathLike, fields: FieldLayout, hot: int, cold: int) -> None:
+    """A partition's files in ``directory``, of ``hot`` and ``cold`` inputs (``fields``: per field of
+    :data:`_FIELDS`, its dtype and row shape, :func:`field_layout`), for :func:`write_share` to fill."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for part, rows in ((HOT, hot), (COLD, cold)):
+        for field, (dtype, shape) in fields.items():
+            allocate_npy(directory / f"{part}_{field}.npy", dtype, (rows, *shape))
+    allocate_npy(directory / "is_hot.npy", np.dtype(bool), (hot + cold,))
+
+
+def field_layout(block: SampleBlock, hot_set: HotSet, keys: Sequence[str]) -> FieldLayout:
+    """The dtype and row shape of each field a partition of blocks such as ``block`` stores."""
+    block = with_part_ids(block.slice(0, 1), hot_set, keys)
+    return {field: (getattr(block, field).dtype, getattr(block, field).shape[1:]) for field in _FIELDS}
+
+
+def write_share(
+    blocks: Iterable[SampleBlock],
+    hot_set: HotSet,
+    keys: Sequence[str],
+    directory: str | os.PathLike,
+    fields: FieldLayout,
+    share: PartitionShare,
+    hot: Sequence[np.ndarray],
+    progress: bool = False,
+) -> None:
+    """Write ``blocks``, one writer's share of the data, into the partition :func:`allocate_partition`
+    made in ``directory`` of ``fields``, where ``share`` says, ``hot`` (:func:`hot_inputs`) saying
+    which go to the hot part: the bytes that :meth:`HotColdPartition.write` of all the data writes."""
+    starts = {HOT: share.hot, COLD: share.cold}
+
+    def region(name: str, array: np.ndarray) -> NpyRegion:
+        if name == "is_hot":
+            return NpyRegion(Path(directory) / "is_hot.npy", np.dtype(bool), (), share.inputs)
+        part, field = name.split("_", 1)
+        dtype, shape = fields[field]
+        return NpyRegion(Path(directory) / f"{name}.npy", dtype, shape, starts[part])
+
+    total = sum(map(len, hot))
+    _write_blocks(blocks, hot_set, keys, region, 0.0, 0, 0, _bar(total, progress), hot)
+
+
+def finish_partition(
+    directory: str | os.PathLike, keys: Sequence[str], ids_per_feature: Sequence[int], hot_set: HotSet
+) -> None:
+    """Write the description that makes ``directory``'s files a partition (:meth:`HotColdPartition.open`)."""
+    meta = {"ids_per_feature": list(ids_per_feature), "keys": list(keys), "hot_set": hot_set.digest}
+    (Path(directory) / "partition.json").write_text(json.dumps(meta))
+
+
+def _bar(total: int | None, progress: bool) -> tqdm:
+    return tqdm(total=total, desc="partitioning", unit="input", unit_scale=True, leave=False,
+                disable=not progress)  # fmt: skip
+
+
+def _write_blocks(
+    blocks: Iterable[SampleBlock],
+    hot_set: HotSet,
+    keys: Sequence[str],
+    open_file: Callable[[str, np.ndarray], NpyAppender],
+    balance: float,
+    seed: int,
+    first_block: int,
+    bar: tqdm,
+    hot: Sequence[np.ndarray] | None = None,
+) -> tuple[int, ...] | None:
+    """Each block's inputs into the files ``open_file(name, first array)`` opens (``is_hot``, then
+    ``{part}_{field}``), the hot part's those ``hot`` says (None: the entirely hot ones, balanced);
+    the ids per feature of the blocks (None: there was none)."""
+    writers: dict[str, NpyAppender] = {}
+
+    def put(name: str, array: np.ndarray) -> None:
+        if name not in writers:
+            writers[name] = open_file(name, array)
+        writers[name].append(array)
+
+    ids_per_feature = None
+    try:
+        for index, block in enumerate(blocks, start=first_block):
+            bar.update(len(block))
+            ids_per_feature = block.ids_per_feature
+            if hot is None:
+                rng = generator(seed, "balance", index)
+                block, chosen = _with_part_ids(block, hot_set, keys, balance, rng)
+            else:
+                block, chosen = with_part_ids(block, hot_set, keys), hot[index - first_block]
+            put("is_hot", chosen)
+            for part, inputs in ((HOT, block.select(chosen)), (COLD, block.select(~chosen))):
+                for field in _FIELDS:
+                    put(f"{part}_{field}", getattr(inputs, field))
+    finally:
+        bar.close()
+        for writer in writers.values():
+            writer.close()
+    return ids_per_feature
+
+
 def balanced(hot: np.ndarray, labels: np.ndarray, balance: float, rng: np.random.Generator) -> np.ndarray:
     """``hot`` less a random share ``balance`` of its excess inputs of the label it over-represents:
     the inputs to take out so that the rest carry positives at the rate of all of ``labels``."""
@@ -236,11 +357,7 @@ def with_part_ids(block: SampleBlock, hot_set: HotSet, keys: Sequence[str]) -> S
     layout = hot_set.layout
     if sorted(keys) != sorted(layout.features):
         raise ValueError(f"batch features do not match the tables: {list(keys)} against {layout.features}")
-    part_ids = np.concatenate(
-        [
-            hot_set.signed_part_ids(layout.table_of(key), ids, feature=key)
-            for key, ids in block.feature_ids(keys).items()
-        ],
-        axis=1,
-    )
+    layout.check_features(block.ids, keys, block.ids_per_feature)
+    tables = np.repeat([layout.table_of(key) for key in keys], block.ids_per_feature)
+    part_ids = hot_set.signed_part_ids_by_column(block.ids, tables)
     return SampleBlock(block.dense, block.ids, block.labels, block.ids_per_feature, part_ids)

@@ -1,17 +1,19 @@
-"""FAE's offline step on every rank at once: one rank profiles the training data and writes its hot/cold
-partition, every rank then opens it.
+"""FAE's offline step on every rank at once: each rank profiles and partitions its share of the training
+data, and every rank opens the one partition they wrote.
 
-Profiling and partitioning stream the whole data set once; doing it on every rank would read it
-``world_size`` times and could write the partition from several processes. Rank 0 does it, broadcasts the
-statistics and the validation inputs, and every rank memory-maps the partition (it reads only its own
-batches). A problem found on rank 0 is raised on every rank, so no rank waits for a collective that the
-others left.
+Where every rank's source knows its size before it is read (synthetic data, npy files, TBSM samples,
+spooled ``Batch``es), the data is cut into one run of whole blocks per rank. Each rank profiles its run,
+its profiler's draws advanced to the run's first input, and the ranks join their profiles (counts added,
+holdouts merged by draw); each then counts which of its inputs are hot, learns from the others where its
+rows go, and writes them there, into files rank 0 made. The statistics, the validation inputs, the hot set
+and the partition's files are those one process makes of all of the data, byte for byte. A source of
+unknown size (text files) is profiled and partitioned by rank 0 alone, the others waiting. A problem
+found on any rank is raised on every rank, so no rank waits for a collective that the others left.
 
-The data is a ``BlockSource`` (read by rank 0 alone), or what a TorchRec script trains on: an iterable of
-``Batch``es, which each rank reads once into a spool beside the partition (``fae_torchrec.data.batches``),
-so that rank 0 profiles and partitions the inputs of every rank, in rank order. Either way the
-partition's directory must be one that every rank reads and writes: on several nodes, a shared file
-system.
+The data is a ``BlockSource`` (every rank reads its share), or what a TorchRec script trains on: an
+iterable of ``Batch``es, which each rank reads once into a spool beside the partition
+(``fae_torchrec.data.batches``), shared out in rank order as one source. Either way the partition's
+directory must be one that every rank reads and writes: on several nodes, a shared file system.
 """
 
 from __future__ import annotations
@@ -37,10 +39,21 @@ from fae_torchrec.data.source import BlockSource
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import HotSet
 from fae_torchrec.stats.profiler import AccessProfiler
-from fae_torchrec.train.partition import HotColdPartition
+from fae_torchrec.train.partition import (
+    FieldLayout,
+    HotColdPartition,
+    PartitionShare,
+    allocate_partition,
+    field_layout,
+    finish_partition,
+    hot_inputs,
+    write_share,
+)
 
 #: Inputs per block while the data streams past.
 BLOCK = 4096
+#: Inputs of the data per block of a re-partition (``HotColdPartition.inputs``).
+REPARTITION_BLOCK = 1 << 16
 #: The folder of ``prepare_data``'s directory where each rank spools its ``Batch``es (removed once the
 #: partition is written).
 SPOOLS = "batches"
@@ -86,18 +99,19 @@ def prepare_data(
     the partition of the training inputs to ``directory``; collective over the default process group
     when one is initialised.
 
-    ``source`` is a ``BlockSource``, read on rank 0 alone, or an iterable of TorchRec ``Batch``es (a
-    ``DataLoader``, a ``RandomRecDataset``), read once, its first ``num_batches`` batches (None: until it
-    ends; an endless dataset needs it), into ``directory/batches/rank-R`` (removed once the partition is
-    written): on every rank, each rank's batches its own share of the data (``each_rank``, the default for
-    batches), or on rank 0 alone (``each_rank=False``: the other ranks' iterables are not read). Rank 0
-    profiles and partitions the inputs of the ranks read, in rank order. ``directory`` must be readable
-    and writable by every rank (on several nodes, a shared file system): a rank that cannot open the
-    partition (or, for rank 0, another rank's batches) raises ``ValueError`` on every rank naming the
-    rank, its host and the path. A ``Batch`` that does not fit (jagged or weighted features, other keys
-    than ``tables``' feature names, labels other than 0 and 1, dense values that are not finite) raises
-    ``ValueError`` on every rank naming the rank, the batch and the feature or column
-    (``fae_torchrec.data.batches``).
+    ``source`` is a ``BlockSource`` (the same data on every rank), or an iterable of TorchRec ``Batch``es
+    (a ``DataLoader``, a ``RandomRecDataset``), read once, its first ``num_batches`` batches (None: until
+    it ends; an endless dataset needs it), into ``directory/batches/rank-R`` (removed once the partition
+    is written): on every rank, each rank's batches its own share of the data (``each_rank``, the default
+    for batches), or on rank 0 alone (``each_rank=False``: the other ranks' iterables are not read); the
+    inputs of the ranks read, in rank order, are the data. Each rank profiles and partitions its share of
+    the data where the source's size is known before it is read (the module docstring), with the result
+    one process would have. ``directory`` must be readable and writable by every rank (on several nodes,
+    a shared file system): a rank that cannot read the spooled batches or open the partition raises
+    ``ValueError`` on every rank naming the rank, its host and the path. A ``Batch`` that does not fit
+    (jagged or weighted features, other keys than ``tables``' feature names, labels other than 0 and 1,
+    dense values that are not finite) raises ``ValueError`` on every rank naming the rank, the batch and
+    the feature or column (``fae_torchrec.data.batches``).
 
     A hot row costs its weights and its ``optimizer_class`` state (``AccessStats.hot_set``; None: SGD's,
     none): give the embedding optimizer the model trains with (``torchrec.optim.RowWiseAdagrad``, a
@@ -131,23 +145,20 @@ def prepare_data(
             "exclude_profiled needs a profile made here: which inputs stats sampled is not known"
         )
     names = {"data": "the data", **{key: key for key in NAMED_PARAMETERS}, **(names or {})}
+    directory = Path(directory)
     spools = []
     if not blocks:
-        spools = _spool(source, tables, Path(directory), num_batches, each_rank is not False, progress)
-
-    def work() -> tuple[AccessStats, SampleBlock | None, HotSet]:
-        try:
-            return _profile_and_partition(
-                source if blocks else _read_spools(spools, tables), tables, Path(directory), sample,
-                batch_size, hot_budget, optimizer_class, stats, val_every, balance, seed, exclude_profiled,
-                names, progress,
-            )  # fmt: skip
-        finally:  # the spools read, whether the partition was written or not
-            if spools:
-                shutil.rmtree(Path(directory) / SPOOLS, ignore_errors=True)
-
-    stats, validation, hot_set = on_rank_zero(work)
-    return PreparedData(stats, validation, _open_on_every_rank(Path(directory)), hot_set)
+        spools = _spool(source, tables, directory, num_batches, each_rank is not False, progress)
+    try:
+        if spools:
+            source = _on_every_rank(lambda: _read_spools(spools, tables))
+        return _profile_and_partition(
+            source, tables, directory, sample, batch_size, hot_budget, optimizer_class, stats, val_every,
+            balance, seed, exclude_profiled, names, progress,
+        )  # fmt: skip
+    finally:  # the spools read by every rank, whether the partition was written or not
+        if spools and _rank()[0] == 0:
+            shutil.rmtree(directory / SPOOLS, ignore_errors=True)
 
 
 def _agree_on_source(source: object, num_batches: int | None, each_rank: bool | None) -> bool:
@@ -213,6 +224,25 @@ def _raise_on_every_rank(problem: str | None) -> None:
         raise ValueError(found[0])
 
 
+def _on_every_rank(work: Callable[[], T]) -> T:
+    """``work()`` on this rank, after which every rank raises ``ValueError`` (a collective) when any
+    rank's failed, naming that rank where there are several (its error chained on its own rank), so
+    that none goes on into a collective the others left."""
+    rank, world_size = _rank()
+    result, problem, failed = None, None, None
+    try:
+        result = work()
+    except Exception as error:
+        known = isinstance(error, ValueError | OSError)
+        said = str(error) if known else f"{type(error).__name__}: {error}"
+        problem, failed = (f"{_where(rank)}: {said}" if world_size > 1 else said), error
+    try:
+        _raise_on_every_rank(problem)
+    except ValueError as raised:
+        raise raised from failed
+    return result
+
+
 def _spool(
     batches: Iterable[Batch],
     tables: Sequence[EmbeddingBagConfig],
@@ -226,27 +256,23 @@ def _spool(
     rank, world_size = _rank()
     readers = range(world_size) if each_rank else range(1)
     spools = [directory / SPOOLS / f"rank-{reader}" for reader in readers]
-    problem = None
-    if rank in readers:
-        try:
+
+    def spool() -> None:
+        if rank in readers:
             spool_batches(batches, tables, spools[rank], num_batches, progress=progress and rank == 0)
-        except Exception as error:  # raised on every rank: the others would wait in the collective below
-            said = (
-                str(error) if isinstance(error, ValueError | OSError) else f"{type(error).__name__}: {error}"
-            )
-            problem = f"{_where(rank)}: {said}" if world_size > 1 else said
-    _raise_on_every_rank(problem)
+
+    _on_every_rank(spool)
     return spools
 
 
 def _read_spools(spools: Sequence[Path], tables: Sequence[EmbeddingBagConfig]) -> BatchSource:
-    """Rank 0's view of every rank's spooled batches; ``ValueError`` saying that ``prepare_data``'s
+    """Every rank's spooled batches, as one source; ``ValueError`` saying that ``prepare_data``'s
     directory must be shared where another rank's spool is not there."""
     try:
         return BatchSource(spools, tables)
     except FileNotFoundError as error:
         raise ValueError(
-            f"{_where(0)} cannot read the batches another rank spooled: {error}; prepare_data's directory "
+            f"cannot read the batches another rank spooled: {error}; prepare_data's directory "
             "must be on a file system every rank shares (on several nodes, a shared one)"
         ) from error
 
@@ -274,22 +300,28 @@ def repartition(
     directory: str | os.PathLike,
     balance: float = 0.0,
     seed: int = 0,
+    block_size: int = REPARTITION_BLOCK,
 ) -> HotColdPartition:
     """The inputs of ``partition`` that the mask ``chosen`` selects (over its data, in order; such as
-    those a re-plan left untrained) partitioned again against ``hot_set`` into ``directory``: rank 0
-    writes it, every rank opens it (collective when a process group is initialised; an error on rank 0
-    is raised on every rank)."""
+    those a re-plan left untrained) partitioned again against ``hot_set`` into ``directory``, in
+    blocks of ``block_size`` inputs of the data: each rank its share of the blocks, every rank opens it
+    (collective when a process group is initialised; an error on any rank is raised on every rank)."""
+    rank, world_size = _rank()
+    windows = np.arange(0, len(chosen), block_size)
+    used = np.logical_or.reduceat(np.asarray(chosen, dtype=bool), windows) if len(windows) else windows
+    bounds = [r * len(windows) // world_size for r in range(world_size + 1)]
+    writers = [r for r in range(world_size) if used[bounds[r] : bounds[r + 1]].any()]
+    start, stop = (min(bound * block_size, len(chosen)) for bound in bounds[rank : rank + 2])
 
-    def write() -> None:
-        try:
-            HotColdPartition.write(
-                partition.inputs(chosen), hot_set, partition.keys, directory, balance=balance, seed=seed
-            )
-        except (ValueError, OSError) as error:
-            raise ValueError(f"{directory}: {error}") from error
+    def training() -> Iterator[SampleBlock]:
+        return partition.inputs(chosen, block_size, start, stop)
 
-    on_rank_zero(write)
-    return HotColdPartition.open(directory)
+    first_block = int(np.count_nonzero(used[: bounds[rank]]))
+    try:
+        return _partition(training, first_block, writers, hot_set, partition.keys, Path(directory), balance,
+                          seed, False)  # fmt: skip
+    except ValueError as error:
+        raise ValueError(f"{directory}: {error}") from error
 
 
 def on_rank_zero(work: Callable[[], T]) -> T:
@@ -316,10 +348,62 @@ def on_rank_zero(work: Callable[[], T]) -> T:
     return result
 
 
-def _split(source: BlockSource, validation: bool, val_every: int | None) -> Iterator[SampleBlock]:
+@dataclass(frozen=True)
+class _Share:
+    """One rank's share of the data: its raw inputs ``start`` to ``stop`` (None: the end), ``start`` a
+    multiple of ``BLOCK``, so that its blocks are numbered on from those of the shares before."""
+
+    start: int
+    stop: int | None
+
+    @property
+    def first_block(self) -> int:
+        return self.start // BLOCK
+
+    @property
+    def empty(self) -> bool:
+        return self.stop is not None and self.stop <= self.start
+
+
+def _shares(source: BlockSource) -> list[_Share]:
+    """Each rank's share of ``source`` (collective): equal runs of whole blocks where every rank's
+    source knows the same size before it is read, else all of it for rank 0 (a text file's lines are
+    not counted before they are read)."""
+    world_size = _rank()[1]
+    sizes = [source.num_samples]
+    if dist.is_initialized():
+        sizes = [None] * world_size
+        dist.all_gather_object(sizes, source.num_samples)
+    size = sizes[0]
+    if size is None or any(other != size for other in sizes):
+        return [_Share(0, None)] + [_Share(0, 0)] * (world_size - 1)
+    starts = [min(size, (r * size // world_size) // BLOCK * BLOCK) for r in range(world_size)]
+    return [_Share(start, stop) for start, stop in zip(starts, [*starts[1:], size], strict=True)]
+
+
+def _masked(
+    source: BlockSource, val_every: int | None, share: _Share
+) -> Iterator[tuple[SampleBlock, np.ndarray]]:
+    """``share``'s inputs in blocks, each with the mask of its validation inputs; the blocks' training
+    inputs numbered on from ``share.first_block`` in the whole data's blocks."""
+    if share.empty:
+        return iter(())
     if val_every == 0:
-        return iter(()) if validation else rebatch(source.raw_blocks(), BLOCK)
-    return source.split_blocks(validation, val_every, BLOCK)
+        blocks = rebatch(source.raw_range(share.start, share.stop), BLOCK)
+        return ((block, np.zeros(len(block), dtype=bool)) for block in blocks)
+    return source.split_masks(val_every, BLOCK, share.start, share.stop)
+
+
+def _split(
+    source: BlockSource, validation: bool, val_every: int | None, share: _Share
+) -> Iterator[SampleBlock]:
+    """``share``'s validation (or training) inputs in blocks (:func:`_masked`)."""
+    for block, held in _masked(source, val_every, share):
+        chosen = held if validation else ~held
+        if chosen.all():
+            yield block
+        elif chosen.any():
+            yield block.select(chosen)
 
 
 def _profile_and_partition(
@@ -337,9 +421,12 @@ def _profile_and_partition(
     exclude_profiled: bool,
     names: Mapping[str, str],
     progress: bool,
-) -> tuple[AccessStats, SampleBlock | None, HotSet]:
-    """Rank 0's part of :func:`prepare_data`: the statistics (``stats``, else profiled here), the
-    validation set and the hot set; the partition is written to ``directory``."""
+) -> PreparedData:
+    """:func:`prepare_data` of a source, each rank its share (collective): the statistics (``stats``,
+    else profiled here), the validation set, the hot set, and the partition written to ``directory``."""
+    shares = _shares(source)
+    share = shares[_rank()[0]]
+    writers = [r for r, held in enumerate(shares) if not held.empty]
     given = stats is not None
     if given:
         stats = stats.for_tables(tables, names["stats"])
@@ -347,10 +434,51 @@ def _profile_and_partition(
     profiler, profiled = None, None  # with exclude_profiled, per training block, the inputs profiled
     if stats is None:
         profiler, profiled = _profile(
-            source, tables, sample, val_every, seed, exclude_profiled, names, progress
+            source, share, tables, sample, val_every, seed, exclude_profiled, names, progress
         )
     num_inputs, num_sampled = (stats or profiler).num_inputs, (stats or profiler).num_sampled
-    held_out = list(_split(source, True, val_every))
+    hot_set, problem = None, None  # a problem of the statistics, raised after those of the data's size
+    try:
+        stats = stats or profiler.stats()
+        hot_set = (
+            HotSet(tuple(tables), tuple(np.empty(0, dtype=np.int64) for _ in tables))
+            if hot_budget is None
+            else stats.hot_set(hot_budget, optimizer_class)
+        )
+    except ValueError as error:  # alike on every rank: their statistics are the same
+        problem = error
+    keys = source.feature_names
+
+    def training(blocks: Iterator[SampleBlock]) -> Iterator[SampleBlock]:
+        if profiled is None:
+            return blocks
+        return (
+            block.select(np.delete(np.arange(len(block)), counted))
+            for block, counted in zip(blocks, profiled, strict=True)
+        )
+
+    def read() -> tuple[list[SampleBlock], _Counted | None]:
+        """The validation inputs, and where several ranks write the partition, its hot training
+        inputs counted in the same read."""
+        if len(writers) == 1 or hot_set is None:
+            return list(_split(source, True, val_every, share)), None
+        held: list[SampleBlock] = []
+        counted = iter(profiled or ())
+
+        def split() -> Iterator[tuple[SampleBlock, np.ndarray]]:
+            for block, validation in _masked(source, val_every, share):
+                if validation.any():
+                    held.append(block.select(validation))
+                trains = ~validation
+                if trains.any():
+                    if profiled is not None:  # the inputs profiled train no more
+                        trains[np.flatnonzero(trains)[next(counted)]] = False
+                    yield block, trains
+
+        return held, _count(split(), hot_set, keys, balance, seed, share.first_block)
+
+    mine, counted = _on_every_rank(read)
+    held_out = _gather_blocks(mine)
     if not held_out and val_every != 0:
         raise ValueError(
             f"no validation input: {names['data']} has {num_inputs} inputs, fewer than "
@@ -359,27 +487,149 @@ def _profile_and_partition(
             else f"no validation input: {names['data']} has {num_inputs} training inputs and none "
             "to validate on"
         )
-    num_train = num_inputs - (num_sampled if exclude_profiled else 0)
-    _check_batch_size(batch_size, num_train, exclude_profiled, names)
-    stats = stats or profiler.stats()
-    hot_set = (
-        HotSet(tuple(tables), tuple(np.empty(0, dtype=np.int64) for _ in tables))
-        if hot_budget is None
-        else stats.hot_set(hot_budget, optimizer_class)
+    _check_batch_size(
+        batch_size, num_inputs - (num_sampled if exclude_profiled else 0), exclude_profiled, names
     )
-    training = _split(source, False, val_every)
-    if profiled is not None:
-        training = (
-            block.select(np.delete(np.arange(len(block)), counted))
-            for block, counted in zip(training, profiled, strict=True)
-        )
-    partition = HotColdPartition.write(
-        training, hot_set, source.feature_names, directory, balance=balance, seed=seed, progress=progress,
-        total=num_train,
+    if problem is not None:
+        raise problem
+    partition = _partition(
+        lambda: training(_split(source, False, val_every, share)), share.first_block, writers, hot_set, keys,
+        directory, balance, seed, progress, counted,
     )  # fmt: skip
     if given:  # where the size was not known before
         _check_count(stats, len(partition.hot) + len(partition.cold), names)
-    return stats, SampleBlock.concat(held_out) if held_out else None, hot_set
+    return PreparedData(stats, SampleBlock.concat(held_out) if held_out else None, partition, hot_set)
+
+
+def _gather_blocks(blocks: list[SampleBlock]) -> list[SampleBlock]:
+    """Every rank's ``blocks`` (the validation inputs: a tenth of the data, say), in rank order, on every
+    rank (collective); over gloo each field's rows go as one tensor a rank, not pickled."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return blocks
+    world_size = dist.get_world_size()
+    if dist.get_backend() != "gloo":
+        everyone: list = [None] * world_size
+        dist.all_gather_object(everyone, blocks)
+        return [block for held in everyone for block in held]
+    mine = SampleBlock.concat(blocks) if blocks else None
+    fields = ("dense", "ids", "labels")
+    described = None
+    if mine is not None:
+        layout = {field: (getattr(mine, field).dtype, getattr(mine, field).shape[1:]) for field in fields}
+        described = (len(mine), mine.ids_per_feature, layout)
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, described)
+    held = [(r, d) for r, d in enumerate(everyone) if d is not None]
+    if not held:
+        return []
+    longest, (_, ids_per_feature, layout) = max(d[0] for _, d in held), held[0][1]
+    gathered = {}
+    for field, (dtype, shape) in layout.items():
+        padded = torch.from_numpy(np.zeros((longest, *shape), dtype=dtype))
+        if mine is not None:
+            padded[: len(mine)] = torch.from_numpy(np.ascontiguousarray(getattr(mine, field)))
+        parts = [torch.empty_like(padded) for _ in range(world_size)]
+        dist.all_gather(parts, padded)
+        gathered[field] = [parts[r].numpy()[: d[0]] for r, d in held]
+    return [
+        SampleBlock(*(gathered[field][i] for field in fields), ids_per_feature=ids_per_feature)
+        for i in range(len(held))
+    ]
+
+
+@dataclass(frozen=True)
+class _Counted:
+    """A rank's share of the training inputs counted before it writes them: per block which are hot
+    (``hot_inputs``), the hot and all inputs, and the fields and ids per feature of its blocks (None:
+    it has none)."""
+
+    hot: list[np.ndarray]
+    num_hot: int
+    num_inputs: int
+    layout: tuple[FieldLayout, tuple[int, ...]] | None
+
+    def placed(self) -> tuple[int, int, int, tuple | None]:
+        """What the other ranks learn of it."""
+        return self.num_hot, self.num_inputs - self.num_hot, self.num_inputs, self.layout
+
+
+def _count(
+    blocks: Iterable[tuple[SampleBlock, np.ndarray]],
+    hot_set: HotSet,
+    keys: Sequence[str],
+    balance: float,
+    seed: int,
+    first: int,
+) -> _Counted:
+    """:class:`_Counted` of ``blocks`` (:func:`hot_inputs`'; numbered from ``first``; label balance by
+    ``balance`` and ``seed``)."""
+    seen: list[SampleBlock] = []
+
+    def remembered() -> Iterator[tuple[SampleBlock, np.ndarray]]:
+        for block, chosen in blocks:
+            if not seen and chosen.any():
+                seen.append(block.select(chosen))
+            yield block, chosen
+
+    hot = hot_inputs(remembered(), hot_set, keys, balance, seed, first)
+    layout = (field_layout(seen[0], hot_set, keys), seen[0].ids_per_feature) if seen else None
+    return _Counted(hot, sum(int(np.count_nonzero(h)) for h in hot), sum(map(len, hot)), layout)
+
+
+def _partition(
+    training: Callable[[], Iterator[SampleBlock]],
+    first_block: int,
+    writers: Sequence[int],
+    hot_set: HotSet,
+    keys: Sequence[str],
+    directory: Path,
+    balance: float,
+    seed: int,
+    progress: bool,
+    counted: _Counted | None = None,
+) -> HotColdPartition:
+    """The partition of every rank's ``training()`` inputs (in rank order; the first of its blocks is
+    block ``first_block`` of them all; ``writers``: the ranks that have some) into ``directory``, opened
+    on every rank (collective). Where several ranks write, each counts its hot inputs first (unless
+    ``counted`` already), so that it knows where its own rows go, and then writes them there: the files
+    are those one process writes."""
+    rank, world_size = _rank()
+    if len(writers) == 1:
+
+        def write() -> None:
+            if rank == writers[0]:
+                HotColdPartition.write(
+                    training(), hot_set, keys, directory, balance=balance, seed=seed, progress=progress,
+                    first_block=first_block,
+                )  # fmt: skip
+
+        _on_every_rank(write)
+        return _open_on_every_rank(directory)
+    if counted is None:
+        every = ((block, np.ones(len(block), dtype=bool)) for block in training())
+        counted = _on_every_rank(lambda: _count(every, hot_set, keys, balance, seed, first_block))
+    everyone: list = [None] * world_size
+    dist.all_gather_object(everyone, counted.placed())
+    layouts = [(r, placed[3]) for r, placed in enumerate(everyone) if placed[3] is not None]
+    if not layouts:
+        raise ValueError("no inputs to partition")
+    for r, layout in layouts[1:]:
+        if layout != layouts[0][1]:
+            raise ValueError(
+                f"{_where(r)} reads inputs of {layout} (fields, ids per feature), where "
+                f"{_where(layouts[0][0])} reads {layouts[0][1]}: every rank must read the same data"
+            )
+    fields, ids_per_feature = layouts[0][1]
+    place = PartitionShare(*(sum(placed[i] for placed in everyone[:rank]) for i in range(3)))
+    totals = [sum(placed[i] for placed in everyone) for i in range(2)]
+    _on_every_rank(lambda: rank == 0 and allocate_partition(directory, fields, *totals))
+    _on_every_rank(
+        lambda: write_share(
+            training(), hot_set, keys, directory, fields, place, counted.hot, progress and rank == 0
+        )
+    )
+    _on_every_rank(lambda: rank == 0 and finish_partition(directory, keys, ids_per_feature, hot_set))
+    return _open_on_every_rank(directory)
 
 
 def _check_count(stats: AccessStats, num_train: int | None, names: Mapping[str, str]) -> None:
@@ -394,6 +644,7 @@ def _check_count(stats: AccessStats, num_train: int | None, names: Mapping[str, 
 
 def _profile(
     source: BlockSource,
+    share: _Share,
     tables: Sequence[EmbeddingBagConfig],
     sample: float,
     val_every: int | None,
@@ -402,18 +653,30 @@ def _profile(
     names: Mapping[str, str],
     progress: bool,
 ) -> tuple[AccessProfiler, list[np.ndarray] | None]:
-    """The profile of ``sample`` of ``source``'s training inputs and, with ``exclude_profiled``, per
-    training block, the inputs it counted (None without)."""
-    profiler = AccessProfiler(tables, sample, seed=seed)
-    profiled = []
-    bar = tqdm(total=_training_inputs(source, val_every), desc="profiling", unit="input", leave=False,
-               unit_scale=True, disable=not progress)  # fmt: skip
-    for block in _split(source, False, val_every):
-        counted = profiler.update(block.to_batch(source.feature_names))
-        bar.update(len(block))
-        if exclude_profiled:
-            profiled.append(np.flatnonzero(counted).astype(np.int32))
-    bar.close()
+    """The profile of ``sample`` of ``source``'s training inputs, each rank counting its ``share``'s
+    (collective: the counts added, the holdout merged, as one profiler of all of them would have them)
+    and, with ``exclude_profiled``, per training block of ``share``, the inputs it counted (None
+    without)."""
+
+    def count() -> tuple[AccessProfiler, list[np.ndarray]]:
+        first = source.training_before(share.start, val_every)
+        profiler = AccessProfiler(tables, sample, seed=seed, first_input=first)
+        profiled = []
+        total = _training_inputs(source, val_every)
+        if share.stop is not None:
+            total = source.training_before(share.stop, val_every) - first
+        bar = tqdm(total=total, desc="profiling", unit="input", leave=False, unit_scale=True,
+                   disable=not progress or _rank()[0] != 0)  # fmt: skip
+        for block in _split(source, False, val_every, share):
+            counted = profiler.update(block.to_batch(source.feature_names))
+            bar.update(len(block))
+            if exclude_profiled:
+                profiled.append(np.flatnonzero(counted).astype(np.int32))
+        bar.close()
+        return profiler, profiled
+
+    profiler, profiled = _on_every_rank(count)
+    _join(profiler)
     if profiler.num_inputs == 0:
         raise ValueError(f"no training input: {names['data']} has no inputs")
     if exclude_profiled and profiler.num_sampled == profiler.num_inputs:
@@ -422,6 +685,36 @@ def _profile(
             f"training inputs of {names['data']}, which leaves none to train on"
         )
     return profiler, profiled if exclude_profiled else None
+
+
+def _join(profiler: AccessProfiler) -> None:
+    """Make each rank's ``profiler`` (of its share) the profiler of every rank's share (collective).
+    The counts of a table whose rows the ranks counted are few (a small sample of a large table) go
+    as those rows and their counts; the others are summed whole."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    rank, world_size = _rank()
+    counted = [np.flatnonzero(counts) for counts in profiler.counts]
+    sizes: list = [None] * world_size
+    dist.all_gather_object(sizes, [len(rows) for rows in counted])
+    sparse = [2 * sum(held[t] for held in sizes) < len(c) for t, c in enumerate(profiler.counts)]
+    mine = {t: (rows, profiler.counts[t][rows]) for t, rows in enumerate(counted) if sparse[t]}
+    everyone: list = [None] * world_size
+    dist.all_gather_object(everyone, mine)
+    for other, theirs in enumerate(everyone):
+        for t, (rows, values) in theirs.items() if other != rank else ():
+            profiler.counts[t][rows] += values
+    for t, counts in enumerate(profiler.counts):
+        if not sparse[t]:
+            tensor = torch.from_numpy(counts)
+            summed = tensor.cuda() if dist.get_backend() == "nccl" else tensor
+            dist.all_reduce(summed)
+            tensor.copy_(summed)
+    draws: list = [None] * world_size
+    dist.all_gather_object(draws, profiler.holdout_draws())  # the holdout's inputs: those drawn least
+    shares: list = [None] * world_size
+    dist.all_gather_object(shares, profiler.share(profiler.holdout_below(draws)))
+    profiler.join(shares)
 
 
 def _training_inputs(source: BlockSource, val_every: int | None) -> int | None:
