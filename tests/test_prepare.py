@@ -72,23 +72,31 @@ def test_a_partition_without_its_hot_set_digest_is_refused(tmp_path):
 AGAIN = {"balance": 0.5, "seed": 3, "block_size": 4096}
 
 
-def _sources(tmp_path: Path) -> dict:
+DAYS = (slice(0, 11_000), slice(11_000, None))
+
+
+def _write_days(folder: Path) -> None:
+    """The synthetic data's inputs as two npy days of uneven length (written once, before any rank
+    reads them)."""
+    block = SampleBlock.concat(list(SyntheticCriteo(30_000, scale=0.002, seed=2).raw_blocks()))
+    for day, rows in enumerate(DAYS):
+        np.save(folder / f"day_{day}_dense.npy", np.expm1(block.dense[rows]))
+        np.save(folder / f"day_{day}_sparse.npy", block.ids[rows])
+        np.save(folder / f"day_{day}_labels.npy", block.labels[rows, None])
+
+
+def _sources(folder: Path) -> dict:
     """Sources of known size (each rank profiles and partitions its share), and how they are split:
-    synthetic Criteo, two npy days of uneven length, TBSM samples (split by time)."""
+    synthetic Criteo, its npy days (:func:`_write_days`), TBSM samples (split by time)."""
     data = SyntheticCriteo(30_000, scale=0.002, seed=2)
-    block = SampleBlock.concat(list(data.raw_blocks()))
-    prefixes = []
-    for day, rows in enumerate((slice(0, 11_000), slice(11_000, None))):
-        prefix = str(tmp_path / f"day_{day}")
-        np.save(f"{prefix}_dense.npy", np.expm1(block.dense[rows]))
-        np.save(f"{prefix}_sparse.npy", block.ids[rows])
-        np.save(f"{prefix}_labels.npy", block.labels[rows, None])
-        prefixes.append(prefix)
-    taobao = SyntheticTaobao(3000, scale=0.01, ts_length=3, seed=1)
+    days = [folder / f"day_{day}" for day in range(len(DAYS))]
     return {
         "synthetic": (data, {"val_every": 7, "exclude_profiled": True, "balance": 0.5}),
-        "npy": (CriteoNpyReader(prefixes, table_sizes=data.table_sizes), {"val_every": 0}),
-        "taobao": (taobao, {"val_every": None, "balance": 1.0}),
+        "npy": (CriteoNpyReader(days, table_sizes=data.table_sizes), {"val_every": 0}),
+        "taobao": (
+            SyntheticTaobao(3000, scale=0.01, ts_length=3, seed=1),
+            {"val_every": None, "balance": 1.0},
+        ),
     }
 
 
@@ -99,7 +107,7 @@ def _prepared(source, directory: Path, options: dict):
 
 
 def _files(directory: Path) -> dict[str, bytes]:
-    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir()) if path.is_file()}
 
 
 def _same_as_one_process(rank: int, world_size: int, tmp_path: Path) -> None:
@@ -132,6 +140,7 @@ def test_every_rank_profiles_and_partitions_its_share_as_one_process_would(tmp_p
     byte (label balance and inputs kept out of training included); and so does a re-partition of a
     part of the inputs against another hot set."""
     (tmp_path / "data").mkdir()
+    _write_days(tmp_path / "data")
     for name, (source, options) in _sources(tmp_path / "data").items():
         one = _prepared(source, tmp_path / f"{name}-1", options)
         assert (one.validation is None) == (options["val_every"] == 0), name

@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from fae_torchrec.data.batches import BatchSource, spool_batches
 from fae_torchrec.data.block import SampleBlock, rebatch
+from fae_torchrec.data.npy_append import NpyRegion, allocate_npy
 from fae_torchrec.data.source import BlockSource
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import HotSet
@@ -52,6 +53,10 @@ from fae_torchrec.train.partition import (
 
 #: Inputs per block while the data streams past.
 BLOCK = 4096
+#: The folder of ``prepare_data``'s directory where several ranks share the validation inputs.
+VALIDATION = "validation"
+#: The fields of a validation input.
+_FIELDS = ("dense", "ids", "labels")
 #: Inputs of the data per block of a re-partition (``HotColdPartition.inputs``).
 REPARTITION_BLOCK = 1 << 16
 #: The folder of ``prepare_data``'s directory where each rank spools its ``Batch``es (removed once the
@@ -65,7 +70,8 @@ NAMED_PARAMETERS = ("sample", "batch_size", "val_every", "exclude_profiled", "st
 @dataclass(frozen=True)
 class PreparedData:
     """What :func:`prepare_data` gives every rank: the profile's statistics, the validation inputs (all
-    of them, on every rank; None when none was asked for), the training inputs split into hot and
+    of them, on every rank, memory-mapped from the directory's ``validation`` folder where there are
+    several ranks; None when none was asked for), the training inputs split into hot and
     cold, and the hot set they were split by: build the ``FAEEmbeddingBagCollection`` from it (a split
     module of another hot set refuses the partition's batches)."""
 
@@ -460,7 +466,7 @@ def _profile_and_partition(
     def read() -> tuple[list[SampleBlock], _Counted | None]:
         """The validation inputs, and where several ranks write the partition, its hot training
         inputs counted in the same read."""
-        if len(writers) == 1 or hot_set is None:
+        if len(writers) <= 1 or hot_set is None:
             return list(_split(source, True, val_every, share)), None
         held: list[SampleBlock] = []
         counted = iter(profiled or ())
@@ -478,8 +484,8 @@ def _profile_and_partition(
         return held, _count(split(), hot_set, keys, balance, seed, share.first_block)
 
     mine, counted = _on_every_rank(read)
-    held_out = _gather_blocks(mine)
-    if not held_out and val_every != 0:
+    validation = _validation(mine, directory)
+    if validation is None and val_every != 0:
         raise ValueError(
             f"no validation input: {names['data']} has {num_inputs} inputs, fewer than "
             f"{names['val_every']} {val_every} (one input in every {val_every} is held out for validation)"
@@ -498,43 +504,45 @@ def _profile_and_partition(
     )  # fmt: skip
     if given:  # where the size was not known before
         _check_count(stats, len(partition.hot) + len(partition.cold), names)
-    return PreparedData(stats, SampleBlock.concat(held_out) if held_out else None, partition, hot_set)
+    return PreparedData(stats, validation, partition, hot_set)
 
 
-def _gather_blocks(blocks: list[SampleBlock]) -> list[SampleBlock]:
-    """Every rank's ``blocks`` (the validation inputs: a tenth of the data, say), in rank order, on every
-    rank (collective); over gloo each field's rows go as one tensor a rank, not pickled."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return blocks
-    world_size = dist.get_world_size()
-    if dist.get_backend() != "gloo":
-        everyone: list = [None] * world_size
-        dist.all_gather_object(everyone, blocks)
-        return [block for held in everyone for block in held]
+def _validation(blocks: list[SampleBlock], directory: Path) -> SampleBlock | None:
+    """Every rank's validation ``blocks``, in rank order, on every rank (collective; None: there are
+    none): in memory on one rank; on several, each rank writes its own into ``directory/validation`` and
+    every rank memory-maps them all, so that none sends or holds a copy of the others'."""
     mine = SampleBlock.concat(blocks) if blocks else None
-    fields = ("dense", "ids", "labels")
+    rank, world_size = _rank()
+    if world_size == 1:
+        return mine
     described = None
     if mine is not None:
-        layout = {field: (getattr(mine, field).dtype, getattr(mine, field).shape[1:]) for field in fields}
+        layout = {field: (getattr(mine, field).dtype, getattr(mine, field).shape[1:]) for field in _FIELDS}
         described = (len(mine), mine.ids_per_feature, layout)
-    everyone = [None] * world_size
+    everyone: list = [None] * world_size
     dist.all_gather_object(everyone, described)
-    held = [(r, d) for r, d in enumerate(everyone) if d is not None]
+    held = [d for d in everyone if d is not None]
     if not held:
-        return []
-    longest, (_, ids_per_feature, layout) = max(d[0] for _, d in held), held[0][1]
-    gathered = {}
-    for field, (dtype, shape) in layout.items():
-        padded = torch.from_numpy(np.zeros((longest, *shape), dtype=dtype))
-        if mine is not None:
-            padded[: len(mine)] = torch.from_numpy(np.ascontiguousarray(getattr(mine, field)))
-        parts = [torch.empty_like(padded) for _ in range(world_size)]
-        dist.all_gather(parts, padded)
-        gathered[field] = [parts[r].numpy()[: d[0]] for r, d in held]
-    return [
-        SampleBlock(*(gathered[field][i] for field in fields), ids_per_feature=ids_per_feature)
-        for i in range(len(held))
-    ]
+        return None
+    folder, (_, ids_per_feature, layout) = directory / VALIDATION, held[0]
+    start = sum(d[0] for d in everyone[:rank] if d is not None)
+
+    def allocate() -> None:
+        if rank == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+            for field, (dtype, shape) in layout.items():
+                allocate_npy(folder / f"{field}.npy", dtype, (sum(d[0] for d in held), *shape))
+
+    def write() -> None:
+        for field, (dtype, shape) in layout.items() if mine is not None else ():
+            region = NpyRegion(folder / f"{field}.npy", dtype, shape, start)
+            region.append(getattr(mine, field))
+            region.close()
+
+    _on_every_rank(allocate)
+    _on_every_rank(write)
+    arrays = _on_every_rank(lambda: [np.load(folder / f"{field}.npy", mmap_mode="r") for field in _FIELDS])
+    return SampleBlock(*arrays, ids_per_feature=ids_per_feature)
 
 
 @dataclass(frozen=True)
@@ -594,10 +602,10 @@ def _partition(
     ``counted`` already), so that it knows where its own rows go, and then writes them there: the files
     are those one process writes."""
     rank, world_size = _rank()
-    if len(writers) == 1:
+    if len(writers) <= 1:  # one rank writes it all (none: rank 0 says there is nothing to write)
 
         def write() -> None:
-            if rank == writers[0]:
+            if rank == (writers or [0])[0]:
                 HotColdPartition.write(
                     training(), hot_set, keys, directory, balance=balance, seed=seed, progress=progress,
                     first_block=first_block,
