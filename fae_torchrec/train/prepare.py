@@ -484,8 +484,8 @@ def _profile_and_partition(
         return held, _count(split(), hot_set, keys, balance, seed, share.first_block)
 
     mine, counted = _on_every_rank(read)
-    validation = _validation(mine, directory)
-    if validation is None and val_every != 0:
+    held_out = _Held.gather(mine)
+    if held_out.empty and val_every != 0:
         raise ValueError(
             f"no validation input: {names['data']} has {num_inputs} inputs, fewer than "
             f"{names['val_every']} {val_every} (one input in every {val_every} is held out for validation)"
@@ -498,6 +498,7 @@ def _profile_and_partition(
     )
     if problem is not None:
         raise problem
+    validation = held_out.share(directory)
     partition = _partition(
         lambda: training(_split(source, False, val_every, share)), share.first_block, writers, hot_set, keys,
         directory, balance, seed, progress, counted,
@@ -507,42 +508,63 @@ def _profile_and_partition(
     return PreparedData(stats, validation, partition, hot_set)
 
 
-def _validation(blocks: list[SampleBlock], directory: Path) -> SampleBlock | None:
-    """Every rank's validation ``blocks``, in rank order, on every rank (collective; None: there are
-    none): in memory on one rank; on several, each rank writes its own into ``directory/validation`` and
-    every rank memory-maps them all, so that none sends or holds a copy of the others'."""
-    mine = SampleBlock.concat(blocks) if blocks else None
-    rank, world_size = _rank()
-    if world_size == 1:
-        return mine
-    described = None
-    if mine is not None:
-        layout = {field: (getattr(mine, field).dtype, getattr(mine, field).shape[1:]) for field in _FIELDS}
-        described = (len(mine), mine.ids_per_feature, layout)
-    everyone: list = [None] * world_size
-    dist.all_gather_object(everyone, described)
-    held = [d for d in everyone if d is not None]
-    if not held:
-        return None
-    folder, (_, ids_per_feature, layout) = directory / VALIDATION, held[0]
-    start = sum(d[0] for d in everyone[:rank] if d is not None)
+@dataclass(frozen=True)
+class _Held:
+    """The validation inputs: this rank's (None: it has none), and every rank's length, ids per feature
+    and fields' dtypes and row shapes (None where a rank has none)."""
 
-    def allocate() -> None:
-        if rank == 0:
-            folder.mkdir(parents=True, exist_ok=True)
-            for field, (dtype, shape) in layout.items():
-                allocate_npy(folder / f"{field}.npy", dtype, (sum(d[0] for d in held), *shape))
+    mine: SampleBlock | None
+    everyone: list[tuple | None]
 
-    def write() -> None:
-        for field, (dtype, shape) in layout.items() if mine is not None else ():
-            region = NpyRegion(folder / f"{field}.npy", dtype, shape, start)
-            region.append(getattr(mine, field))
-            region.close()
+    @classmethod
+    def gather(cls, blocks: list[SampleBlock]) -> _Held:
+        """This rank's validation ``blocks``, described to every rank (collective)."""
+        mine = SampleBlock.concat(blocks) if blocks else None
+        described = None
+        if mine is not None:
+            layout = {
+                field: (getattr(mine, field).dtype, getattr(mine, field).shape[1:]) for field in _FIELDS
+            }
+            described = (len(mine), mine.ids_per_feature, layout)
+        everyone = [described]
+        if _rank()[1] > 1:
+            everyone = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, described)
+        return cls(mine, everyone)
 
-    _on_every_rank(allocate)
-    _on_every_rank(write)
-    arrays = _on_every_rank(lambda: [np.load(folder / f"{field}.npy", mmap_mode="r") for field in _FIELDS])
-    return SampleBlock(*arrays, ids_per_feature=ids_per_feature)
+    @property
+    def empty(self) -> bool:
+        return all(described is None for described in self.everyone)
+
+    def share(self, directory: Path) -> SampleBlock | None:
+        """Every rank's validation inputs, in rank order, on every rank (collective; None: there are
+        none): in memory on one rank; on several, each rank writes its own into ``directory/validation``
+        and every rank memory-maps them all, so that none sends or holds a copy of the others'."""
+        rank, world_size = _rank()
+        held = [d for d in self.everyone if d is not None]
+        if world_size == 1 or not held:
+            return self.mine
+        folder, (_, ids_per_feature, layout) = directory / VALIDATION, held[0]
+        start = sum(d[0] for d in self.everyone[:rank] if d is not None)
+
+        def allocate() -> None:
+            if rank == 0:
+                folder.mkdir(parents=True, exist_ok=True)
+                for field, (dtype, shape) in layout.items():
+                    allocate_npy(folder / f"{field}.npy", dtype, (sum(d[0] for d in held), *shape))
+
+        def write() -> None:
+            for field, (dtype, shape) in layout.items() if self.mine is not None else ():
+                region = NpyRegion(folder / f"{field}.npy", dtype, shape, start)
+                region.append(getattr(self.mine, field))
+                region.close()
+
+        _on_every_rank(allocate)
+        _on_every_rank(write)
+        arrays = _on_every_rank(
+            lambda: [np.load(folder / f"{field}.npy", mmap_mode="r") for field in _FIELDS]
+        )
+        return SampleBlock(*arrays, ids_per_feature=ids_per_feature)
 
 
 @dataclass(frozen=True)
