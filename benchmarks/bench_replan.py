@@ -1,19 +1,23 @@
 """What a re-plan costs at Criteo Kaggle's sizes: the decision, the row move and the re-partition, in seconds
-and bytes, on this machine.
+and bytes, and its peak memory against training's, on this machine.
 
 Builds the DLRM example's FAE run (``fae_torchrec.recipes``: the data profiled and partitioned, the model
 planned and sharded by DMP with its tables set) at Kaggle's table sizes (``--scale 1.0``: 33.8M rows) on
-time-ordered synthetic days whose popularity rotates (``--days 2 --drift``), watches the first
-``--watch-steps`` steps of the schedule as training would (``Replanning.observe``: the recent counts of
-every rank's inputs), then times a check (``Replanning.upcoming``: a sample of the inputs left to train;
-``Replanner.decide``: the recent counts as statistics, FAE's hot set of the run's budget, both hot
-sets' shares on that sample) and the move to its
-hot set (``Replanning``'s own: the training state gathered in the unsplit layout, the new model planned and
-sharded, the state loaded into it, the untrained inputs and the full data partitioned again). The
-re-plan is forced: the cost is what is measured, whatever the decision. Run on one rank, or under
-``torchrun`` for several (gloo on CPU; the gather then all-reduces every table)::
+time-ordered synthetic days whose popularity rotates (``--days 2 --drift``), trains the first
+``--watch-steps`` steps of the schedule and watches them as training would (``Replanning.observe``: the
+recent counts of every rank's inputs), then times a check (``Replanning.upcoming``: a sample of the inputs
+left to train; ``Replanner.decide``: the recent counts as statistics, FAE's hot set of the run's budget,
+both hot sets' shares on that sample) and the move to its hot set (``Replanning``'s own: the training
+state spilled to files in the unsplit layout, the old tables freed, the untrained inputs and the full data
+partitioned again, the new model planned and sharded, the state loaded into it). The re-plan is forced:
+the cost is what is measured, whatever the decision.
 
-    python benchmarks/bench_replan.py                       # ~3 min on 2 cores, ~8 GB
+Peak memory is each rank's peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs`` before
+each phase): training's over the trained steps, the re-plan's over the check and the move; the largest
+rank's is printed. Run on one rank, or under ``torchrun`` for several (gloo on CPU)::
+
+    python benchmarks/bench_replan.py                       # ~2 min on 2 cores, ~4 GB
+    python benchmarks/bench_replan.py --scale 2.0           # twice the tables
     python benchmarks/bench_replan.py --scale 0.05          # a small run: seconds
 
 Prints each phase's seconds and bytes and writes them to ``bench_replan.json`` in ``--out``.
@@ -23,12 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
+import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -37,6 +42,7 @@ from fae_torchrec.recipes import DLRM
 from fae_torchrec.recipes.build import build_training, init_distributed
 from fae_torchrec.recipes.options import parse_args
 from fae_torchrec.recipes.replan import Replanning
+from fae_torchrec.train.runner import StepRunner
 from fae_torchrec.units import format_bytes
 
 
@@ -44,7 +50,7 @@ def parse_options(argv: list[str] | None = None) -> tuple[argparse.Namespace, ar
     """This script's options, and the example's (``--scale``, ``--num-samples``, ... pass through)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--watch-steps", type=positive_int, default=200, help="steps watched before the check"
+        "--watch-steps", type=positive_int, default=200, help="steps trained and watched before the check"
     )
     parser.add_argument("--out", default="runs/bench_replan", help="bench_replan.json and the run's files")
     own, rest = parser.parse_known_args(argv)
@@ -63,26 +69,43 @@ def main(argv: list[str] | None = None) -> dict:
     build_seconds = time.perf_counter() - started
     replanning = Replanning(args, DLRM, training, training.data.partition, device)
     schedule = training.router.schedule(0)
-    watched = schedule[: own.watch_steps]
+    if own.watch_steps >= len(schedule):
+        print(
+            f"--watch-steps {own.watch_steps}: the epoch has {len(schedule)} steps at {world} rank(s); "
+            "leave some to re-plan for",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    runner = StepRunner(args.pipeline, training.model, training.optimizer, device, fae=training.fae)
+    resident = _reset_peak()
     started = time.perf_counter()
-    for step in watched:
-        replanning.observe(training.router.partition, step)
+    trained = 0
+    for routed, *_ in runner.train(islice(training.router.epoch(0), own.watch_steps)):
+        replanning.observe(training.router.partition, schedule[routed.step])
+        trained += 1
     replanning.flush()
-    watch_seconds = (time.perf_counter() - started) / len(watched)
+    step_seconds = (time.perf_counter() - started) / trained
+    training_peak = _peak()
+    _reset_peak()
+    watched = schedule[:trained]
     started = time.perf_counter()
-    upcoming, remaining = replanning.upcoming(
-        training.router.partition, schedule[len(watched) :], 0, len(watched)
-    )
+    upcoming, remaining = replanning.upcoming(training.router.partition, schedule[trained:], 0, trained)
     decision = replanning.replanner.decide(remaining, args.batch_size * world, 0.0, 0.0, 0.0, upcoming)
     decide_seconds = time.perf_counter() - started
-    replanning.move(len(watched), training, training.model, watched, decision)
+    replanning.move(trained, training, runner.paused(), watched, decision)
+    replan_peak = _peak()
     move = replanning.last_move
+    peaks = [None] * world
+    dist.all_gather_object(peaks, (resident, training_peak, replan_peak))
+    resident, training_peak, replan_peak = max(peaks, key=lambda p: p[2])
+    move_seconds = sum(move[f"{phase}_seconds"] for phase in ("spill", "shard", "load"))
     result = {
         "options": vars(own) | {"example": {k: v for k, v in vars(args).items() if k != "replan"}},
         "world_size": world,
         "table_rows": int(sum(t.num_embeddings for t in training.tables)),
         "build_seconds": build_seconds,
-        "watch_ms_per_step": 1000 * watch_seconds,
+        "trained_steps": trained,
+        "step_ms": 1000 * step_seconds,
         "watch_bytes_per_table": replanning.counts.bytes_per_table().tolist(),
         "decision_seconds": decide_seconds,
         "rows_moved": decision.rows_moved,
@@ -90,8 +113,14 @@ def main(argv: list[str] | None = None) -> dict:
         "share_now": decision.current.share,
         "share_proposed": decision.proposed.share,
         **move,
+        "move_seconds": move_seconds,
+        "move_us_per_moved_row": 1e6 * move_seconds / max(decision.rows_moved, 1),
         "replan_seconds": decide_seconds + sum(v for k, v in move.items() if k.endswith("_seconds")),
-        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20),
+        "resident_gib": resident,
+        "training_peak_gib": training_peak,
+        "replan_peak_gib": replan_peak,
+        "replan_extra_gib": replan_peak - training_peak,
+        "replan_over_training": replan_peak / training_peak,
     }
     if rank == 0:
         _report(result)
@@ -101,6 +130,24 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+def _status_gib(field: str) -> float:
+    """A field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``), in GiB."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
+    return int(line.split()[1]) / (1 << 20)  # in kB
+
+
+def _reset_peak() -> float:
+    """Reset this process's peak resident set to the resident set now (``/proc/self/clear_refs``), which
+    is returned, in GiB."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_gib("VmRSS")
+
+
+def _peak() -> float:
+    """This process's peak resident set since the last ``_reset_peak``, in GiB."""
+    return _status_gib("VmHWM")
+
+
 def _report(r: dict) -> None:
     rows, ranks = f"{r['table_rows']:,} rows", f"{r['world_size']} rank(s)"
     most = format_bytes(int(np.max(r["watch_bytes_per_table"])))
@@ -108,17 +155,26 @@ def _report(r: dict) -> None:
     shares = f"{100 * r['share_now']:.1f}% hot now, {100 * r['share_proposed']:.1f}% after"
     build = f"the run's build (profile, partition, plan, DMP) took {r['build_seconds']:.1f} s"
     print(f"re-plan at {rows}, {ranks}; {build}")
-    print(f"watching: {r['watch_ms_per_step']:.2f} ms a step (in its thread), at most {most} per table")
-    print(f"decision: {r['decision_seconds']:.2f} s; {moved}; recent inputs {shares}")
-    state = format_bytes(r["state_bytes"])
     print(
-        f"move: gather {r['gather_seconds']:.1f} s ({state} of state per rank), plan and shard "
-        f"{r['shard_seconds']:.1f} s, load {r['load_seconds']:.1f} s"
+        f"training: {r['trained_steps']} steps trained and watched, {r['step_ms']:.1f} ms a step; "
+        f"recent counts at most {most} per table"
+    )
+    print(f"decision: {r['decision_seconds']:.2f} s; {moved}; recent inputs {shares}")
+    spilled, held = format_bytes(r["spilled_bytes"]), format_bytes(r["state_bytes"])
+    print(
+        f"move: spill {r['spill_seconds']:.1f} s ({spilled} of tables with state written, {held} of other "
+        f"state held per rank), plan and shard {r['shard_seconds']:.1f} s, load {r['load_seconds']:.1f} s: "
+        f"{r['move_us_per_moved_row']:.1f} us per moved row"
     )
     written = format_bytes(r["partition_bytes"])
     inputs = f"{r['repartitioned_inputs']:,} inputs"
     print(f"re-partition: {r['partition_seconds']:.1f} s for {inputs} ({written} written)")
-    print(f"re-plan in all: {r['replan_seconds']:.1f} s; peak memory {r['peak_rss_gib']:.1f} GiB")
+    print(f"re-plan in all: {r['replan_seconds']:.1f} s")
+    print(
+        f"peak memory (largest rank): training {r['training_peak_gib']:.2f} GiB, re-plan "
+        f"{r['replan_peak_gib']:.2f} GiB: {r['replan_over_training']:.2f}x, "
+        f"{r['replan_extra_gib']:+.2f} GiB (resident before training {r['resident_gib']:.2f} GiB)"
+    )
 
 
 if __name__ == "__main__":

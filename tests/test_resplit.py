@@ -13,10 +13,11 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.modules.state import gather_full_state_dict
+from fae_torchrec.torchrec_compat import ShardedTensor
 from fae_torchrec.train.cold_tier import PlannedColdTier
 from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
-from fae_torchrec.train.resplit import gather_unsplit_state, load_unsplit_state
+from fae_torchrec.train.resplit import load_unsplit_state, release_tables, spill_unsplit_state
 from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.schedule import make_schedule, trained_inputs
 from fae_torchrec.train.step import find_fae_module, train_step
@@ -62,7 +63,7 @@ def _replanned(model, stats, hot_set, world_size: int, embedding: EmbeddingOptim
 
 
 def _training_with_a_replan(
-    rank: int, world_size: int, optimizer_name: str, constrained: bool, tiered: bool = False
+    rank: int, world_size: int, folder, optimizer_name: str, constrained: bool, tiered: bool = False
 ) -> None:
     """The baseline and FAE trained on the same batches, FAE re-planned after ``REPLAN_AT`` steps; with
     ``tiered`` its cold rows in a planned cold tier before and after the re-plan."""
@@ -106,7 +107,11 @@ def _training_with_a_replan(
         train_step(base_dmp, batch, base_optimizer)
         train_step(fae_dmp, routed.batch, fae_optimizer)
 
-    state = gather_unsplit_state(fae_dmp, fae_optimizer, embedding, tier)
+    state = spill_unsplit_state(fae_dmp, fae_optimizer, embedding, folder, tier)
+    assert state.file_bytes() > 0 and state.nbytes() < state.file_bytes()
+    release_tables(fae_dmp, fae_optimizer, embedding, tier)
+    kept = () if tier is None else tuple(tier.keys)  # the slot tables: not the cold rows
+    assert all(s.tensor.untyped_storage().size() == 0 for _, s in _shards(fae_dmp, kept)), "tables not freed"
     torch.manual_seed(0)
     meta = FAEEmbeddingBagCollection(
         tables, new_hot_set, device=torch.device("meta"), cold_slots=slots["new"]
@@ -116,6 +121,8 @@ def _training_with_a_replan(
     )
     tier = PlannedColdTier(new_dmp) if tiered else None
     load_unsplit_state(new_dmp, new_optimizer, embedding, state, tier)
+    state.remove()
+    assert not folder.exists()
     del fae_dmp, fae_optimizer
 
     split = BatchRouter(remainder, 32, world_size, rank, seed=1, split=new_dmp, cold_tier=tier)
@@ -137,12 +144,12 @@ def _training_with_a_replan(
 def test_training_with_a_replan_ends_with_the_baseline_parameters(tmp_path, world_size, optimizer_name):
     """TorchRec's unconstrained plans: hot parts data-parallel, so rows move between FBGEMM's fused
     optimizer state and the dense form's."""
-    run_on_ranks(_training_with_a_replan, world_size, tmp_path, optimizer_name, False)
+    run_on_ranks(_training_with_a_replan, world_size, tmp_path, tmp_path / "rows", optimizer_name, False)
 
 
 @pytest.mark.slow
 def test_a_replan_between_table_wise_plans_is_exact(tmp_path):
-    run_on_ranks(_training_with_a_replan, 2, tmp_path, "adagrad", True)
+    run_on_ranks(_training_with_a_replan, 2, tmp_path, tmp_path / "rows", "adagrad", True)
 
 
 @pytest.mark.slow
@@ -151,37 +158,68 @@ def test_a_replan_with_a_planned_cold_tier_is_exact(tmp_path, optimizer_name, wo
     """The cold rows and their optimizer state move from the old tier's host rows, through the unsplit
     layout, into the new model's hot part and the new tier's host rows; TorchRec's unconstrained plans
     (slot tables on the fused kernel, table-wise, whatever the rest)."""
-    run_on_ranks(_training_with_a_replan, world_size, tmp_path, optimizer_name, False, True)
+    run_on_ranks(
+        _training_with_a_replan, world_size, tmp_path, tmp_path / "rows", optimizer_name, False, True
+    )
 
 
-def _round_trip(rank: int, world_size: int) -> None:
-    """Gathering the state and loading it into the same model changes nothing."""
+def _shards(model, left_out=()):
+    """The local shards of the FAE module's sharded tables in ``model`` but those ``left_out`` (their
+    names end so), by name."""
+    return [
+        (name, shard)
+        for name, value in model.state_dict().items()
+        if ".embedding_bags." in name
+        and isinstance(value, ShardedTensor)
+        and not any(name.endswith(key) for key in left_out)
+        for shard in value.local_shards()
+    ]
+
+
+def _round_trip(rank: int, world_size: int, folder) -> None:
+    """Spilling the state and loading it into the same model changes nothing; the files hold every row
+    in the unsplit layout, with its optimizer state."""
     embedding = EmbeddingOptimizer(*OPTIMIZERS["rowwise_adagrad"][:2])
     setup = _setup("dlrm", world_size)
-    data, _, _, hot_set = setup
+    data, tables, _, hot_set = setup
     _, _, fae_dmp, fae_optimizer, _, _ = _baseline_and_fae("dlrm", world_size, embedding, False, setup)
     partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
     for routed in list(BatchRouter(partition, 32, world_size=world_size, rank=rank).epoch(0))[:4]:
         train_step(fae_dmp, routed.batch, fae_optimizer)
-    before = gather_unsplit_state(fae_dmp, fae_optimizer, embedding)
     weights = gather_full_state_dict(fae_dmp)
-    assert before.nbytes() > sum(w.numel() * w.element_size() for w in weights.values()) // 2
-    load_unsplit_state(fae_dmp, fae_optimizer, embedding, before)
-    after = gather_unsplit_state(fae_dmp, fae_optimizer, embedding)
-    for group in ("weights", "unfused", "fused"):
-        assert getattr(before, group).keys() == getattr(after, group).keys()
-    for name, value in before.weights.items():
-        assert torch.equal(value, after.weights[name]), name
-    for name, rows in before.row_state.items():
-        assert rows.keys() == after.row_state[name].keys()
-        for table, value in rows.items():
-            assert torch.equal(value, after.row_state[name][table]), table
-            assert value.any(), f"{table}: no optimizer state gathered"
-    assert before.step is not None and float(before.step) == 4
+    fused = _local_fused_state(fae_dmp)
+    assert fused, "no fused optimizer state on this rank"
+    fae = find_fae_module(fae_dmp)
+    state = spill_unsplit_state(fae_dmp, fae_optimizer, embedding, folder)
+    assert sorted(state.files) == ["momentum1", "weight"]
+    unsplit = fae.ebc_state_dict(weights, f"{state.path}.")
+    for config in tables:
+        saved = state.read("weight", config.name)
+        assert torch.equal(saved, unsplit[f"embedding_bags.{config.name}.weight"]), config.name
+        assert state.read("momentum1", config.name).shape == (config.num_embeddings,)
+    assert any(bool(state.read("momentum1", c.name).any()) for c in tables), "no optimizer state written"
+    load_unsplit_state(fae_dmp, fae_optimizer, embedding, state)
+    for name, value in gather_full_state_dict(fae_dmp).items():
+        assert torch.equal(value, weights[name]), name
+    after = _local_fused_state(fae_dmp)
+    assert after.keys() == fused.keys()
+    for name, shards in after.items():
+        assert all(torch.equal(a, b) for a, b in zip(shards, fused[name], strict=True)), name
+    assert state.step is not None and float(state.step) == 4
+    state.remove()
 
 
-def test_gathering_and_loading_the_state_is_the_identity(tmp_path):
-    run_on_ranks(_round_trip, 2, tmp_path)
+def _local_fused_state(model):
+    """This rank's shards of the fused optimizer's state (copies), by (parameter, key)."""
+    return {
+        (parameter, key): [shard.tensor.clone() for shard in value.local_shards()]
+        for parameter, entries in model.fused_optimizer.state_dict()["state"].items()
+        for key, value in entries.items()
+    }
+
+
+def test_spilling_and_loading_the_state_is_the_identity(tmp_path):
+    run_on_ranks(_round_trip, 2, tmp_path, tmp_path / "rows")
 
 
 def test_an_optimizer_whose_state_cannot_move_is_refused():

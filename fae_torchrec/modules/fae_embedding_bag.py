@@ -95,6 +95,13 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self.cold_slots = None if cold_slots is None else _checked_slots(cold_slots, self.num_cold)
         cold_sizes = self.num_cold if cold_slots is None else self.cold_slots
         sizes = {HOT: num_hot, COLD: np.array([cold_sizes.get(t, 0) for t in layout.names], dtype=np.int64)}
+        #: Per part weight (its name in this module's state dict), its table.
+        self.part_tables = {
+            f"{part}.embedding_bags.{part_table_name(t, part)}.weight": t
+            for part, rows in sizes.items()
+            for t, n in zip(layout.names, rows, strict=True)
+            if n > 0
+        }
         self.hot = self._make_part(HOT, sizes[HOT], device)
         self.cold = self._make_part(COLD, sizes[COLD], device)
         features = layout.features
@@ -191,7 +198,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         a mask of those in the part (consecutive part rows: both parts keep the original order). The
         cold rows of a module built with ``cold_slots`` are named so too, though a planned cold tier
         holds them."""
-        hot = self._hot_ids()[self._layout.index(table)]
+        hot = self._table_hot_ids[table][0]
         low, high = (int(i) for i in torch.searchsorted(hot, torch.tensor([start, stop])))
         is_hot = torch.zeros(stop - start, dtype=torch.bool)
         is_hot[hot[low:high] - start] = True
@@ -200,6 +207,24 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             if bool(mask.any()):
                 ranges.append((f"{part}.embedding_bags.{part_table_name(table, part)}.weight", first, mask))
         return ranges
+
+    def part_ids(self, key: str, start: int, stop: int) -> torch.Tensor:
+        """The original ids (ascending) of rows ``start:stop`` of the part weight ``key`` (its name in this
+        module's state dict), made for those rows alone: the ``k``-th cold row is id ``k`` plus the hot
+        ids before it (those whose own count of cold ids before them is at most ``k``)."""
+        hot, cold_before = self._table_hot_ids[self.part_tables[key]]
+        if key.startswith(HOT):
+            return hot[start:stop]
+        rows = torch.arange(start, stop)
+        return rows + torch.searchsorted(cold_before, rows, right=True)
+
+    @cached_property
+    def _table_hot_ids(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per table, its hot ids and, for each, how many cold ids precede it."""
+        return {
+            config.name: (hot, hot - torch.arange(len(hot)))
+            for config, hot in zip(self._configs, self._hot_ids(), strict=True)
+        }
 
     def _check_rows_held(self, what: str) -> None:
         """``ValueError`` for ``what``, which reads or writes cold rows in the cold part, when the cold

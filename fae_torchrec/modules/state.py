@@ -3,7 +3,7 @@ initial tables made where they live."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -93,14 +93,39 @@ def load_initial_tables(module: nn.Module, tables: Sequence[EmbeddingBagConfig],
     layouts (FAE and the unsplit baseline) get the same tables (:func:`initial_blocks`).
     """
     state = module.state_dict()
+    slots = isinstance(module, FAEEmbeddingBagCollection) and module.cold_slots is not None
+
+    def copy(name: str, key: str, first: int, rows: torch.Tensor) -> None:
+        if not (slots and key.startswith(COLD)):
+            copy_rows(state[key], first, rows)
+
+    load_row_blocks(
+        module,
+        ((config, start, {"weight": rows}) for config, start, rows in initial_blocks(tables, seed)),
+        copy,
+    )
+
+
+def load_row_blocks(
+    module: nn.Module,
+    blocks: Iterable[tuple[EmbeddingBagConfig, int, Mapping[str, torch.Tensor]]],
+    copy: Callable[[str, str, int, torch.Tensor], None],
+) -> None:
+    """Hand each block of rows of the original tables to where ``module`` keeps them: ``blocks`` gives
+    (table, first row, per name its rows: weights, or an optimizer's per-row state), and ``copy(name,
+    key, first, rows)`` is called per part holding any of them (``key``: the part weight's name in
+    ``module``'s state dict, ``first``: the part row of the first of ``rows``). ``module`` is an
+    ``FAEEmbeddingBagCollection`` (rows split between its parts) or an ``EmbeddingBagCollection``."""
     with torch.no_grad():
-        for config, start, rows in initial_blocks(tables, seed):
+        for config, start, named in blocks:
+            stop = start + len(next(iter(named.values())))
             if isinstance(module, FAEEmbeddingBagCollection):
-                for name, first, chosen in module.row_ranges(config.name, start, start + len(rows)):
-                    if module.cold_slots is None or not name.startswith(COLD):
-                        _copy_rows(state[name], first, rows[chosen])
+                ranges = module.row_ranges(config.name, start, stop)
             else:
-                _copy_rows(state[f"embedding_bags.{config.name}.weight"], start, rows)
+                ranges = [(f"embedding_bags.{config.name}.weight", start, slice(None))]
+            for key, first, chosen in ranges:
+                for name, rows in named.items():
+                    copy(name, key, first, rows[chosen])
 
 
 def initial_blocks(
@@ -119,19 +144,23 @@ def initial_blocks(
             yield config, start, rows
 
 
-def _copy_rows(local: torch.Tensor, first: int, rows: torch.Tensor) -> None:
-    """Copy ``rows`` into rows ``first:`` of a table's weight: the parts of them in this rank's
-    shards (any row and column offsets) for a ``ShardedTensor``, all of them for a plain tensor."""
-    if not isinstance(local, ShardedTensor):
-        local[first : first + len(rows)].copy_(rows)
-        return
-    for shard in local.local_shards():
-        (row, column), (height, width) = shard.metadata.shard_offsets, shard.tensor.shape
-        begin, end = max(first, row), min(first + len(rows), row + height)
-        if begin < end:
-            shard.tensor[begin - row : end - row].copy_(
-                rows[begin - first : end - first, column : column + width]
-            )
+def copy_rows(local: torch.Tensor, first: int, rows: torch.Tensor) -> None:
+    """Copy ``rows`` into rows ``first:`` of a per-row tensor (a table's weight, or an optimizer's
+    per-row state): the parts of them in this rank's shards (any row and column offsets) for a
+    ``ShardedTensor``, all of them for a plain tensor (``rows`` reshaped to its rows' shape: the dense
+    form of a row-wise state has a column the fused form has not)."""
+    with torch.no_grad():
+        if not isinstance(local, ShardedTensor):
+            local[first : first + len(rows)].copy_(rows.reshape(len(rows), *local.shape[1:]))
+            return
+        for shard in local.local_shards():
+            row, *columns = shard.metadata.shard_offsets
+            height = shard.tensor.shape[0]
+            begin, end = max(first, row), min(first + len(rows), row + height)
+            if begin < end:
+                widths = zip(columns, shard.tensor.shape[1:], strict=True)
+                index = (slice(begin - first, end - first), *(slice(c, c + w) for c, w in widths))
+                shard.tensor[begin - row : end - row].copy_(rows[index])
 
 
 def _shard_index(shard) -> tuple[slice, ...]:

@@ -2,11 +2,11 @@
 
 Every rank watches the whole step (all ranks' inputs, read from the shared partition, the same draws on
 every rank), so every rank holds the same recent counts and comes to the same decision with no
-collective. A re-plan gathers the training state in the unsplit layout, plans and shards the model of
-the new hot set (the recipe's own ``shard_model``), loads the state into it, partitions again the inputs
-of the epoch not yet trained, and the data of later epochs, and goes on with a new router. Its files go
-into ``--out``/``replan-step-NNNNNNNNN`` (the recent statistics, both partitions), which a checkpoint's
-summary names, so that a resume builds the model it saved.
+collective. A re-plan writes the training state in the unsplit layout to files, frees the old
+tables, plans and shards the model of the new hot set (the recipe's own ``shard_model``), loads the state
+into it, partitions again the inputs of the epoch not yet trained, and the data of later epochs, and goes
+on with a new router. Its files go into ``--out``/``replan-step-NNNNNNNNN`` (the recent statistics, both
+partitions), which a checkpoint's summary names, so that a resume builds the model it saved.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.prepare import on_rank_zero, repartition
 from fae_torchrec.train.replan import ReplanDecision, Replanner
-from fae_torchrec.train.resplit import gather_unsplit_state, load_unsplit_state
+from fae_torchrec.train.resplit import load_unsplit_state, release_tables, spill_unsplit_state
 from fae_torchrec.train.schedule import Step, trained_inputs
 from fae_torchrec.train.step import find_fae_module
 from fae_torchrec.units import parse_bytes
@@ -100,7 +100,7 @@ class Replanning:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fae-watch")
         self._pending: list[Future] = []
         self.decisions: list[dict] = []
-        #: The phases of the last move: seconds (gather, shard, load, partition) and bytes.
+        #: The phases of the last move: seconds (spill, partition, shard, load) and bytes.
         self.last_move: dict = {}
 
     def observe(self, partition: HotColdPartition, step: Step) -> None:
@@ -210,19 +210,25 @@ class Replanning:
         decision: ReplanDecision,
     ) -> Training:
         """``training`` moved to ``decision``'s hot set after step ``step_index``, ``trained`` the steps
-        of its router's epoch done (``model``: the paused model), planned from the recent statistics
-        the decision took it from: the state gathered and loaded into the new model, the rest of the
-        epoch and the full data partitioned again (collective). ``last_move`` holds each phase's
-        seconds and bytes."""
+        of its router's epoch done (``model``: the paused model, unusable afterwards), planned from the
+        recent statistics the decision took it from: the state spilled to files and loaded into the new
+        model, the rest of the epoch and the full data partitioned again (collective). ``last_move``
+        holds each phase's seconds and bytes."""
         args = self.args
         clock = _Clock()
         embedding = embedding_optimizer(args)
-        state = gather_unsplit_state(model, training.optimizer, embedding, training.cold_tier)
+        folder = self.out / FOLDER.format(step_index)
+        state = spill_unsplit_state(model, training.optimizer, embedding, folder / "rows", training.cold_tier)
+        # the old tables give their memory to the new model's
+        release_tables(model, training.optimizer, embedding, training.cold_tier)
         if training.cold_tier is not None:  # the new model gets a tier of its own
             training.cold_tier.close()
-        self.last_move = {"state_bytes": state.nbytes(), "gather_seconds": clock.lap()}
+        self.last_move = {
+            "state_bytes": state.nbytes(),
+            "spilled_bytes": state.file_bytes(),
+            "spill_seconds": clock.lap(),
+        }
         stats, hot_set = decision.stats, decision.hot_set
-        folder = self.out / FOLDER.format(step_index)
 
         def save() -> None:
             folder.mkdir(parents=True, exist_ok=True)
@@ -236,7 +242,9 @@ class Replanning:
         self.full = repartition(self.full, everything, hot_set, folder / "full", args.balance, args.seed)
         self.last_move |= {
             "partition_seconds": clock.lap(),
-            "partition_bytes": sum(f.stat().st_size for f in folder.rglob("*.npy")),
+            "partition_bytes": sum(
+                f.stat().st_size for d in ("partition", "full") for f in (folder / d).rglob("*.npy")
+            ),
             "repartitioned_inputs": int(rest.sum()) + len(everything),
         }
         sizing = None  # a planned cold tier's slots, sized from the new partitions
@@ -249,7 +257,7 @@ class Replanning:
         self.last_move["shard_seconds"] = clock.lap()
         cold_tier = None if sizing is None else PlannedColdTier(dmp, ahead=args.copy_ahead)
         load_unsplit_state(dmp, dense, embedding, state, cold_tier)
-        del state
+        state.remove()
         self.last_move["load_seconds"] = clock.lap()
         self.folder = folder
         self.replanner.moved_to(hot_set, decision.proposed)

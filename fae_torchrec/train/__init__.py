@@ -15,7 +15,7 @@ from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.pipeline import FAEPrefetchTrainPipeline, FAETrainPipeline
 from fae_torchrec.train.prepare import PreparedData, prepare_data, repartition
 from fae_torchrec.train.replan import ReplanDecision, Replanner, ReplanPolicy
-from fae_torchrec.train.resplit import UnsplitState, gather_unsplit_state, load_unsplit_state
+from fae_torchrec.train.resplit import UnsplitState, load_unsplit_state, release_tables, spill_unsplit_state
 from fae_torchrec.train.router import BatchRouter, RoutedBatch
 from fae_torchrec.train.runner import StepRunner
 from fae_torchrec.train.schedule import ORDERS, Step, make_schedule, trained_inputs
@@ -46,13 +46,14 @@ __all__ = [
     "allocate_slots",
     "evaluate",
     "evaluation_cold_slots",
-    "gather_unsplit_state",
     "load_unsplit_state",
     "make_schedule",
     "min_cold_slots",
     "plan_slots",
     "prepare_data",
+    "release_tables",
     "repartition",
+    "spill_unsplit_state",
     "train_step",
     "trained_inputs",
     "unfused_optimizer",

@@ -213,7 +213,7 @@ class PlannedColdTier:
         )
         devices = [run.slots["weight"].device for run in self._runs]
         self._engine = CopyEngine(devices[0] if devices else torch.device("cpu"))
-        self._reset()
+        self.reset_rows()
         self._features = {
             f: c.name
             for c in fae.embedding_bag_configs()
@@ -254,22 +254,22 @@ class PlannedColdTier:
         """Set the cold rows this rank holds from full tensors of every cold table's rows, by name and
         key as :meth:`gather_cold_state` gives them (an optimizer state left out: the slots' initial
         one); the slots are emptied."""
-        self._reset()
+        self.reset_rows()
         for name, tensors in state.items():
             for key, table in self.keys.items():
-                self._set_rows(table, 0, tensors[key], name)
+                self.set_rows(table, 0, tensors[key], name)
 
     def load_initial_tables(self, tables: Sequence[EmbeddingBagConfig], seed: int) -> None:
         """Set the cold rows this rank holds to their initial weights, drawn a block at a time as
         ``load_initial_tables`` draws every other row (the same tables as the baseline's), their
         optimizer state to the slots' initial one; the slots are emptied."""
-        self._reset()
+        self.reset_rows()
         for config, start, rows in initial_blocks(tables, seed):
             for name, first, chosen in self.fae.row_ranges(config.name, start, start + len(rows)):
                 if name.startswith(COLD):
-                    self._set_rows(config.name, first, rows[chosen])
+                    self.set_rows(config.name, first, rows[chosen])
 
-    def _reset(self) -> None:
+    def reset_rows(self) -> None:
         """Empty the slots; every host row's optimizer state the slots' initial one."""
         self._engine.settle()
         with torch.no_grad():
@@ -280,7 +280,7 @@ class PlannedColdTier:
                         rows.copy_(value.expand_as(rows))
                 run.held[:] = -1
 
-    def _set_rows(self, table: str, first: int, rows: torch.Tensor, name: str = "weight") -> None:
+    def set_rows(self, table: str, first: int, rows: torch.Tensor, name: str = "weight") -> None:
         """Set cold rows ``first:first + len(rows)`` of ``table`` (their weights, or the optimizer state
         ``name``), those in this rank's groups."""
         with torch.no_grad():
@@ -290,6 +290,12 @@ class PlannedColdTier:
                     run.group_rows(index, name)[begin - group.row_start : end - group.row_start] = rows[
                         begin - first : end - first
                     ]
+
+    def held_rows(self) -> Iterator[tuple[str, int, dict[str, torch.Tensor]]]:
+        """This rank's host rows (:meth:`flush` first), a slot group at a time: its table, its first
+        cold row and, per name (weights, and each per-row optimizer state), its rows (views)."""
+        for run, index, group in self._mine():
+            yield group.table, group.row_start, {name: run.group_rows(index, name) for name in run.rows}
 
     def _mine(self) -> Iterator[tuple[_Run, int, SlotGroup]]:
         """This rank's slot groups: each one's run, its index in the run, and the group."""

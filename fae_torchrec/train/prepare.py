@@ -157,7 +157,7 @@ def prepare_data(
         spools = _spool(source, tables, directory, num_batches, each_rank is not False, progress)
     try:
         if spools:
-            source = _on_every_rank(lambda: _read_spools(spools, tables))
+            source = on_every_rank(lambda: _read_spools(spools, tables))
         return _profile_and_partition(
             source, tables, directory, sample, batch_size, hot_budget, optimizer_class, stats, val_every,
             balance, seed, exclude_profiled, names, progress,
@@ -230,7 +230,7 @@ def _raise_on_every_rank(problem: str | None) -> None:
         raise ValueError(found[0])
 
 
-def _on_every_rank(work: Callable[[], T]) -> T:
+def on_every_rank(work: Callable[[], T]) -> T:
     """``work()`` on this rank, after which every rank raises ``ValueError`` (a collective) when any
     rank's failed, naming that rank where there are several (its error chained on its own rank), so
     that none goes on into a collective the others left."""
@@ -267,7 +267,7 @@ def _spool(
         if rank in readers:
             spool_batches(batches, tables, spools[rank], num_batches, progress=progress and rank == 0)
 
-    _on_every_rank(spool)
+    on_every_rank(spool)
     return spools
 
 
@@ -483,7 +483,7 @@ def _profile_and_partition(
 
         return held, _count(split(), hot_set, keys, balance, seed, share.first_block)
 
-    mine, counted = _on_every_rank(read)
+    mine, counted = on_every_rank(read)
     held_out = _Held.gather(mine)
     if held_out.empty and val_every != 0:
         raise ValueError(
@@ -559,11 +559,9 @@ class _Held:
                 region.append(getattr(self.mine, field))
                 region.close()
 
-        _on_every_rank(allocate)
-        _on_every_rank(write)
-        arrays = _on_every_rank(
-            lambda: [np.load(folder / f"{field}.npy", mmap_mode="r") for field in _FIELDS]
-        )
+        on_every_rank(allocate)
+        on_every_rank(write)
+        arrays = on_every_rank(lambda: [np.load(folder / f"{field}.npy", mmap_mode="r") for field in _FIELDS])
         return SampleBlock(*arrays, ids_per_feature=ids_per_feature)
 
 
@@ -633,11 +631,11 @@ def _partition(
                     first_block=first_block,
                 )  # fmt: skip
 
-        _on_every_rank(write)
+        on_every_rank(write)
         return _open_on_every_rank(directory)
     if counted is None:
         every = ((block, np.ones(len(block), dtype=bool)) for block in training())
-        counted = _on_every_rank(lambda: _count(every, hot_set, keys, balance, seed, first_block))
+        counted = on_every_rank(lambda: _count(every, hot_set, keys, balance, seed, first_block))
     everyone: list = [None] * world_size
     dist.all_gather_object(everyone, counted.placed())
     layouts = [(r, placed[3]) for r, placed in enumerate(everyone) if placed[3] is not None]
@@ -652,13 +650,13 @@ def _partition(
     fields, ids_per_feature = layouts[0][1]
     place = PartitionShare(*(sum(placed[i] for placed in everyone[:rank]) for i in range(3)))
     totals = [sum(placed[i] for placed in everyone) for i in range(2)]
-    _on_every_rank(lambda: rank == 0 and allocate_partition(directory, fields, *totals))
-    _on_every_rank(
+    on_every_rank(lambda: rank == 0 and allocate_partition(directory, fields, *totals))
+    on_every_rank(
         lambda: write_share(
             training(), hot_set, keys, directory, fields, place, counted.hot, progress and rank == 0
         )
     )
-    _on_every_rank(lambda: rank == 0 and finish_partition(directory, keys, ids_per_feature, hot_set))
+    on_every_rank(lambda: rank == 0 and finish_partition(directory, keys, ids_per_feature, hot_set))
     return _open_on_every_rank(directory)
 
 
@@ -705,7 +703,7 @@ def _profile(
         bar.close()
         return profiler, profiled
 
-    profiler, profiled = _on_every_rank(count)
+    profiler, profiled = on_every_rank(count)
     _join(profiler)
     if profiler.num_inputs == 0:
         raise ValueError(f"no training input: {names['data']} has no inputs")
