@@ -102,20 +102,20 @@ def _check_traffic_and_steps(out: str, dim: int, figures: Path, model: str) -> l
 def test_bench_traffic_prints_every_comparison_and_draws_the_curves(tmp_path):
     out = _run(
         "bench_traffic.py",
-        "--num-samples", "200k", "--warmup", "100k", "--epoch", "400k", "--scale", "0.2", "--dims", "128",
+        "--num-samples", "100k", "--warmup", "50k", "--epoch", "200k", "--scale", "0.1", "--dims", "128",
         "--world-sizes", "1", "2", "--caps", "128MiB", "--sampling", "2", "--belady-sampling", "4",
-        "--convergence-lengths", "100k", "400k", "--convergence-points", "128:1:128MiB",
+        "--convergence-lengths", "50k", "200k", "--convergence-points", "128:1:128MiB",
         "--out", str(tmp_path),
     )  # fmt: skip
     assert out.count("disjoint (checked)") == 1, "the profile reads other inputs than the replay"
-    sampled = re.search(r"profile: ([\d,]+) sampled inputs \([\d.]+% of an epoch of 400,000\)", out)
-    assert sampled and abs(int(sampled[1].replace(",", "")) - 20_000) < 1_000, (
+    sampled = re.search(r"profile: ([\d,]+) sampled inputs \([\d.]+% of an epoch of 200,000\)", out)
+    assert sampled and abs(int(sampled[1].replace(",", "")) - 10_000) < 1_000, (
         "5% of the epoch, not of the replay"
     )
     convergence = _check_traffic_and_steps(out, 128, tmp_path, "dlrm")
-    assert [r[0].split()[4] for r in convergence] == ["100,000", "200,000", "400,000"]
+    assert [r[0].split()[4] for r in convergence] == ["50,000", "100,000", "200,000"]
     assert len({tuple(r[0].split()[5:]) for r in convergence}) == 1, "the same hot budgets at every length"
-    assert "doubling the default 200,000 inputs to 400,000" in out
+    assert "doubling the default 100,000 inputs to 200,000" in out
 
 
 @pytest.mark.benchmark
