@@ -87,6 +87,11 @@ class TableLayout:
             raise KeyError(f"feature {feature} is not read by any table ({self.names})")
         return self._table_index[feature]
 
+    def column_tables(self, keys: Sequence[str], ids_per_feature: Sequence[int]) -> np.ndarray:
+        """The table index of each id column of a block whose columns are ``ids_per_feature`` ids of each
+        of ``keys`` in turn."""
+        return np.repeat([self.table_of(key) for key in keys], ids_per_feature)
+
     def check_ids(self, table: int, ids: np.ndarray, feature: str | None = None) -> None:
         """Raise ``ValueError`` naming the table (and feature) and an id unless all ``ids`` are rows."""
         config = self.configs[table]
@@ -109,7 +114,7 @@ class TableLayout:
         """:meth:`check_ids` of a block's ids (columns: ``ids_per_feature`` of each of ``keys`` in turn;
         the inputs the mask ``inputs`` selects, None: all) in one pass over the block, feature by
         feature only to name one that fails."""
-        tables = np.repeat([self.table_of(key) for key in keys], ids_per_feature)
+        tables = self.column_tables(keys, ids_per_feature)
         bad = (block_ids < 0) | (block_ids >= self.num_rows[tables])
         if inputs is not None:
             bad &= inputs[:, None]

@@ -34,6 +34,29 @@ def test_every_input_counted_gives_the_exact_counts():
     assert stats.num_sampled == stats.num_inputs == 30 * 64
 
 
+def test_the_snapshot_ranks_its_kept_rows_as_the_full_statistics_do():
+    """``snapshot()`` keeps only the kept rows; its ranking and hot sets are those of ``stats()``, whose
+    arrays hold every row (ties included: many rows share a count here)."""
+    rng = np.random.default_rng(4)
+    tables = _tables(5000, 300, 40)
+    counts = RecentAccessCounts(tables, capacity=[400, 100, 40], sample_fraction=0.3, holdout_fraction=0.1,
+                                holdout_size=200, half_life=20)  # fmt: skip
+    for _ in range(60):
+        ids = np.minimum(rng.zipf(1.2, (128, 3)), 40) - 1
+        counts.update({"f0": ids[:, 0] * 97 % 5000, "f1": ids[:, 1] * 7 % 300, "f2": ids[:, 2]})
+    snapshot, stats = counts.snapshot(), counts.stats()
+    assert len(snapshot.rows) <= 540 and np.all(np.diff(snapshot.rows) > 0)
+    assert np.array_equal(snapshot.ranking().rows, stats.ranking().rows)
+    row_bytes = 4 * 4
+    for budget in (0, 10 * row_bytes, 97 * row_bytes, 400 * row_bytes, 10**9):
+        got, want = snapshot.hot_set(budget).hot_ids, stats.hot_set(budget).hot_ids
+        assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), budget
+    assert np.array_equal(snapshot.holdout.rows, stats.holdout.rows)
+    assert (snapshot.num_inputs, snapshot.num_sampled) == (stats.num_inputs, stats.num_sampled)
+    with pytest.raises(ValueError, match="no per-table counts"):
+        snapshot.ranking().hot_set_by_share(0.01)
+
+
 def test_old_accesses_fade_with_the_half_life():
     counts = RecentAccessCounts(
         _tables(10), capacity=10, sample_fraction=1.0, holdout_fraction=0.0, half_life=4

@@ -2,6 +2,8 @@
 the epoch is partitioned again against the new hot set, and the model ends as the baseline trained on the
 same batches (``fae_torchrec.train.resplit``, ``trained_inputs``, ``HotColdPartition.inputs``)."""
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,7 @@ from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.modules.state import gather_full_state_dict
 from fae_torchrec.torchrec_compat import ShardedTensor
+from fae_torchrec.train import resplit
 from fae_torchrec.train.cold_tier import PlannedColdTier
 from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
@@ -220,6 +223,23 @@ def _local_fused_state(model):
 
 def test_spilling_and_loading_the_state_is_the_identity(tmp_path):
     run_on_ranks(_round_trip, 2, tmp_path, tmp_path / "rows")
+
+
+def _too_little_disk(rank: int, world_size: int, folder) -> None:
+    """A disk with less room than the tables with their state: refused on every rank before any row is
+    written (the files are written through mappings, where a full disk would end the process)."""
+    embedding = EmbeddingOptimizer(*OPTIMIZERS["adagrad"][:2])
+    setup = _setup("dlrm", world_size)
+    _, _, fae_dmp, fae_optimizer, _, _ = _baseline_and_fae("dlrm", world_size, embedding, False, setup)
+    resplit.shutil.disk_usage = lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 1000)
+    refused = r"rows: a re-plan writes the tables with their optimizer state here, [\d.]+ [KM]iB"
+    with pytest.raises(ValueError, match=refused + ", and its disk has 1000 B free"):
+        spill_unsplit_state(fae_dmp, fae_optimizer, embedding, folder)
+    assert not list(folder.rglob("*.npy"))
+
+
+def test_a_replan_without_room_on_disk_for_the_tables_is_refused(tmp_path):
+    run_on_ranks(_too_little_disk, 2, tmp_path, tmp_path / "rows")
 
 
 def test_an_optimizer_whose_state_cannot_move_is_refused():

@@ -82,7 +82,7 @@ class Replanning:
         )  # fmt: skip
         layout = self.counts.layout
         # the table of each id column of the partition's inputs
-        self._columns = np.repeat([layout.table_of(key) for key in full.keys], full.hot.ids_per_feature)
+        self._columns = layout.column_tables(full.keys, full.hot.ids_per_feature)
         planned = estimate_hot_share(training.stats, hot_set)
         self.replanner = Replanner(
             self.counts,
@@ -219,16 +219,16 @@ class Replanning:
         embedding = embedding_optimizer(args)
         folder = self.out / FOLDER.format(step_index)
         state = spill_unsplit_state(model, training.optimizer, embedding, folder / "rows", training.cold_tier)
-        # the old tables give their memory to the new model's
+        # the old tables give their memory to the new model's, and to the new statistics (a count per row)
         release_tables(model, training.optimizer, embedding, training.cold_tier)
         if training.cold_tier is not None:  # the new model gets a tier of its own
             training.cold_tier.close()
+        stats, hot_set = decision.recent.stats(), decision.hot_set
         self.last_move = {
             "state_bytes": state.nbytes(),
             "spilled_bytes": state.file_bytes(),
             "spill_seconds": clock.lap(),
         }
-        stats, hot_set = decision.stats, decision.hot_set
 
         def save() -> None:
             folder.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,22 @@ class RowRanking:
     holdout: Holdout
     optimizer_class: type[torch.optim.Optimizer] | None = None
 
+    @classmethod
+    def of_counted(
+        cls,
+        rows: np.ndarray,
+        counts: np.ndarray,
+        layout: TableLayout,
+        holdout: Holdout,
+        optimizer_class: type[torch.optim.Optimizer] | None = None,
+    ) -> RowRanking:
+        """The ranking of the global ``rows`` (ascending, each once) counted ``counts`` times (above 0):
+        the one per-table counts of them would give, made without an array of every row of the tables.
+        Its ``counts`` are empty (:meth:`hot_set_by_share` needs a profile's)."""
+        ranking = cls((), layout, holdout, optimizer_class)
+        ranking.__dict__["rows"] = rows[np.argsort(-counts, kind="stable")]  # the cached ``rows``
+        return ranking
+
     @cached_property
     def rows(self) -> np.ndarray:
         """Global rows seen in the sample, most accessed first. Gathered table by table: the counts
@@ -70,6 +86,8 @@ class RowRanking:
         """Per table, the rows holding at least ``threshold`` of that table's sampled accesses."""
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"share threshold must be in (0, 1], got {threshold}")
+        if not self.counts:
+            raise ValueError("a ranking of counted rows alone (of_counted) has no per-table counts to share")
         hot = [np.flatnonzero((counts > 0) & (counts >= threshold * counts.sum())) for counts in self.counts]
         return HotSet(self.layout.configs, tuple(hot))
 

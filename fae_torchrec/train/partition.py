@@ -219,7 +219,7 @@ def hot_inputs(
     layout, masks = hot_set.layout, []
     for index, (block, chosen) in enumerate(blocks, start=first_block):
         layout.check_features(block.ids, keys, block.ids_per_feature, chosen)
-        tables = np.repeat([layout.table_of(key) for key in keys], block.ids_per_feature)
+        tables = layout.column_tables(keys, block.ids_per_feature)
         hot = hot_set.is_hot_by_column(block.ids, tables).all(axis=1)[chosen]
         masks.append(balanced(hot, block.labels[chosen], balance, generator(seed, "balance", index)))
     return masks
@@ -231,15 +231,25 @@ def allocate_partition(directory: str | os.PathLike, fields: FieldLayout, hot: i
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for part, rows in ((HOT, hot), (COLD, cold)):
-        for field, (dtype, shape) in fields.items():
-            allocate_npy(directory / f"{part}_{field}.npy", dtype, (rows, *shape))
+        allocate_fields(directory, fields, rows, f"{part}_")
     allocate_npy(directory / "is_hot.npy", np.dtype(bool), (hot + cold,))
+
+
+def allocate_fields(directory: Path, fields: FieldLayout, rows: int, prefix: str = "") -> None:
+    """``{prefix}{field}.npy`` in ``directory`` per field of ``fields``, of ``rows`` rows, for
+    ``NpyRegion`` writers to fill."""
+    for field, (dtype, shape) in fields.items():
+        allocate_npy(directory / f"{prefix}{field}.npy", dtype, (rows, *shape))
 
 
 def field_layout(block: SampleBlock, hot_set: HotSet, keys: Sequence[str]) -> FieldLayout:
     """The dtype and row shape of each field a partition of blocks such as ``block`` stores."""
-    block = with_part_ids(block.slice(0, 1), hot_set, keys)
-    return {field: (getattr(block, field).dtype, getattr(block, field).shape[1:]) for field in _FIELDS}
+    return fields_of(with_part_ids(block.slice(0, 1), hot_set, keys), _FIELDS)
+
+
+def fields_of(block: SampleBlock, fields: Sequence[str]) -> FieldLayout:
+    """The dtype and row shape of each of ``block``'s ``fields``."""
+    return {field: (getattr(block, field).dtype, getattr(block, field).shape[1:]) for field in fields}
 
 
 def write_share(
@@ -358,6 +368,6 @@ def with_part_ids(block: SampleBlock, hot_set: HotSet, keys: Sequence[str]) -> S
     if sorted(keys) != sorted(layout.features):
         raise ValueError(f"batch features do not match the tables: {list(keys)} against {layout.features}")
     layout.check_features(block.ids, keys, block.ids_per_feature)
-    tables = np.repeat([layout.table_of(key) for key in keys], block.ids_per_feature)
+    tables = layout.column_tables(keys, block.ids_per_feature)
     part_ids = hot_set.signed_part_ids_by_column(block.ids, tables)
     return SampleBlock(block.dense, block.ids, block.labels, block.ids_per_feature, part_ids)

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from fae_torchrec.data.batches import BatchSource, spool_batches
 from fae_torchrec.data.block import SampleBlock, rebatch
-from fae_torchrec.data.npy_append import NpyRegion, allocate_npy
+from fae_torchrec.data.npy_append import NpyRegion
 from fae_torchrec.data.source import BlockSource
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import HotSet
@@ -44,8 +44,10 @@ from fae_torchrec.train.partition import (
     FieldLayout,
     HotColdPartition,
     PartitionShare,
+    allocate_fields,
     allocate_partition,
     field_layout,
+    fields_of,
     finish_partition,
     hot_inputs,
     write_share,
@@ -522,10 +524,7 @@ class _Held:
         mine = SampleBlock.concat(blocks) if blocks else None
         described = None
         if mine is not None:
-            layout = {
-                field: (getattr(mine, field).dtype, getattr(mine, field).shape[1:]) for field in _FIELDS
-            }
-            described = (len(mine), mine.ids_per_feature, layout)
+            described = (len(mine), mine.ids_per_feature, fields_of(mine, _FIELDS))
         everyone = [described]
         if _rank()[1] > 1:
             everyone = [None] * dist.get_world_size()
@@ -550,8 +549,7 @@ class _Held:
         def allocate() -> None:
             if rank == 0:
                 folder.mkdir(parents=True, exist_ok=True)
-                for field, (dtype, shape) in layout.items():
-                    allocate_npy(folder / f"{field}.npy", dtype, (sum(d[0] for d in held), *shape))
+                allocate_fields(folder, layout, sum(d[0] for d in held))
 
         def write() -> None:
             for field, (dtype, shape) in layout.items() if self.mine is not None else ():

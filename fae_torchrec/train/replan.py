@@ -26,11 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.holdout import Holdout
 from fae_torchrec.stats.hot_set import HOT, HotSet
 from fae_torchrec.stats.hot_share import ShareEstimate, clearly_below, compare_hot_sets, measured_share
-from fae_torchrec.stats.recent import RecentAccessCounts
+from fae_torchrec.stats.recent import RecentAccessCounts, RecentStats
 from fae_torchrec.train.schedule import Step
 
 #: The re-plan policies (see the module docstring).
@@ -65,7 +64,7 @@ class ReplanDecision:
     (``Replanner.decide``'s) and the share it gains beyond chance (``gained``: the 95% lower bound of
     the change, 0 when not above it), the rows that would move (either way) and their bytes with
     optimizer state, the seconds the move would save over the rest of the run and what it costs, the
-    verdict, and the recent statistics the proposed hot set came from (what plans it)."""
+    verdict, and the recent counts the proposed hot set came from (their ``stats()`` plan it)."""
 
     measured: ShareEstimate
     planned: ShareEstimate
@@ -79,7 +78,7 @@ class ReplanDecision:
     gain_seconds: float = 0.0
     cost_seconds: float = 0.0
     replan: bool = False
-    stats: AccessStats | None = None
+    recent: RecentStats | None = None
 
     def __str__(self) -> str:
         text = f"hot-input share {self.measured} against the plan's {self.planned}"
@@ -155,9 +154,11 @@ class Replanner:
         drifted = clearly_below(measured, self.planned, self.policy.margin)
         if self.policy.mode == "auto" and not drifted:
             return ReplanDecision(measured, self.planned, drifted)
-        stats = self.counts.stats()
-        proposed_set = stats.hot_set(self.budget, self.optimizer_class)
-        change = compare_hot_sets(stats.holdout if upcoming is None else upcoming, self.hot_set, proposed_set)
+        recent = self.counts.snapshot()
+        proposed_set = recent.hot_set(self.budget, self.optimizer_class)
+        change = compare_hot_sets(
+            recent.holdout if upcoming is None else upcoming, self.hot_set, proposed_set
+        )
         moved = [
             np.setxor1d(old, new) for old, new in zip(self.hot_set.hot_ids, proposed_set.hot_ids, strict=True)
         ]
@@ -172,7 +173,7 @@ class Replanner:
             replan = changed and gained > self.policy.margin and gain > cost_seconds
         decision = ReplanDecision(
             measured, self.planned, drifted, proposed_set, change.before, change.after, gained,
-            int(rows.sum()), int(rows @ row_bytes), gain, cost_seconds, replan, stats,
+            int(rows.sum()), int(rows @ row_bytes), gain, cost_seconds, replan, recent,
         )  # fmt: skip
         return decision
 

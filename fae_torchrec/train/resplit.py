@@ -41,6 +41,7 @@ from fae_torchrec.train.cold_tier import PlannedColdTier, check_cold_tier
 from fae_torchrec.train.optimizers import EmbeddingOptimizer
 from fae_torchrec.train.prepare import on_every_rank, on_rank_zero
 from fae_torchrec.train.step import find_fae_module
+from fae_torchrec.units import format_bytes
 
 #: The key prefix ``unfused_optimizer`` gives embedding tables in its ``CombinedOptimizer``.
 _EMBEDDING_KEY = "embedding."
@@ -143,6 +144,18 @@ def spill_unsplit_state(
     num_rows = {config.name: config.num_embeddings for config in fae.embedding_bag_configs()}
 
     def allocate() -> None:
+        state.folder.mkdir(parents=True, exist_ok=True)
+        needed = sum(
+            num_rows[table] * int(np.prod(shape)) * np.dtype(dtype).itemsize
+            for tables in files.values()
+            for table, (shape, dtype) in tables.items()
+        )
+        free = shutil.disk_usage(state.folder).free
+        if free < needed:  # the files are written through mappings: a full disk would end the process
+            raise ValueError(
+                f"{state.folder}: a re-plan writes the tables with their optimizer state here, "
+                f"{format_bytes(needed)}, and its disk has {format_bytes(free)} free"
+            )
         for name, tables in files.items():
             (state.folder / name).mkdir(parents=True, exist_ok=True)
             for table, (shape, dtype) in tables.items():
