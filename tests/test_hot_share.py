@@ -45,13 +45,13 @@ def test_interval_covers_the_measured_share_for_most_seeds(data):
     tables, batches = data
     budget = 256 << 20
     covered = []
-    for seed in range(20):
+    for seed in range(10):
         stats, masks = _profile(tables, batches, 0.05, seed=seed)
         hot_set = stats.hot_set(budget)
         estimate = estimate_hot_share(stats, hot_set)
         measured = _share_outside(hot_set, batches, masks)
         covered.append(estimate.low <= measured <= estimate.high)
-    assert sum(covered) >= 18, covered
+    assert sum(covered) >= 9, covered
 
 
 def test_curve_agrees_with_single_estimates_and_grows_with_budget():
