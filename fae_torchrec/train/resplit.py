@@ -166,7 +166,6 @@ def spill_unsplit_state(
     state.weights = {
         name: gather_full_tensor(value) for name, value in local.items() if not name.startswith(prefix)
     }
-    state.fused = {}
     for (parameter, key), value in _gather_fused_state(model, prefix).items():
         state.fused.setdefault(parameter, {})[key] = value
     steps = []
