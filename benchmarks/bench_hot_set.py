@@ -78,12 +78,13 @@ def main() -> None:
         f"({sample_stats.num_sampled:,} inputs); shares measured on the {sum(map(np.sum, outside)):,} "
         "inputs outside the sample"
     )
-    counts = np.sort(np.concatenate(full_stats.counts))[::-1]
-    covered = np.cumsum(counts) / counts.sum()
+    counts = np.sort(np.concatenate(full_stats.seen_counts))[::-1]
+    covered, rows = np.cumsum(counts) / counts.sum(), int(full_stats.layout.num_rows.sum())
     skew = ", ".join(
-        f"top {top:.1%} of rows take {covered[int(top * len(counts)) - 1]:.1%}" for top in (0.001, 0.01)
+        f"top {top:.1%} of rows take {covered[min(int(top * rows), len(counts)) - 1]:.1%}"
+        for top in (0.001, 0.01)
     )
-    print(f"skew over all {len(counts):,} rows: {skew} of accesses; {np.mean(counts > 0):.1%} rows seen")
+    print(f"skew over all {rows:,} rows: {skew} of accesses; {len(counts) / rows:.1%} rows seen")
     print(f"{'budget':>10}{'hot rows':>10}{'from sample':>13}{'from all':>10}{'ratio':>8}  estimate")
     for budget in (parse_bytes(b) for b in args.budgets.split(",")):
         hot_set = sample_stats.hot_set(budget)

@@ -114,7 +114,8 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace, folder: Path) ->
 def _digest(prepared, directory: Path) -> str:
     """One hash of the statistics (counts, holdout), the validation inputs and the partition's files."""
     digest = hashlib.sha256()
-    arrays = [*prepared.stats.counts, prepared.stats.holdout.rows, prepared.stats.holdout.owners,
+    stats = prepared.stats
+    arrays = [*stats.seen_rows, *stats.seen_counts, stats.holdout.rows, stats.holdout.owners,
               prepared.validation.ids, prepared.validation.dense]  # fmt: skip
     for array in arrays:
         digest.update(np.ascontiguousarray(array).tobytes())

@@ -184,8 +184,9 @@ def _table_report(stats: AccessStats, hot_set: HotSet, optimizer: type | None) -
     width = max(12, *(len(config.name) + 2 for config in stats.tables))  # a schema's names may be long
     lines = [f"{'table':<{width}}{'rows':>12}{'hot rows':>12}{'hot bytes':>12}{'hot accesses':>18}"]
     total_hot = total_covered = 0
-    for config, counts, ids, size in zip(stats.tables, stats.counts, hot_set.hot_ids, row_bytes, strict=True):
-        covered = int(counts.sum() if len(ids) == len(counts) else counts[ids].sum())  # all hot: no gather
+    for t, (config, ids, size) in enumerate(zip(stats.tables, hot_set.hot_ids, row_bytes, strict=True)):
+        counts = stats.seen_counts[t]
+        covered = int(counts[hot_set.is_hot(t, stats.seen_rows[t])].sum())
         share = covered / counts.sum() if counts.sum() else float("nan")
         total_hot += len(ids)
         total_covered += covered

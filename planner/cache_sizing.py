@@ -28,8 +28,8 @@ def seen_cold_counts(stats: AccessStats, hot_set: HotSet) -> list[np.ndarray]:
     """Per table, the sampled access counts of the cold rows the sample saw, in id order (the rows it
     never saw count 0: only their number matters, ``cold_rows``)."""
     return [
-        counts[seen[~hot_set.is_hot(t, seen)]]
-        for t, (counts, seen) in enumerate(zip(stats.counts, stats.seen_rows, strict=True))
+        counts[~hot_set.is_hot(t, seen)]
+        for t, (counts, seen) in enumerate(zip(stats.seen_counts, stats.seen_rows, strict=True))
     ]
 
 

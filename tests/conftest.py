@@ -10,10 +10,12 @@ from fae_torchrec.cli import main
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+from fae_torchrec.stats import AccessStats
 from fae_torchrec.threads import intra_op_threads
 
 REALDATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
@@ -59,6 +61,14 @@ def small_tables() -> list[EmbeddingBagConfig]:
         EmbeddingBagConfig(name="t_b", embedding_dim=8, num_embeddings=20, feature_names=["b"]),
         EmbeddingBagConfig(name="t_c", embedding_dim=4, num_embeddings=30, feature_names=["c1", "c2"]),
     ]
+
+
+def dense_counts(stats: AccessStats) -> list[np.ndarray]:
+    """Per table, the count of every row of ``stats`` (0 where the sample saw none)."""
+    dense = [np.zeros(config.num_embeddings, np.int64) for config in stats.tables]
+    for counts, ids, seen in zip(dense, stats.seen_rows, stats.seen_counts, strict=True):
+        counts[ids] = seen
+    return dense
 
 
 def exits_2(argv: list[str], capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture) -> str:

@@ -279,7 +279,12 @@ def _damaged(stats_file: Path, tmp_path: Path, kind: str) -> Path:
     elif kind == "no-sample":
         arrays["num_sampled"] = np.int64(0)
     elif kind == "counts-shape":
-        arrays["counts_2"] = arrays["counts_2"][:-1]
+        arrays["counts_2"] = arrays["counts_2"][:3]
+    elif kind == "rows-order":
+        arrays["rows_2"] = arrays["rows_2"][::-1]
+    elif kind == "rows-range":
+        arrays["rows_2"] = arrays["rows_2"].copy()
+        arrays["rows_2"][-1] = 10**12
     elif kind == "holdout-shape":
         arrays["holdout_owners"] = arrays["holdout_owners"][:-1]
     elif kind == "holdout-row":
@@ -297,9 +302,11 @@ def _damaged(stats_file: Path, tmp_path: Path, kind: str) -> Path:
         ("truncated", "not a statistics file written by `fae-torchrec profile`, or damaged"),
         ("garbage", "not an npz (zip) file"),
         ("corrupt-member", "not a statistics file written by `fae-torchrec profile`, or damaged"),
-        ("negative-counts", "damaged: table t_cat_3 has negative counts (row 0)"),
+        ("negative-counts", "damaged: table t_cat_3 has a count of -1"),
         ("no-sample", "damaged: 0 sampled of 18000 inputs"),
-        ("counts-shape", "damaged: table t_cat_2 has 10131 rows but counts of shape (10130,)"),
+        ("counts-shape", "seen rows but 3 counts"),
+        ("rows-order", "damaged: table t_cat_2's seen rows are not ascending ids of its"),
+        ("rows-range", "damaged: table t_cat_2's seen rows are not ascending ids of its"),
         ("holdout-shape", "holdout rows but"),
         ("holdout-row", "damaged: holdout rows outside"),
         ("missing-member", "no 'counts_25'"),

@@ -14,6 +14,7 @@ from planner.cache_sizing import (
     seen_cold_counts,
 )
 from planner.constraints import cold_cache_statistics
+from tests.conftest import dense_counts
 
 LOW, HIGH = LOAD_FACTOR_RANGE
 
@@ -98,7 +99,7 @@ def test_a_sizing_asks_at_least_another_per_table_and_never_whole_against_a_cach
 def test_seen_cold_counts_match_the_dense_hot_masks(cold_tables):
     stats, hot_set, _ = cold_tables
     for t, cold in enumerate(seen_cold_counts(stats, hot_set)):
-        counts = stats.counts[t]
+        counts = dense_counts(stats)[t]
         assert np.array_equal(cold, counts[(counts > 0) & ~hot_set.hot_mask(t)])
     everything = stats.hot_set(stats.ranking().total_bytes)
     assert all(len(cold) == 0 for cold in seen_cold_counts(stats, everything))

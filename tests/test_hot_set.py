@@ -12,9 +12,9 @@ from fae_torchrec.tables import row_bytes
 
 
 def _stats(tables, counts) -> AccessStats:
-    return AccessStats(
+    return AccessStats.of_counts(
         tables=tuple(tables),
-        counts=tuple(np.asarray(c, dtype=np.int64) for c in counts),
+        counts=[np.asarray(c, dtype=np.int64) for c in counts],
         num_inputs=100,
         num_sampled=5,
         holdout=Holdout(rows=np.empty(0, np.int64), owners=np.empty(0, np.int64), num_inputs=0),

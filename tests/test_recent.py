@@ -5,9 +5,10 @@ import pytest
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from fae_torchrec.data import SyntheticCriteo
-from fae_torchrec.stats import AccessProfiler, estimate_hot_share
+from fae_torchrec.stats import AccessProfiler, AccessStats, estimate_hot_share
 from fae_torchrec.stats.hot_share import ShareEstimate, clearly_below, measured_share
 from fae_torchrec.stats.recent import ENTRY_BYTES, RecentAccessCounts
+from tests.conftest import dense_counts
 
 
 def _tables(*rows: int) -> list[EmbeddingBagConfig]:
@@ -29,14 +30,14 @@ def test_every_input_counted_gives_the_exact_counts():
         np.add.at(expected[0], batch["f0"].ravel(), 1)
         np.add.at(expected[1], batch["f1"], 1)
     stats = counts.stats()
-    for got, want in zip(stats.counts, expected, strict=True):
+    for got, want in zip(dense_counts(stats), expected, strict=True):
         assert np.array_equal(got, want)
     assert stats.num_sampled == stats.num_inputs == 30 * 64
 
 
-def test_the_snapshot_ranks_its_kept_rows_as_the_full_statistics_do():
-    """``snapshot()`` keeps only the kept rows; its ranking and hot sets are those of ``stats()``, whose
-    arrays hold every row (ties included: many rows share a count here)."""
+def test_the_statistics_hold_the_kept_rows_alone_and_rank_them_as_dense_counts_do():
+    """``stats()`` holds only the kept rows; its ranking and hot sets are those of statistics made of
+    arrays of every row (ties included: many rows share a count here)."""
     rng = np.random.default_rng(4)
     tables = _tables(5000, 300, 40)
     counts = RecentAccessCounts(tables, capacity=[400, 100, 40], sample_fraction=0.3, holdout_fraction=0.1,
@@ -44,17 +45,22 @@ def test_the_snapshot_ranks_its_kept_rows_as_the_full_statistics_do():
     for _ in range(60):
         ids = np.minimum(rng.zipf(1.2, (128, 3)), 40) - 1
         counts.update({"f0": ids[:, 0] * 97 % 5000, "f1": ids[:, 1] * 7 % 300, "f2": ids[:, 2]})
-    snapshot, stats = counts.snapshot(), counts.stats()
-    assert len(snapshot.rows) <= 540 and np.all(np.diff(snapshot.rows) > 0)
-    assert np.array_equal(snapshot.ranking().rows, stats.ranking().rows)
+    stats = counts.stats()
+    assert all(len(ids) <= cap for ids, cap in zip(stats.seen_rows, [400, 100, 40], strict=True))
+    assert all(
+        np.all(np.diff(ids) > 0) and np.all(c > 0)
+        for ids, c in zip(stats.seen_rows, stats.seen_counts, strict=True)
+    )
+    dense = AccessStats.of_counts(
+        tables, dense_counts(stats), stats.num_inputs, stats.num_sampled, stats.holdout
+    )
+    counts = np.concatenate(dense_counts(stats))
+    seen = np.flatnonzero(counts)
+    assert np.array_equal(stats.ranking().rows, seen[np.argsort(-counts[seen], kind="stable")])
     row_bytes = 4 * 4
     for budget in (0, 10 * row_bytes, 97 * row_bytes, 400 * row_bytes, 10**9):
-        got, want = snapshot.hot_set(budget).hot_ids, stats.hot_set(budget).hot_ids
+        got, want = stats.hot_set(budget).hot_ids, dense.hot_set(budget).hot_ids
         assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), budget
-    assert np.array_equal(snapshot.holdout.rows, stats.holdout.rows)
-    assert (snapshot.num_inputs, snapshot.num_sampled) == (stats.num_inputs, stats.num_sampled)
-    with pytest.raises(ValueError, match="no per-table counts"):
-        snapshot.ranking().hot_set_by_share(0.01)
 
 
 def test_old_accesses_fade_with_the_half_life():
@@ -64,9 +70,9 @@ def test_old_accesses_fade_with_the_half_life():
     counts.update({"f0": np.full(800, 3)})
     for _ in range(8):  # two half-lives of accesses to another row
         counts.update({"f0": np.full(100, 5)})
-    stats = counts.stats()
-    assert stats.counts[0][3] == 200  # 800 / 2 ** (8 / 4)
-    assert stats.counts[0][5] > 100  # its most recent step counts whole
+    counted = dense_counts(counts.stats())[0]
+    assert counted[3] == 200  # 800 / 2 ** (8 / 4)
+    assert counted[5] > 100  # its most recent step counts whole
 
 
 def test_memory_is_bounded_per_table_and_the_largest_counts_stay():
@@ -81,8 +87,8 @@ def test_memory_is_bounded_per_table_and_the_largest_counts_stay():
         kept = counts._rows  # the kept rows, pending ones merged past twice the capacity
         assert len(kept) + counts._pending_rows <= 2 * int(counts.capacity.sum()) + 512
     stats = counts.stats()
-    assert np.count_nonzero(stats.counts[0]) <= 500
-    assert stats.counts[0][0] == stats.counts[0].max()  # the most popular row (zipf rank 1) is kept
+    assert len(stats.seen_rows[0]) <= 500
+    assert stats.seen_rows[0][0] == 0 and stats.seen_counts[0][0] == stats.seen_counts[0].max()  # zipf rank 1
     assert 300 <= len(stats.holdout) < 300 + 256
     assert counts.holdout_bytes() == 16 * len(stats.holdout.rows)
 

@@ -219,11 +219,11 @@ class Replanning:
         embedding = embedding_optimizer(args)
         folder = self.out / FOLDER.format(step_index)
         state = spill_unsplit_state(model, training.optimizer, embedding, folder / "rows", training.cold_tier)
-        # the old tables give their memory to the new model's, and to the new statistics (a count per row)
+        # the old tables give their memory to the new model's
         release_tables(model, training.optimizer, embedding, training.cold_tier)
         if training.cold_tier is not None:  # the new model gets a tier of its own
             training.cold_tier.close()
-        stats, hot_set = decision.recent.stats(), decision.hot_set
+        stats, hot_set = decision.recent, decision.hot_set
         self.last_move = {
             "state_bytes": state.nbytes(),
             "spilled_bytes": state.file_bytes(),

@@ -21,7 +21,7 @@ from fae_torchrec.stats.hot_share import (
 )
 from fae_torchrec.stats.profiler import AccessProfiler
 from fae_torchrec.stats.ranking import RowRanking
-from fae_torchrec.stats.recent import RecentAccessCounts, RecentStats
+from fae_torchrec.stats.recent import RecentAccessCounts
 
 __all__ = [
     "COLD",
@@ -33,7 +33,6 @@ __all__ = [
     "Holdout",
     "HotSet",
     "RecentAccessCounts",
-    "RecentStats",
     "RowRanking",
     "ShareCurve",
     "ShareEstimate",

@@ -16,39 +16,62 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from fae_torchrec.stats.holdout import Holdout
 from fae_torchrec.stats.hot_set import HotSet
-from fae_torchrec.stats.paged import read_paged
 from fae_torchrec.stats.ranking import RowRanking
 from fae_torchrec.tables import TableLayout
 
 
 @dataclass(frozen=True)
 class AccessStats:
-    """Access counts per row of each table, from ``num_sampled`` of ``num_inputs`` inputs."""
+    """Access counts of the rows of each table, from ``num_sampled`` of ``num_inputs`` inputs.
+
+    Kept as sparse as a sample is: per table, the ids the sample saw (``seen_rows``, ascending) and
+    their counts (``seen_counts``, each above 0); a row not listed was never seen. Memory grows with
+    the rows seen, not the tables' rows (a re-plan's statistics sit beside the run's first ones).
+    """
 
     tables: tuple[EmbeddingBagConfig, ...]
-    counts: tuple[np.ndarray, ...]
+    seen_rows: tuple[np.ndarray, ...]
+    seen_counts: tuple[np.ndarray, ...]
     num_inputs: int
     num_sampled: int
     holdout: Holdout
 
     def __post_init__(self) -> None:
-        if len(self.counts) != len(self.tables):
-            raise ValueError(f"{len(self.counts)} count arrays for {len(self.tables)} tables")
-        for config, counts in zip(self.tables, self.counts, strict=True):
-            if counts.shape != (config.num_embeddings,):
+        if not len(self.seen_rows) == len(self.seen_counts) == len(self.tables):
+            raise ValueError(
+                f"{len(self.seen_rows)} row and {len(self.seen_counts)} count arrays "
+                f"for {len(self.tables)} tables"
+            )
+        for config, rows, counts in zip(self.tables, self.seen_rows, self.seen_counts, strict=True):
+            if rows.ndim != 1 or rows.shape != counts.shape or len(rows) > config.num_embeddings:
                 raise ValueError(
-                    f"table {config.name}: counts of shape {counts.shape}, "
-                    f"expected ({config.num_embeddings},)"
+                    f"table {config.name}: seen rows of shape {rows.shape} and counts of shape "
+                    f"{counts.shape} for a table of {config.num_embeddings} rows"
                 )
+
+    @classmethod
+    def of_counts(
+        cls,
+        tables: Sequence[EmbeddingBagConfig],
+        counts: Sequence[np.ndarray],
+        num_inputs: int,
+        num_sampled: int,
+        holdout: Holdout,
+    ) -> AccessStats:
+        """The statistics of per-table ``counts`` of every row (0: never seen), as a profiler keeps them."""
+        seen = [np.flatnonzero(c) for c in counts]
+        return cls(
+            tables=tuple(tables),
+            seen_rows=tuple(seen),
+            seen_counts=tuple(c[ids].astype(np.int64) for c, ids in zip(counts, seen, strict=True)),
+            num_inputs=num_inputs,
+            num_sampled=num_sampled,
+            holdout=holdout,
+        )
 
     @cached_property
     def layout(self) -> TableLayout:
         return TableLayout(self.tables)
-
-    @cached_property
-    def seen_rows(self) -> tuple[np.ndarray, ...]:
-        """Per table, the ids of the rows the sample saw (count above 0), ascending."""
-        return tuple(np.flatnonzero(counts) for counts in self.counts)
 
     @property
     def sample_fraction(self) -> float:
@@ -56,7 +79,11 @@ class AccessStats:
 
     def ranking(self, optimizer_class: type[torch.optim.Optimizer] | None = None) -> RowRanking:
         """All sampled rows ranked together, with row costs for ``optimizer_class``."""
-        return RowRanking(self.counts, self.layout, self.holdout, optimizer_class)
+        offsets = self.layout.row_offsets
+        rows = np.concatenate([ids + offset for ids, offset in zip(self.seen_rows, offsets, strict=False)])
+        return RowRanking.of_counted(
+            rows, np.concatenate(self.seen_counts), self.layout, self.holdout, optimizer_class
+        )
 
     def hot_set(
         self, budget_bytes: int, optimizer_class: type[torch.optim.Optimizer] | None = None
@@ -71,7 +98,13 @@ class AccessStats:
 
     def hot_set_by_share(self, threshold: float = 0.001) -> HotSet:
         """The per-table alternative: rows with at least ``threshold`` of their table's accesses."""
-        return self.ranking().hot_set_by_share(threshold)
+        if not 0.0 < threshold <= 1.0:
+            raise ValueError(f"share threshold must be in (0, 1], got {threshold}")
+        hot = [
+            ids[counts >= threshold * counts.sum()]
+            for ids, counts in zip(self.seen_rows, self.seen_counts, strict=True)
+        ]
+        return HotSet(self.layout.configs, tuple(hot))
 
     def for_tables(self, tables: Sequence[EmbeddingBagConfig], name: str) -> AccessStats:
         """These statistics tied to ``tables``' config objects; ``ValueError`` naming ``name`` (their file,
@@ -86,11 +119,11 @@ class AccessStats:
 
     def table_accesses(self) -> np.ndarray:
         """Sampled accesses per table."""
-        return np.array([c.sum() for c in self.counts], dtype=np.int64)
+        return np.array([c.sum() for c in self.seen_counts], dtype=np.int64)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write everything to one compressed npz file at exactly ``path`` (tables as JSON, counts,
-        holdout)."""
+        """Write everything to one compressed npz file at exactly ``path`` (tables as JSON, seen rows
+        and their counts, holdout)."""
         with open(path, "wb") as file:
             np.savez_compressed(
                 file,
@@ -100,7 +133,8 @@ class AccessStats:
                 holdout_rows=self.holdout.rows,
                 holdout_owners=self.holdout.owners,
                 holdout_inputs=self.holdout.num_inputs,
-                **{f"counts_{i}": c for i, c in enumerate(self.counts)},
+                **{f"rows_{i}": r for i, r in enumerate(self.seen_rows)},
+                **{f"counts_{i}": c for i, c in enumerate(self.seen_counts)},
             )
 
     @classmethod
@@ -130,18 +164,7 @@ class AccessStats:
             raise ValueError(
                 f"{path}: damaged: a holdout of {held} inputs, but {num_inputs - num_sampled} unsampled"
             )
-        counts = []
-        for i, (name, rows, _, _) in enumerate(described):
-            array = _integers(path, data, f"counts_{i}")
-            if array.shape != (rows,):
-                raise ValueError(
-                    f"{path}: damaged: table {name} has {rows} rows but counts of shape {array.shape}"
-                )
-            if len(array) and array.min() < 0:
-                raise ValueError(
-                    f"{path}: damaged: table {name} has negative counts (row {int(np.argmin(array))})"
-                )
-            counts.append(array)
+        seen = [_seen(path, data, i, name, rows) for i, (name, rows, _, _) in enumerate(described)]
         rows, owners = _integers(path, data, "holdout_rows"), _integers(path, data, "holdout_owners")
         total_rows = sum(r for _, r, _, _ in described)
         if rows.shape != owners.shape:
@@ -154,7 +177,8 @@ class AccessStats:
             )
         return cls(
             tables=tuple(tables),
-            counts=tuple(counts),
+            seen_rows=tuple(ids for ids, _ in seen),
+            seen_counts=tuple(counts for _, counts in seen),
             num_inputs=num_inputs,
             num_sampled=num_sampled,
             holdout=Holdout(rows=rows, owners=owners, num_inputs=held),
@@ -172,7 +196,7 @@ def _read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
                 raise ValueError("not an npz (zip) file")
             file.seek(0)
             with np.load(file, allow_pickle=False) as npz:
-                return {key: _read_member(npz, key) for key in npz.files}
+                return {key: npz[key] for key in npz.files}
     except FileNotFoundError:
         raise
     except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error) as error:
@@ -181,16 +205,24 @@ def _read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         ) from error
 
 
-def _read_member(npz: np.lib.npyio.NpzFile, key: str) -> np.ndarray:
-    """Array ``key`` of ``npz``; count arrays (one entry per row of a table) go into memory that
-    grows with their non-zero entries (``read_paged``), the others are read as ``np.load`` reads."""
-    name = f"{key}.npy"
-    if key.startswith("counts_") and name in npz.zip.namelist():
-        with npz.zip.open(name) as member:
-            counts = read_paged(member)
-        if counts is not None:
-            return counts
-    return npz[key]
+def _seen(
+    path: str | os.PathLike, data: dict[str, np.ndarray], index: int, name: str, num_rows: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Table ``index``'s seen rows and their counts, checked: ids ascending, each once, within its
+    ``num_rows``, and as many counts, each above 0."""
+    ids, counts = _integers(path, data, f"rows_{index}"), _integers(path, data, f"counts_{index}")
+    if ids.shape != counts.shape:
+        raise ValueError(f"{path}: damaged: table {name} has {len(ids)} seen rows but {len(counts)} counts")
+    if len(ids) and not (0 <= ids[0] and ids[-1] < num_rows and np.all(ids[1:] > ids[:-1])):
+        raise ValueError(
+            f"{path}: damaged: table {name}'s seen rows are not ascending ids of its {num_rows} rows"
+        )
+    if len(counts) and counts.min() <= 0:
+        raise ValueError(
+            f"{path}: damaged: table {name} has a count of {int(counts.min())} "
+            f"(row {int(ids[np.argmin(counts)])}); a seen row counts at least 1"
+        )
+    return ids.astype(np.int64, copy=False), counts.astype(np.int64, copy=False)
 
 
 def _array(path: str | os.PathLike, data: dict[str, np.ndarray], key: str) -> np.ndarray:

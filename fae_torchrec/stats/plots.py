@@ -17,11 +17,11 @@ def plot_access_cdf(stats: AccessStats, path: str | os.PathLike) -> None:
     """Per table, the share of its sampled accesses taken by its most accessed fraction of rows."""
     fig = Figure(figsize=(8, 5))
     ax = fig.subplots()
-    for config, counts in zip(stats.tables, stats.counts, strict=True):
+    for config, counts in zip(stats.tables, stats.seen_counts, strict=True):
         total = counts.sum()
         if total == 0:
             continue
-        seen = np.sort(counts[counts > 0])[::-1]
+        seen = np.sort(counts)[::-1]
         rows = np.append(np.arange(1, len(seen) + 1), config.num_embeddings)
         share = np.append(np.cumsum(seen), total) / total
         ax.plot(rows / config.num_embeddings, share, lw=1, label=config.name)

@@ -13,7 +13,7 @@ from tqdm import tqdm
 from fae_torchrec.seeds import generator
 from fae_torchrec.stats.access_stats import AccessStats, Holdout
 from fae_torchrec.stats.feature_ids import BatchLike, FeatureIds
-from fae_torchrec.stats.paged import paged_copy, paged_zeros
+from fae_torchrec.stats.paged import paged_zeros
 from fae_torchrec.tables import TableLayout
 
 logger = logging.getLogger(__name__)
@@ -64,9 +64,8 @@ class AccessProfiler:
         self._rng = generator(seed, "profile")
         self._rng.bit_generator.advance(first_input)  # one draw an input
         # Counts of every row, in memory paged in as rows are counted (a small profile of large
-        # tables costs little); ``stats`` shares them until the next ``update``.
-        self._counts = [paged_zeros(int(n), np.int64) for n in self.layout.num_rows]
-        self._counts_shared = False
+        # tables costs little).
+        self.counts = [paged_zeros(int(n), np.int64) for n in self.layout.num_rows]
         self._offsets = np.concatenate([[0], np.cumsum(self.layout.num_rows)])
         self._holdout = _BottomK(holdout_size)
         self.num_inputs = 0
@@ -78,9 +77,8 @@ class AccessProfiler:
         ids.check(self.layout)
         draw = self._rng.random(ids.stride)
         sampled = draw < self.sample_fraction
-        counts = self.counts  # statistics handed out hold the arrays: count on in copies
         for key, values in ids.subset(sampled).values.items():
-            np.add.at(counts[self.layout.table_of(key)], values, 1)
+            np.add.at(self.counts[self.layout.table_of(key)], values, 1)
         held = self._holdout.wants(draw, ~sampled)
         if held.any():
             part = ids.subset(held)
@@ -103,14 +101,6 @@ class AccessProfiler:
             bar.update(len(self.update(batch)))
         bar.close()
         return self.stats()
-
-    @property
-    def counts(self) -> list[np.ndarray]:
-        """The counts of every table's rows, writable (such as to add other shares' counts into)."""
-        if self._counts_shared:
-            self._counts = [paged_copy(c) for c in self._counts]
-            self._counts_shared = False
-        return self._counts
 
     @property
     def holdout_size(self) -> int:
@@ -151,11 +141,8 @@ class AccessProfiler:
         self.num_sampled = sum(share.num_sampled for share in shares)
 
     def stats(self) -> AccessStats:
-        """The statistics so far. Raises ``ValueError`` when no input was sampled.
-
-        Their counts are read-only views of the profiler's own arrays, not copies (the arrays span
-        every row of every table); a later ``update`` counts on in copies, so they never change.
-        """
+        """The statistics so far, the rows seen and their counts (a later ``update`` leaves them
+        alone). Raises ``ValueError`` when no input was sampled."""
         if self.num_sampled == 0:
             raise ValueError(
                 f"no input was sampled: {self.num_inputs} inputs seen at sample fraction "
@@ -168,22 +155,9 @@ class AccessProfiler:
             100.0 * self.num_sampled / self.num_inputs,
             self._holdout.held,
         )
-        stats = AccessStats(
-            tables=self.layout.configs,
-            counts=tuple(_read_only(c) for c in self._counts),
-            num_inputs=self.num_inputs,
-            num_sampled=self.num_sampled,
-            holdout=self._holdout.holdout(),
+        return AccessStats.of_counts(
+            self.layout.configs, self.counts, self.num_inputs, self.num_sampled, self._holdout.holdout()
         )
-        self._counts_shared = True
-        return stats
-
-
-def _read_only(array: np.ndarray) -> np.ndarray:
-    """A view of ``array`` that cannot be written through."""
-    view = array.view()
-    view.flags.writeable = False
-    return view
 
 
 class _BottomK:

@@ -17,12 +17,12 @@ from fae_torchrec.tables import TableLayout
 class RowRanking:
     """The rows seen in the sample, most accessed first; ties go to the earlier table, then lower id.
 
-    Built from a profile's per-table ``counts`` (``AccessStats.ranking``). Rows are global (``table
-    offset + id``). A row never seen in the sample is not ranked, so it is
-    hot only when the budget holds every row of every table.
+    ``rows`` are global (``table offset + id``), made by :meth:`of_counted` from a sample's counts
+    (``AccessStats.ranking``). A row never seen in the sample is not ranked, so it is hot only when
+    the budget holds every row of every table.
     """
 
-    counts: tuple[np.ndarray, ...]
+    rows: np.ndarray
     layout: TableLayout
     holdout: Holdout
     optimizer_class: type[torch.optim.Optimizer] | None = None
@@ -36,23 +36,8 @@ class RowRanking:
         holdout: Holdout,
         optimizer_class: type[torch.optim.Optimizer] | None = None,
     ) -> RowRanking:
-        """The ranking of the global ``rows`` (ascending, each once) counted ``counts`` times (above 0):
-        the one per-table counts of them would give, made without an array of every row of the tables.
-        Its ``counts`` are empty (:meth:`hot_set_by_share` needs a profile's)."""
-        ranking = cls((), layout, holdout, optimizer_class)
-        ranking.__dict__["rows"] = rows[np.argsort(-counts, kind="stable")]  # the cached ``rows``
-        return ranking
-
-    @cached_property
-    def rows(self) -> np.ndarray:
-        """Global rows seen in the sample, most accessed first. Gathered table by table: the counts
-        of all tables are never concatenated into one array of every row."""
-        seen = [np.flatnonzero(counts) for counts in self.counts]
-        rows = np.concatenate(
-            [ids + offset for ids, offset in zip(seen, self.layout.row_offsets, strict=False)]
-        )
-        seen_counts = np.concatenate([counts[ids] for counts, ids in zip(self.counts, seen, strict=True)])
-        return rows[np.argsort(-seen_counts, kind="stable")]
+        """The ranking of the global ``rows`` (ascending, each once) counted ``counts`` times (above 0)."""
+        return cls(rows[np.argsort(-counts, kind="stable")], layout, holdout, optimizer_class)
 
     @cached_property
     def tables(self) -> np.ndarray:
@@ -81,15 +66,6 @@ class RowRanking:
             return HotSet.everything(self.layout.configs)
         k = int(self.num_hot_rows(budget_bytes))
         return self._hot_set_of(np.sort(self.rows[:k]))
-
-    def hot_set_by_share(self, threshold: float) -> HotSet:
-        """Per table, the rows holding at least ``threshold`` of that table's sampled accesses."""
-        if not 0.0 < threshold <= 1.0:
-            raise ValueError(f"share threshold must be in (0, 1], got {threshold}")
-        if not self.counts:
-            raise ValueError("a ranking of counted rows alone (of_counted) has no per-table counts to share")
-        hot = [np.flatnonzero((counts > 0) & (counts >= threshold * counts.sum())) for counts in self.counts]
-        return HotSet(self.layout.configs, tuple(hot))
 
     def worst_ranks(self) -> np.ndarray:
         """Per holdout input, the largest rank among its rows (-1 for none; ``len(rows)`` when a row

@@ -7,26 +7,23 @@ set's share on recent unseen inputs (as the profile's holdout does). Each step's
 ``2 ** (1 / half_life)`` times the previous step's, so an access ``half_life`` steps old counts half.
 Counts are kept per row for at most ``capacity[t]`` rows of table ``t`` (the largest; a row that falls
 out and comes back starts again): memory is bounded, ``bytes_per_table`` says how much.
-:meth:`snapshot` returns them as they are kept (``RecentStats``: the same ranking and hot set as a
-profile's), and its ``stats()`` as ``AccessStats`` for the planner.
+:meth:`stats` returns them as ``AccessStats``, as sparse as they are kept, for the ranking, the hot
+set and the planner.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
-import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from fae_torchrec.seeds import generator
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.feature_ids import BatchLike, FeatureIds
 from fae_torchrec.stats.holdout import Holdout
-from fae_torchrec.stats.hot_set import HotSet
-from fae_torchrec.stats.ranking import RowRanking
 from fae_torchrec.tables import TableLayout
 
 #: Bytes a kept row costs: its global row (int64) and its count (float64).
@@ -164,11 +161,6 @@ class RecentAccessCounts:
         return sum(16 * len(rows) for rows, _, _ in self._held)
 
     def stats(self) -> AccessStats:
-        """The recent counts as ``AccessStats`` (:meth:`snapshot`'s, an array of every row of every
-        table). Raises ``ValueError`` before any input was counted."""
-        return self.snapshot().stats()
-
-    def snapshot(self) -> RecentStats:
         """The recent counts now, as sparse as they are kept: per kept row its decayed count, in
         accesses at the latest step's weight rounded up to whole ones (a kept row counts at least 1:
         seen), ``num_sampled`` the decayed number of inputs counted, and the holdout of the most recent
@@ -182,10 +174,14 @@ class RecentAccessCounts:
         rounded = np.ceil(self._counts * scale).astype(np.int64)
         seen = rounded > 0
         num_sampled = max(1, round(self._sampled * scale))
-        return RecentStats(
-            layout=self.layout,
-            rows=self._rows[seen],
-            counts=rounded[seen],
+        rows, counts = self._rows[seen], rounded[seen]
+        bounds = np.searchsorted(rows, self._offsets)
+        return AccessStats(
+            tables=self.layout.configs,
+            seen_rows=tuple(
+                rows[a:b] - offset for a, b, offset in zip(bounds, bounds[1:], self._offsets, strict=False)
+            ),
+            seen_counts=tuple(counts[a:b] for a, b in pairwise(bounds)),
             num_inputs=max(num_sampled, round(num_sampled / self.sample_fraction)),
             num_sampled=num_sampled,
             holdout=self._holdout(),
@@ -221,44 +217,3 @@ class RecentAccessCounts:
         rows = np.concatenate([r for r, _, _ in self._held])
         owners = np.concatenate([o + s for (_, o, _), s in zip(self._held, starts[:-1], strict=True)])
         return Holdout(rows, owners, int(starts[-1]))
-
-
-@dataclass(frozen=True)
-class RecentStats:
-    """The recent counts at one moment (:meth:`RecentAccessCounts.snapshot`): the kept ``rows`` (global,
-    ascending) with their ``counts``, of ``num_sampled`` counted of ``num_inputs`` inputs, and the
-    ``holdout``. Its ranking and hot set are made from the kept rows alone; :meth:`stats` makes the
-    ``AccessStats`` a planner takes, with an array of every row of every table (a re-plan makes it once
-    the old tables are freed)."""
-
-    layout: TableLayout
-    rows: np.ndarray
-    counts: np.ndarray
-    num_inputs: int
-    num_sampled: int
-    holdout: Holdout
-
-    def ranking(self, optimizer_class: type[torch.optim.Optimizer] | None = None) -> RowRanking:
-        """The kept rows ranked, with row costs for ``optimizer_class``: as ``stats().ranking`` ranks them."""
-        return RowRanking.of_counted(self.rows, self.counts, self.layout, self.holdout, optimizer_class)
-
-    def hot_set(
-        self, budget_bytes: int, optimizer_class: type[torch.optim.Optimizer] | None = None
-    ) -> HotSet:
-        """FAE's hot set of ``budget_bytes``: ``stats().hot_set`` of the same budget."""
-        return self.ranking(optimizer_class).hot_set(budget_bytes)
-
-    def stats(self) -> AccessStats:
-        """These counts as ``AccessStats``: per table, the count of every row (0 where none is kept)."""
-        counts = [np.zeros(int(n), dtype=np.int64) for n in self.layout.num_rows]
-        tables = self.layout.table_of_rows(self.rows)
-        for t, kept in enumerate(counts):
-            mine = tables == t
-            kept[self.rows[mine] - self.layout.row_offsets[t]] = self.counts[mine]
-        return AccessStats(
-            tables=self.layout.configs,
-            counts=tuple(counts),
-            num_inputs=self.num_inputs,
-            num_sampled=self.num_sampled,
-            holdout=self.holdout,
-        )

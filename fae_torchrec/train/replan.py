@@ -26,10 +26,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.holdout import Holdout
 from fae_torchrec.stats.hot_set import HOT, HotSet
 from fae_torchrec.stats.hot_share import ShareEstimate, clearly_below, compare_hot_sets, measured_share
-from fae_torchrec.stats.recent import RecentAccessCounts, RecentStats
+from fae_torchrec.stats.recent import RecentAccessCounts
 from fae_torchrec.train.schedule import Step
 
 #: The re-plan policies (see the module docstring).
@@ -64,7 +65,7 @@ class ReplanDecision:
     (``Replanner.decide``'s) and the share it gains beyond chance (``gained``: the 95% lower bound of
     the change, 0 when not above it), the rows that would move (either way) and their bytes with
     optimizer state, the seconds the move would save over the rest of the run and what it costs, the
-    verdict, and the recent counts the proposed hot set came from (their ``stats()`` plan it)."""
+    verdict, and the recent counts the proposed hot set came from (they plan it)."""
 
     measured: ShareEstimate
     planned: ShareEstimate
@@ -78,7 +79,7 @@ class ReplanDecision:
     gain_seconds: float = 0.0
     cost_seconds: float = 0.0
     replan: bool = False
-    recent: RecentStats | None = None
+    recent: AccessStats | None = None
 
     def __str__(self) -> str:
         text = f"hot-input share {self.measured} against the plan's {self.planned}"
@@ -154,7 +155,7 @@ class Replanner:
         drifted = clearly_below(measured, self.planned, self.policy.margin)
         if self.policy.mode == "auto" and not drifted:
             return ReplanDecision(measured, self.planned, drifted)
-        recent = self.counts.snapshot()
+        recent = self.counts.stats()
         proposed_set = recent.hot_set(self.budget, self.optimizer_class)
         change = compare_hot_sets(
             recent.holdout if upcoming is None else upcoming, self.hot_set, proposed_set
