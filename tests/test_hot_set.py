@@ -177,4 +177,7 @@ def test_the_bitmap_remap_of_a_block_is_the_search_of_each_table(seed):
     ids = (rng.random((300, len(columns))) * np.array(sizes)[columns]).astype(np.int64)
     searched = np.stack([hot_set.signed_part_ids(t, ids[:, c]) for c, t in enumerate(columns)], axis=1)
     np.testing.assert_array_equal(hot_set.signed_part_ids_by_column(ids, columns), searched)
-    np.testing.assert_array_equal(hot_set.is_hot_by_column(ids, columns), searched >= 0)
+    np.testing.assert_array_equal(hot_set.all_hot_by_column(ids, columns), (searched >= 0).all(axis=1))
+    np.testing.assert_array_equal(
+        hot_set.all_hot_by_column(ids[:, [0, 6]], columns[[0, 6]]), np.ones(300, bool)
+    )

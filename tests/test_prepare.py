@@ -156,3 +156,17 @@ def test_every_rank_profiles_and_partitions_its_share_as_one_process_would(tmp_p
         repartition(one.partition, chosen, hot_set, tmp_path / f"{name}-again-1", **AGAIN)
         (tmp_path / f"{name}-again.pkl").write_bytes(pickle.dumps((chosen, hot_set)))
     run_on_ranks(_same_as_one_process, 2, tmp_path, tmp_path)
+
+
+def test_a_holdout_bound_that_does_not_hold_profiles_again_without_it(tmp_path, monkeypatch):
+    """Where the holdout's bound keeps too few inputs (forced here by a margin far below 0), the
+    profile is made again without it: the statistics and partition are those of a bound that holds."""
+    _write_days(tmp_path)
+    source, options = _sources(tmp_path)["synthetic"]
+    held = _prepared(source, tmp_path / "held", options)
+    assert held.stats.holdout.num_inputs > 6000, "more inputs than the forced bound below keeps (5,132)"
+    monkeypatch.setattr("fae_torchrec.stats.profiler.HOLDOUT_MARGIN", -300.0)
+    again = _prepared(source, tmp_path / "again", options)
+    for field in ("rows", "owners", "num_inputs"):
+        np.testing.assert_array_equal(getattr(again.stats.holdout, field), getattr(held.stats.holdout, field))
+    assert _files(tmp_path / "again") == _files(tmp_path / "held")

@@ -174,19 +174,23 @@ def test_loaded_counts_equal_the_saved_ones(tmp_path, profiled):
         assert read.dtype == saved.dtype and np.array_equal(read, saved)
 
 
-@pytest.mark.parametrize("holdout", [0, 700, 50_000])
-def test_profilers_of_consecutive_shares_join_into_the_profiler_of_all(holdout):
+@pytest.mark.parametrize(("holdout", "bounded"), [(0, False), (700, False), (700, True), (50_000, True)])
+def test_profilers_of_consecutive_shares_join_into_the_profiler_of_all(holdout, bounded):
     """Profilers of three shares of the data (as ranks hold them), their counts added and joined on
-    the holdout's largest draw, are one profiler of all of it: counts, totals and holdout alike."""
+    the holdout's largest draw, are one profiler of all of it: counts, totals and holdout alike; so
+    are shares told the inputs of all of them (``total_inputs``: each keeps only what the holdout of
+    all needs)."""
     data = SyntheticCriteo(20_000, scale=0.001, seed=3)
     tables, keys = data.table_configs(4), data.feature_names
     blocks = list(data.split_blocks(False, 5, 1000))
+    total = sum(map(len, blocks))
     one = AccessProfiler(tables, 0.1, seed=7, holdout_size=holdout)
     for block in blocks:
         one.update(block.to_batch(keys))
     parts, first = [], 0
     for share in (blocks[:3], blocks[3:4], blocks[4:]):
-        profiler = AccessProfiler(tables, 0.1, seed=7, holdout_size=holdout, first_input=first)
+        profiler = AccessProfiler(tables, 0.1, seed=7, holdout_size=holdout, first_input=first,
+                                  total_inputs=total if bounded else None)  # fmt: skip
         for block in share:
             profiler.update(block.to_batch(keys))
         first += sum(map(len, share))
@@ -195,8 +199,11 @@ def test_profilers_of_consecutive_shares_join_into_the_profiler_of_all(holdout):
     for other in (parts[0], parts[2]):
         for mine, theirs in zip(joined.counts, other.counts, strict=True):
             mine += theirs
+    if bounded and holdout < total:
+        assert all(len(part.holdout_draws()) < holdout for part in parts), "each keeps about its part"
     below = joined.holdout_below([part.holdout_draws() for part in parts])
     joined.join([part.share(below) for part in parts])
+    assert not joined.holdout_short()
     expected, got = one.stats(), joined.stats()
     for mine, theirs in zip(
         got.seen_rows + got.seen_counts, expected.seen_rows + expected.seen_counts, strict=True
@@ -206,3 +213,16 @@ def test_profilers_of_consecutive_shares_join_into_the_profiler_of_all(holdout):
     assert got.holdout.num_inputs == min(holdout, expected.num_inputs - expected.num_sampled)
     np.testing.assert_array_equal(got.holdout.rows, expected.holdout.rows)
     np.testing.assert_array_equal(got.holdout.owners, expected.holdout.owners)
+
+
+def test_a_holdout_bound_that_does_not_hold_is_told():
+    """Told more inputs than the data holds, the holdout's bound is too tight: it keeps fewer inputs
+    than it should, and says so; told the truth, or nothing, it keeps them all."""
+    data = SyntheticCriteo(20_000, scale=0.001, seed=3)
+    kept = {}
+    for told in (None, data.num_samples, 20 * data.num_samples):
+        profiler = AccessProfiler(data.table_configs(4), 0.1, seed=7, holdout_size=700, total_inputs=told)
+        profiler.profile(data)
+        kept[told] = (len(profiler.holdout_draws()), profiler.holdout_short())
+    assert kept[None] == kept[data.num_samples] == (700, False)
+    assert kept[20 * data.num_samples][0] < 700 and kept[20 * data.num_samples][1]

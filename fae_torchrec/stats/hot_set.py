@@ -133,7 +133,7 @@ class HotSet:
     @property
     def holds_every_row(self) -> bool:
         """Whether every row of every table is hot: every input is then hot, and FAE does nothing."""
-        return all(len(ids) == c.num_embeddings for c, ids in zip(self.tables, self.hot_ids, strict=True))
+        return bool(self._entirely_hot.all())
 
     def hot_bytes(self, optimizer_class: type[torch.optim.Optimizer] | None = None) -> int:
         """Bytes of all hot rows, optimizer state included."""
@@ -172,11 +172,25 @@ class HotSet:
         word = rows >> np.uint64(6)
         return word, self._row_bits[0][word], rows & np.uint64(63)
 
-    def is_hot_by_column(self, ids: np.ndarray, tables: np.ndarray) -> np.ndarray:
+    def all_hot_by_column(self, ids: np.ndarray, tables: np.ndarray) -> np.ndarray:
         """For a 2-D array whose column ``c`` holds ids of table ``tables[c]`` (rows of it, not
-        checked): whether each id is hot (one look-up an id in :attr:`_row_bits`)."""
-        _, held, bit = self._bits_of(ids, tables)
-        return ((held >> bit) & np.uint64(1)).astype(bool)
+        checked): whether each row's ids are all hot (one look-up an id in :attr:`_row_bits`, none in
+        a column of an entirely hot table)."""
+        columns = self._partly_hot_columns(tables)
+        _, held, bit = self._bits_of(ids[:, columns], np.asarray(tables)[columns])
+        return ((held >> bit) & np.uint64(1)).astype(bool).all(axis=1)
+
+    @cached_property
+    def _entirely_hot(self) -> np.ndarray:
+        """Whether each table's rows are all hot."""
+        return np.array(
+            [len(ids) == c.num_embeddings for ids, c in zip(self.hot_ids, self.tables, strict=True)],
+            dtype=bool,
+        )
+
+    def _partly_hot_columns(self, tables: np.ndarray) -> np.ndarray:
+        """The columns of tables ``tables`` (one per column) whose table has cold rows."""
+        return np.flatnonzero(~self._entirely_hot[np.asarray(tables)])
 
     def hot_mask(self, table: str | int) -> np.ndarray:
         """Boolean mask over all rows of ``table`` (name or index): True where the row is hot."""
@@ -226,12 +240,17 @@ class HotSet:
 
     def signed_part_ids_by_column(self, ids: np.ndarray, tables: np.ndarray) -> np.ndarray:
         """:meth:`signed_part_ids` of a 2-D array whose column ``c`` holds ids of table ``tables[c]``
-        (rows of it, not checked), a block of inputs at a time, by the bitmap of hot rows."""
+        (rows of it, not checked), a block of inputs at a time, by the bitmap of hot rows (an entirely
+        hot table's ids are their hot ids: its columns are copied)."""
+        columns = self._partly_hot_columns(tables)
+        signed = ids.astype(np.int64)
+        ids, tables = ids[:, columns], np.asarray(tables)[columns]
         word, held, bit = self._bits_of(ids, tables)
         _, before, table_before = self._row_bits
         below = np.bitwise_count(held & ((np.uint64(1) << bit) - np.uint64(1))).astype(np.int64)
-        hot_before = before[word] + below - table_before[np.asarray(tables)]  # its table's, before it
-        return np.where((held >> bit) & np.uint64(1), hot_before, ~(ids - hot_before))
+        hot_before = before[word] + below - table_before[tables]  # its table's, before it
+        signed[:, columns] = np.where((held >> bit) & np.uint64(1), hot_before, ~(ids - hot_before))
+        return signed
 
     def _checked_part_ids(
         self, table: str | int, ids: np.ndarray, feature: str | None = None

@@ -18,6 +18,9 @@ from fae_torchrec.tables import TableLayout
 
 logger = logging.getLogger(__name__)
 
+#: Standard deviations of margin in the holdout's bound (:meth:`AccessProfiler.holdout_short`).
+HOLDOUT_MARGIN = 8.0
+
 
 @dataclass(frozen=True)
 class ProfiledShare:
@@ -45,6 +48,10 @@ class AccessProfiler:
         holdout_size: inputs kept out of the sample for hot-input share estimates (0: none).
         first_input: where in the data its inputs start: the profilers of consecutive shares of the
             data (one per rank) draw what one profiler of all of it draws, and :meth:`join` makes one.
+        total_inputs: the inputs of all shares, where known: the holdout then never keeps an input
+            drawn above the draw that ``holdout_size`` of them stay under but for ``HOLDOUT_MARGIN``
+            standard deviations (a share's profiler keeps about its own part of the holdout, not
+            ``holdout_size``); :meth:`holdout_short` says when the margin did not hold.
     """
 
     def __init__(
@@ -54,6 +61,7 @@ class AccessProfiler:
         seed: int = 0,
         holdout_size: int = 100_000,
         first_input: int = 0,
+        total_inputs: int | None = None,
     ) -> None:
         if not 0.0 < sample_fraction <= 1.0:
             raise ValueError(f"sample_fraction must be in (0, 1], got {sample_fraction}")
@@ -67,7 +75,11 @@ class AccessProfiler:
         # tables costs little).
         self.counts = [paged_zeros(int(n), np.int64) for n in self.layout.num_rows]
         self._offsets = np.concatenate([[0], np.cumsum(self.layout.num_rows)])
-        self._holdout = _BottomK(holdout_size)
+        bound = 1.0
+        if total_inputs:
+            held = holdout_size + HOLDOUT_MARGIN * np.sqrt(holdout_size)
+            bound = min(1.0, sample_fraction + held / total_inputs)
+        self._holdout = _BottomK(holdout_size, bound)
         self.num_inputs = 0
         self.num_sampled = 0
 
@@ -106,6 +118,14 @@ class AccessProfiler:
     def holdout_size(self) -> int:
         return self._holdout.k
 
+    def holdout_short(self) -> bool:
+        """Whether the holdout kept fewer inputs than it would have without the bound ``total_inputs``
+        set (fewer than ``holdout_size``, of more left out): the data held fewer inputs under it than
+        the margin allows for, or more than ``total_inputs``. Profile again without the bound."""
+        holdout = self._holdout
+        left_out = self.num_inputs - self.num_sampled
+        return holdout.bound < 1.0 and min(holdout.held, holdout.k) < min(holdout.k, left_out)
+
     def holdout_draws(self) -> np.ndarray:
         """The draws of the inputs its holdout keeps so far (at most ``holdout_size``)."""
         return self._holdout.candidates()[0]
@@ -132,7 +152,7 @@ class AccessProfiler:
         """Become the profiler of all ``shares`` (consecutive shares of the data, in its order, this
         one's among them; add their counts into :attr:`counts` first): its totals and holdout those
         of one profiler over all of them."""
-        holdout = _BottomK(self._holdout.k)
+        holdout = _BottomK(self._holdout.k, self._holdout.bound)
         for share in shares:
             if len(share.draws):
                 holdout.add(share.draws, share.rows, share.owners)
@@ -165,18 +185,18 @@ class _BottomK:
 
     Inputs are numbered in the order they are added (serials) and each row keeps its input's
     serial. New inputs are kept in pieces and cut back to the ``k`` smallest draws once twice that
-    many are held.
+    many are held. None drawn at or above ``bound`` is kept.
     """
 
-    def __init__(self, k: int) -> None:
-        self.k = k
+    def __init__(self, k: int, bound: float = 1.0) -> None:
+        self.k, self.bound = k, bound
         self.keys: list[np.ndarray] = []
         self.serials: list[np.ndarray] = []
         self.rows: list[np.ndarray] = []
         self.row_serials: list[np.ndarray] = []
         self.held = 0
         self.next_serial = 0
-        self.threshold = 1.0 if k > 0 else 0.0
+        self.threshold = bound if k > 0 else 0.0
 
     def wants(self, draw: np.ndarray, eligible: np.ndarray) -> np.ndarray:
         """Mask of the eligible inputs whose draw may place them among the ``k`` smallest."""

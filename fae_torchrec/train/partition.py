@@ -220,7 +220,7 @@ def hot_inputs(
     for index, (block, chosen) in enumerate(blocks, start=first_block):
         layout.check_features(block.ids, keys, block.ids_per_feature, chosen)
         tables = layout.column_tables(keys, block.ids_per_feature)
-        hot = hot_set.is_hot_by_column(block.ids, tables).all(axis=1)[chosen]
+        hot = hot_set.all_hot_by_column(block.ids, tables)[chosen]
         masks.append(balanced(hot, block.labels[chosen], balance, generator(seed, "balance", index)))
     return masks
 

@@ -684,11 +684,15 @@ def _profile(
     and, with ``exclude_profiled``, per training block of ``share``, the inputs it counted (None
     without)."""
 
-    def count() -> tuple[AccessProfiler, list[np.ndarray]]:
+    everything = _training_inputs(source, val_every)
+
+    def count(bounded: bool) -> tuple[AccessProfiler, list[np.ndarray]]:
         first = source.training_before(share.start, val_every)
-        profiler = AccessProfiler(tables, sample, seed=seed, first_input=first)
+        profiler = AccessProfiler(
+            tables, sample, seed=seed, first_input=first, total_inputs=everything if bounded else None
+        )
         profiled = []
-        total = _training_inputs(source, val_every)
+        total = everything
         if share.stop is not None:
             total = source.training_before(share.stop, val_every) - first
         bar = tqdm(total=total, desc="profiling", unit="input", leave=False, unit_scale=True,
@@ -701,8 +705,11 @@ def _profile(
         bar.close()
         return profiler, profiled
 
-    profiler, profiled = on_every_rank(count)
+    profiler, profiled = on_every_rank(lambda: count(True))
     _join(profiler)
+    if profiler.holdout_short():  # the holdout's bound did not hold (never in practice): count anew without
+        profiler, profiled = on_every_rank(lambda: count(False))
+        _join(profiler)
     if profiler.num_inputs == 0:
         raise ValueError(f"no training input: {names['data']} has no inputs")
     if exclude_profiled and profiler.num_sampled == profiler.num_inputs:
