@@ -104,7 +104,7 @@ def test_bench_traffic_prints_every_comparison_and_draws_the_curves(tmp_path):
         "bench_traffic.py",
         "--num-samples", "100k", "--warmup", "50k", "--epoch", "200k", "--scale", "0.1", "--dims", "128",
         "--world-sizes", "1", "2", "--caps", "128MiB", "--sampling", "2", "--belady-sampling", "4",
-        "--convergence-lengths", "50k", "200k", "--convergence-points", "128:1:128MiB",
+        "--convergence-lengths", "50k", "200k", "--convergence-points", "128:1:128MiB", "--knob-candidates", "2",
         "--out", str(tmp_path),
     )  # fmt: skip
     assert out.count("disjoint (checked)") == 1, "the profile reads other inputs than the replay"
@@ -124,7 +124,7 @@ def test_bench_traffic_replays_tbsm_inputs_the_profile_did_not_read(tmp_path):
         "bench_traffic.py", "--model", "tbsm", "--num-users", "10000", "--scale", "0.05", "--holdout", "4k",
         "--warmup", "5k", "--num-samples", "10k", "--world-sizes", "1", "2", "--caps", "3MiB",
         "--batch-size", "64", "--convergence-lengths", "5k", "20k", "--convergence-points", "16:1:3MiB",
-        "--out", str(tmp_path),
+        "--knob-candidates", "2", "--out", str(tmp_path),
     )  # fmt: skip
     assert out.count("disjoint (checked)") == 1, "the profile reads other inputs than the replay"
     profile = re.search(
