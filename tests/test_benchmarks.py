@@ -104,8 +104,8 @@ def test_bench_traffic_prints_every_comparison_and_draws_the_curves(tmp_path):
         "bench_traffic.py",
         "--num-samples", "100k", "--warmup", "50k", "--epoch", "200k", "--scale", "0.1", "--dims", "128",
         "--world-sizes", "1", "2", "--caps", "128MiB", "--sampling", "2", "--belady-sampling", "4",
-        "--convergence-lengths", "50k", "200k", "--convergence-points", "128:1:128MiB", "--knob-candidates", "2",
-        "--out", str(tmp_path),
+        "--convergence-lengths", "50k", "200k", "--convergence-points", "128:1:128MiB",
+        "--knob-candidates", "2", "--out", str(tmp_path),
     )  # fmt: skip
     assert out.count("disjoint (checked)") == 1, "the profile reads other inputs than the replay"
     sampled = re.search(r"profile: ([\d,]+) sampled inputs \([\d.]+% of an epoch of 200,000\)", out)
