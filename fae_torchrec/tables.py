@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -72,6 +73,11 @@ class TableLayout:
         """Global row of each table's row 0 (and the total as the last entry): global row ``offset +
         id`` numbers the rows of all tables in one array."""
         return np.concatenate([[0], np.cumsum(self.num_rows)])
+
+    def table_slices(self, rows: np.ndarray) -> list[slice]:
+        """For ascending global rows, the slice of ``rows`` that falls in each table."""
+        bounds = np.searchsorted(rows, self.row_offsets)
+        return [slice(int(a), int(b)) for a, b in pairwise(bounds)]
 
     def table_of_rows(self, rows: np.ndarray) -> np.ndarray:
         """Table index of each global row."""

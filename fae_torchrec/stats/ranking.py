@@ -82,8 +82,7 @@ class RowRanking:
 
     def _hot_set_of(self, rows: np.ndarray) -> HotSet:
         offsets = self.layout.row_offsets
-        bounds = np.searchsorted(rows, offsets)
         return HotSet(
             self.layout.configs,
-            tuple(rows[bounds[t] : bounds[t + 1]] - offsets[t] for t in range(len(self.layout.configs))),
+            tuple(rows[part] - offsets[t] for t, part in enumerate(self.layout.table_slices(rows))),
         )

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from itertools import pairwise
 
 import numpy as np
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -175,13 +174,11 @@ class RecentAccessCounts:
         seen = rounded > 0
         num_sampled = max(1, round(self._sampled * scale))
         rows, counts = self._rows[seen], rounded[seen]
-        bounds = np.searchsorted(rows, self._offsets)
+        parts = self.layout.table_slices(rows)
         return AccessStats(
             tables=self.layout.configs,
-            seen_rows=tuple(
-                rows[a:b] - offset for a, b, offset in zip(bounds, bounds[1:], self._offsets, strict=False)
-            ),
-            seen_counts=tuple(counts[a:b] for a, b in pairwise(bounds)),
+            seen_rows=tuple(rows[part] - self._offsets[t] for t, part in enumerate(parts)),
+            seen_counts=tuple(counts[part] for part in parts),
             num_inputs=max(num_sampled, round(num_sampled / self.sample_fraction)),
             num_sampled=num_sampled,
             holdout=self._holdout(),
