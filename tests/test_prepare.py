@@ -138,11 +138,13 @@ def _same_as_one_process(rank: int, world_size: int, tmp_path: Path) -> None:
         assert _files(tmp_path / f"{name}-again-{world_size}") == _files(tmp_path / f"{name}-again-1"), name
 
 
-def test_every_rank_profiles_and_partitions_its_share_as_one_process_would(tmp_path):
-    """Two ranks, each profiling and partitioning its share of the data, make what one process makes
-    of all of it: the same counts, holdout, validation set, hot set, and partition files byte for
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_rank_profiles_and_partitions_its_share_as_one_process_would(tmp_path, world_size):
+    """Two or three ranks, each profiling and partitioning its share of the data, make what one process
+    makes of all of it: the same counts, holdout, validation set, hot set, and partition files byte for
     byte (label balance and inputs kept out of training included); and so does a re-partition of a
-    part of the inputs against another hot set."""
+    part of the inputs against another hot set. At 3 ranks the hot-input count that tells each rank
+    where its rows go is cut across the ranks' shares (each counts a third of the first two)."""
     (tmp_path / "data").mkdir()
     _write_days(tmp_path / "data")
     for name, (source, options) in _sources(tmp_path / "data").items():
@@ -155,7 +157,7 @@ def test_every_rank_profiles_and_partitions_its_share_as_one_process_would(tmp_p
         hot_set = one.stats.hot_set(4 << 10)
         repartition(one.partition, chosen, hot_set, tmp_path / f"{name}-again-1", **AGAIN)
         (tmp_path / f"{name}-again.pkl").write_bytes(pickle.dumps((chosen, hot_set)))
-    run_on_ranks(_same_as_one_process, 2, tmp_path, tmp_path)
+    run_on_ranks(_same_as_one_process, world_size, tmp_path, tmp_path)
 
 
 def test_a_holdout_bound_that_does_not_hold_profiles_again_without_it(tmp_path, monkeypatch):

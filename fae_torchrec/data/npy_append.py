@@ -54,6 +54,19 @@ def allocate_npy(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
         file.truncate(HEADER_BYTES + np.dtype(dtype).itemsize * int(np.prod(shape)))
 
 
+def reserve_npy(path: Path) -> None:
+    """An ``.npy`` file of a header's bytes, for ``NpyRegion`` writers to fill where the rows are not known
+    before they are written; :func:`write_npy_header` writes its header once they are."""
+    with open(path, "wb") as file:
+        file.truncate(HEADER_BYTES)
+
+
+def write_npy_header(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """The header of the ``.npy`` file ``path`` (:func:`reserve_npy`'s, filled), of ``shape``."""
+    with open(path, "r+b") as file:
+        _write_header(file, path, np.dtype(dtype), shape)
+
+
 def _write_header(file: BinaryIO, path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
     header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
     text = repr(header).encode("latin1")

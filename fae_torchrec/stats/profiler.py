@@ -34,6 +34,15 @@ class ProfiledShare:
     owners: np.ndarray
 
 
+def profile_draws(seed: int, first_input: int = 0) -> np.random.Generator:
+    """The draws of the profile of ``seed``, one an input, from input ``first_input`` on: an input is
+    sampled where its draw is below the sample fraction (:meth:`AccessProfiler.update`), so that which
+    inputs a profile sampled can be drawn again without it."""
+    draws = generator(seed, "profile")
+    draws.bit_generator.advance(first_input)
+    return draws
+
+
 class AccessProfiler:
     """Streams over batches, counting the accesses of a seeded random sample of inputs.
 
@@ -69,8 +78,7 @@ class AccessProfiler:
             raise ValueError(f"holdout_size must be non-negative, got {holdout_size}")
         self.layout = TableLayout.of(tables)
         self.sample_fraction = sample_fraction
-        self._rng = generator(seed, "profile")
-        self._rng.bit_generator.advance(first_input)  # one draw an input
+        self._rng = profile_draws(seed, first_input)
         # Counts of every row, in memory paged in as rows are counted (a small profile of large
         # tables costs little).
         self.counts = [paged_zeros(int(n), np.int64) for n in self.layout.num_rows]

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from fae_torchrec.arguments import check_share
 from fae_torchrec.data.block import SampleBlock
-from fae_torchrec.data.npy_append import NpyAppender, NpyRegion, allocate_npy
+from fae_torchrec.data.npy_append import NpyAppender, NpyRegion, allocate_npy, reserve_npy, write_npy_header
 from fae_torchrec.seeds import generator
 from fae_torchrec.stats.hot_set import COLD, HOT, PARTS, HotSet
 
@@ -152,7 +152,8 @@ class HotColdPartition:
             return NpyAppender(directory / f"{name}.npy", array.dtype, array.shape[1:])
 
         bar = _bar(total, progress)
-        ids_per_feature = _write_blocks(blocks, hot_set, keys, appender, balance, seed, first_block, bar)
+        written = _write_blocks(blocks, hot_set, keys, appender, balance, seed, first_block, bar)
+        ids_per_feature = written.ids_per_feature
         if ids_per_feature is None:
             raise ValueError("no inputs to partition")
         finish_partition(directory, keys, ids_per_feature, hot_set)
@@ -204,35 +205,50 @@ class PartitionShare:
     inputs: int
 
 
-def hot_inputs(
+@dataclass(frozen=True)
+class WrittenShare:
+    """What one writer of a share wrote (:func:`write_share`): per file (``is_hot``, ``{part}_{field}``)
+    its dtype, row shape and rows written, and the ids per feature of its inputs (None: it had none)."""
+
+    files: dict[str, tuple[np.dtype, tuple[int, ...], int]]
+    ids_per_feature: tuple[int, ...] | None
+
+    def layout(self) -> tuple[dict[str, tuple[np.dtype, tuple[int, ...]]], tuple[int, ...] | None]:
+        """Per file its dtype and row shape, and the ids per feature: alike for every writer of the same
+        data."""
+        return {name: (dtype, shape) for name, (dtype, shape, _) in self.files.items()}, self.ids_per_feature
+
+
+def count_hot(
     blocks: Iterable[tuple[SampleBlock, np.ndarray]],
     hot_set: HotSet,
     keys: Sequence[str],
     balance: float = 0.0,
     seed: int = 0,
     first_block: int = 0,
-) -> list[np.ndarray]:
-    """Per block of the data (a block of inputs and the mask of those it partitions), which of those
-    :meth:`HotColdPartition.write` sends to the hot part (``balance``, ``seed`` and ``first_block`` as
-    it takes them), by the hot set's bitmap, without the remap or a copy of the inputs: what a writer of
-    a share counts before it knows where its rows go."""
-    layout, masks = hot_set.layout, []
+) -> tuple[int, int]:
+    """Of the inputs of ``blocks`` (per block of the data, a block and the mask of those it partitions),
+    how many :meth:`HotColdPartition.write` sends to the hot part (``balance``, ``seed`` and
+    ``first_block`` as it takes them) and how many there are, by the hot set's bitmap, without the remap
+    or a copy of the inputs: where the writer of the share of the data after them starts."""
+    layout, hot, inputs = hot_set.layout, 0, 0
     for index, (block, chosen) in enumerate(blocks, start=first_block):
         layout.check_features(block.ids, keys, block.ids_per_feature, chosen)
         tables = layout.column_tables(keys, block.ids_per_feature)
-        hot = hot_set.all_hot_by_column(block.ids, tables)[chosen]
-        masks.append(balanced(hot, block.labels[chosen], balance, generator(seed, "balance", index)))
-    return masks
+        all_hot = hot_set.all_hot_by_column(block.ids, tables)[chosen]
+        rng = generator(seed, "balance", index)
+        hot += int(np.count_nonzero(balanced(all_hot, block.labels[chosen], balance, rng)))
+        inputs += len(all_hot)
+    return hot, inputs
 
 
-def allocate_partition(directory: str | os.PathLike, fields: FieldLayout, hot: int, cold: int) -> None:
-    """A partition's files in ``directory``, of ``hot`` and ``cold`` inputs (``fields``: per field of
-    :data:`_FIELDS`, its dtype and row shape, :func:`field_layout`), for :func:`write_share` to fill."""
+def create_partition(directory: str | os.PathLike) -> None:
+    """A partition's files in ``directory``, empty, for :func:`write_share` writers to fill and
+    :func:`finish_shares` to describe once every writer is done."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    for part, rows in ((HOT, hot), (COLD, cold)):
-        allocate_fields(directory, fields, rows, f"{part}_")
-    allocate_npy(directory / "is_hot.npy", np.dtype(bool), (hot + cold,))
+    for name in ("is_hot", *(f"{part}_{field}" for part in PARTS for field in _FIELDS)):
+        reserve_npy(directory / f"{name}.npy")
 
 
 def allocate_fields(directory: Path, fields: FieldLayout, rows: int, prefix: str = "") -> None:
@@ -240,11 +256,6 @@ def allocate_fields(directory: Path, fields: FieldLayout, rows: int, prefix: str
     ``NpyRegion`` writers to fill."""
     for field, (dtype, shape) in fields.items():
         allocate_npy(directory / f"{prefix}{field}.npy", dtype, (rows, *shape))
-
-
-def field_layout(block: SampleBlock, hot_set: HotSet, keys: Sequence[str]) -> FieldLayout:
-    """The dtype and row shape of each field a partition of blocks such as ``block`` stores."""
-    return fields_of(with_part_ids(block.slice(0, 1), hot_set, keys), _FIELDS)
 
 
 def fields_of(block: SampleBlock, fields: Sequence[str]) -> FieldLayout:
@@ -257,25 +268,38 @@ def write_share(
     hot_set: HotSet,
     keys: Sequence[str],
     directory: str | os.PathLike,
-    fields: FieldLayout,
     share: PartitionShare,
-    hot: Sequence[np.ndarray],
+    balance: float = 0.0,
+    seed: int = 0,
+    first_block: int = 0,
     progress: bool = False,
-) -> None:
-    """Write ``blocks``, one writer's share of the data, into the partition :func:`allocate_partition`
-    made in ``directory`` of ``fields``, where ``share`` says, ``hot`` (:func:`hot_inputs`) saying
-    which go to the hot part: the bytes that :meth:`HotColdPartition.write` of all the data writes."""
-    starts = {HOT: share.hot, COLD: share.cold}
+) -> WrittenShare:
+    """Write ``blocks``, one writer's share of the data (the first of them block ``first_block`` of
+    all), into the files :func:`create_partition` made in ``directory``, where ``share`` says: the bytes
+    that :meth:`HotColdPartition.write` of all the data writes there (``balance`` and ``seed`` as it
+    takes them); what it wrote, for :func:`finish_shares`."""
+    starts = {"is": share.inputs, HOT: share.hot, COLD: share.cold}
 
     def region(name: str, array: np.ndarray) -> NpyRegion:
-        if name == "is_hot":
-            return NpyRegion(Path(directory) / "is_hot.npy", np.dtype(bool), (), share.inputs)
-        part, field = name.split("_", 1)
-        dtype, shape = fields[field]
-        return NpyRegion(Path(directory) / f"{name}.npy", dtype, shape, starts[part])
+        start = starts[name.split("_", 1)[0]]
+        return NpyRegion(Path(directory) / f"{name}.npy", array.dtype, array.shape[1:], start)
 
-    total = sum(map(len, hot))
-    _write_blocks(blocks, hot_set, keys, region, 0.0, 0, 0, _bar(total, progress), hot)
+    bar = _bar(None, progress)
+    return _write_blocks(blocks, hot_set, keys, region, balance, seed, first_block, bar)
+
+
+def finish_shares(
+    directory: str | os.PathLike, written: Sequence[WrittenShare], keys: Sequence[str], hot_set: HotSet
+) -> None:
+    """Make ``directory``'s files, which ``written`` (every writer's :func:`write_share`, of the same
+    fields) filled, a partition: the headers of every writer's rows, and its description."""
+    wrote = [share for share in written if share.ids_per_feature is not None]
+    if not wrote:
+        raise ValueError("no inputs to partition")
+    for name, (dtype, shape, _) in wrote[0].files.items():
+        rows = sum(share.files[name][2] for share in wrote)
+        write_npy_header(Path(directory) / f"{name}.npy", dtype, (rows, *shape))
+    finish_partition(directory, keys, wrote[0].ids_per_feature, hot_set)
 
 
 def finish_partition(
@@ -300,11 +324,9 @@ def _write_blocks(
     seed: int,
     first_block: int,
     bar: tqdm,
-    hot: Sequence[np.ndarray] | None = None,
-) -> tuple[int, ...] | None:
+) -> WrittenShare:
     """Each block's inputs into the files ``open_file(name, first array)`` opens (``is_hot``, then
-    ``{part}_{field}``), the hot part's those ``hot`` says (None: the entirely hot ones, balanced);
-    the ids per feature of the blocks (None: there was none)."""
+    ``{part}_{field}``), the hot part's the entirely hot ones, balanced."""
     writers: dict[str, NpyAppender] = {}
 
     def put(name: str, array: np.ndarray) -> None:
@@ -317,11 +339,7 @@ def _write_blocks(
         for index, block in enumerate(blocks, start=first_block):
             bar.update(len(block))
             ids_per_feature = block.ids_per_feature
-            if hot is None:
-                rng = generator(seed, "balance", index)
-                block, chosen = _with_part_ids(block, hot_set, keys, balance, rng)
-            else:
-                block, chosen = with_part_ids(block, hot_set, keys), hot[index - first_block]
+            block, chosen = _with_part_ids(block, hot_set, keys, balance, generator(seed, "balance", index))
             put("is_hot", chosen)
             for part, inputs in ((HOT, block.select(chosen)), (COLD, block.select(~chosen))):
                 for field in _FIELDS:
@@ -330,7 +348,8 @@ def _write_blocks(
         bar.close()
         for writer in writers.values():
             writer.close()
-    return ids_per_feature
+    files = {name: (writer.dtype, writer.row_shape, writer.rows) for name, writer in writers.items()}
+    return WrittenShare(files, ids_per_feature)
 
 
 def balanced(hot: np.ndarray, labels: np.ndarray, balance: float, rng: np.random.Generator) -> np.ndarray:

@@ -3,9 +3,10 @@ data, and every rank opens the one partition they wrote.
 
 Where every rank's source knows its size before it is read (synthetic data, npy files, TBSM samples,
 spooled ``Batch``es), the data is cut into one run of whole blocks per rank. Each rank profiles its run,
-its profiler's draws advanced to the run's first input, and the ranks join their profiles (counts added,
-holdouts merged by draw); each then counts which of its inputs are hot, learns from the others where its
-rows go, and writes them there, into files rank 0 made. The statistics, the validation inputs, the hot set
+its profiler's draws advanced to the run's first input, keeping its validation inputs in the same read,
+and the ranks join their profiles (counts added, holdouts merged by draw); they then count the hot inputs
+of every run but the last, each rank an equal part of them, so that each learns where its rows go, and
+each writes its rows there, into files rank 0 made. The statistics, the validation inputs, the hot set
 and the partition's files are those one process makes of all of the data, byte for byte. A source of
 unknown size (text files) is profiled and partitioned by rank 0 alone, the others waiting. A problem
 found on any rank is raised on every rank, so no rank waits for a collective that the others left.
@@ -21,8 +22,10 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import TypeVar
 
@@ -39,17 +42,15 @@ from fae_torchrec.data.npy_append import NpyRegion
 from fae_torchrec.data.source import BlockSource
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import HotSet
-from fae_torchrec.stats.profiler import AccessProfiler
+from fae_torchrec.stats.profiler import AccessProfiler, profile_draws
 from fae_torchrec.train.partition import (
-    FieldLayout,
     HotColdPartition,
     PartitionShare,
     allocate_fields,
-    allocate_partition,
-    field_layout,
+    count_hot,
+    create_partition,
     fields_of,
-    finish_partition,
-    hot_inputs,
+    finish_shares,
     write_share,
 )
 
@@ -314,20 +315,19 @@ def repartition(
     those a re-plan left untrained) partitioned again against ``hot_set`` into ``directory``, in
     blocks of ``block_size`` inputs of the data: each rank its share of the blocks, every rank opens it
     (collective when a process group is initialised; an error on any rank is raised on every rank)."""
-    rank, world_size = _rank()
+    world_size = _rank()[1]
     windows = np.arange(0, len(chosen), block_size)
     used = np.logical_or.reduceat(np.asarray(chosen, dtype=bool), windows) if len(windows) else windows
     bounds = [r * len(windows) // world_size for r in range(world_size + 1)]
-    writers = [r for r in range(world_size) if used[bounds[r] : bounds[r + 1]].any()]
-    start, stop = (min(bound * block_size, len(chosen)) for bound in bounds[rank : rank + 2])
+    ranges = [(first, stop if used[first:stop].any() else first) for first, stop in pairwise(bounds)]
 
-    def training() -> Iterator[SampleBlock]:
-        return partition.inputs(chosen, block_size, start, stop)
+    def read(first: int, stop: int | None) -> Iterator[tuple[SampleBlock, np.ndarray]]:
+        blocks = partition.inputs(chosen, block_size, first * block_size, min(stop * block_size, len(chosen)))
+        return ((block, np.ones(len(block), dtype=bool)) for block in blocks)
 
-    first_block = int(np.count_nonzero(used[: bounds[rank]]))
+    runs = _Runs(ranges, read, lambda first: int(np.count_nonzero(used[:first])))
     try:
-        return _partition(training, first_block, writers, hot_set, partition.keys, Path(directory), balance,
-                          seed, False)  # fmt: skip
+        return _partition(runs, hot_set, partition.keys, Path(directory), balance, seed, False)
     except ValueError as error:
         raise ValueError(f"{directory}: {error}") from error
 
@@ -365,10 +365,6 @@ class _Share:
     stop: int | None
 
     @property
-    def first_block(self) -> int:
-        return self.start // BLOCK
-
-    @property
     def empty(self) -> bool:
         return self.stop is not None and self.stop <= self.start
 
@@ -392,8 +388,7 @@ def _shares(source: BlockSource) -> list[_Share]:
 def _masked(
     source: BlockSource, val_every: int | None, share: _Share
 ) -> Iterator[tuple[SampleBlock, np.ndarray]]:
-    """``share``'s inputs in blocks, each with the mask of its validation inputs; the blocks' training
-    inputs numbered on from ``share.first_block`` in the whole data's blocks."""
+    """``share``'s inputs in blocks of ``BLOCK``, each with the mask of its validation inputs."""
     if share.empty:
         return iter(())
     if val_every == 0:
@@ -402,16 +397,62 @@ def _masked(
     return source.split_masks(val_every, BLOCK, share.start, share.stop)
 
 
-def _split(
-    source: BlockSource, validation: bool, val_every: int | None, share: _Share
-) -> Iterator[SampleBlock]:
-    """``share``'s validation (or training) inputs in blocks (:func:`_masked`)."""
-    for block, held in _masked(source, val_every, share):
-        chosen = held if validation else ~held
-        if chosen.all():
-            yield block
-        elif chosen.any():
-            yield block.select(chosen)
+def _training(
+    source: BlockSource, val_every: int | None, share: _Share, held: list[SampleBlock] | None = None
+) -> Iterator[tuple[SampleBlock, np.ndarray]]:
+    """``share``'s blocks that hold training inputs (:func:`_masked`), each with the mask of them; the
+    validation inputs appended to ``held`` as they pass (None: not kept)."""
+    for block, validation in _masked(source, val_every, share):
+        if held is not None and validation.any():
+            held.append(block.select(validation))
+        if not validation.all():
+            yield block, ~validation
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """The training inputs in numbered units (blocks of the data, windows of a partition), each rank's
+    run of them (``ranges``: first unit and the unit after the last, None: to the end) and how to read
+    any run: ``read(first, stop)`` yields its blocks that hold training inputs, each with the mask of
+    them, the first of them block ``first_block(first)`` of all (the block a writer of everything
+    numbers it, for the label balance's draws)."""
+
+    ranges: list[tuple[int, int | None]]
+    read: Callable[[int, int | None], Iterator[tuple[SampleBlock, np.ndarray]]]
+    first_block: Callable[[int], int]
+
+    def writers(self) -> list[int]:
+        """The ranks whose run holds units."""
+        return [r for r, (first, stop) in enumerate(self.ranges) if stop is None or stop > first]
+
+
+def _source_runs(
+    source: BlockSource, val_every: int | None, shares: Sequence[_Share], sample: float | None, seed: int
+) -> _Runs:
+    """Each rank's ``shares`` of ``source`` as runs of ``BLOCK`` inputs; with ``sample`` (the profile's
+    fraction; None: none), less the inputs the profile of ``seed`` sampled (its draws, made again)."""
+    size = source.num_samples
+
+    def read(first: int, stop: int | None) -> Iterator[tuple[SampleBlock, np.ndarray]]:
+        share = _Share(first * BLOCK, None if stop is None else min(stop * BLOCK, size or stop * BLOCK))
+        blocks = _training(source, val_every, share)
+        if sample is None:
+            return blocks
+        draws = profile_draws(seed, source.training_before(share.start, val_every))
+        return ((block, _unsampled(chosen, draws, sample)) for block, chosen in blocks)
+
+    ranges = [
+        (share.start // BLOCK, None if share.stop is None else -(-share.stop // BLOCK)) for share in shares
+    ]
+    return _Runs(ranges, read, lambda first: first)
+
+
+def _unsampled(chosen: np.ndarray, draws: np.random.Generator, sample: float) -> np.ndarray:
+    """``chosen`` less the inputs it marks that the profile sampled (the next of its ``draws`` below
+    ``sample``)."""
+    kept = chosen.copy()
+    kept[chosen] = draws.random(int(np.count_nonzero(chosen))) >= sample
+    return kept
 
 
 def _profile_and_partition(
@@ -434,17 +475,18 @@ def _profile_and_partition(
     else profiled here), the validation set, the hot set, and the partition written to ``directory``."""
     shares = _shares(source)
     share = shares[_rank()[0]]
-    writers = [r for r, held in enumerate(shares) if not held.empty]
     given = stats is not None
+    mine: list[SampleBlock] = []  # this rank's validation inputs
     if given:
         stats = stats.for_tables(tables, names["stats"])
         _check_count(stats, _training_inputs(source, val_every), names)
-    profiler, profiled = None, None  # with exclude_profiled, per training block, the inputs profiled
-    if stats is None:
-        profiler, profiled = _profile(
+        on_every_rank(lambda: deque(_training(source, val_every, share, mine), maxlen=0))
+        num_inputs, num_sampled = stats.num_inputs, stats.num_sampled
+    else:
+        profiler, mine = _profile(
             source, share, tables, sample, val_every, seed, exclude_profiled, names, progress
         )
-    num_inputs, num_sampled = (stats or profiler).num_inputs, (stats or profiler).num_sampled
+        num_inputs, num_sampled = profiler.num_inputs, profiler.num_sampled
     hot_set, problem = None, None  # a problem of the statistics, raised after those of the data's size
     try:
         stats = stats or profiler.stats()
@@ -455,37 +497,6 @@ def _profile_and_partition(
         )
     except ValueError as error:  # alike on every rank: their statistics are the same
         problem = error
-    keys = source.feature_names
-
-    def training(blocks: Iterator[SampleBlock]) -> Iterator[SampleBlock]:
-        if profiled is None:
-            return blocks
-        return (
-            block.select(np.delete(np.arange(len(block)), counted))
-            for block, counted in zip(blocks, profiled, strict=True)
-        )
-
-    def read() -> tuple[list[SampleBlock], _Counted | None]:
-        """The validation inputs, and where several ranks write the partition, its hot training
-        inputs counted in the same read."""
-        if len(writers) <= 1 or hot_set is None:
-            return list(_split(source, True, val_every, share)), None
-        held: list[SampleBlock] = []
-        counted = iter(profiled or ())
-
-        def split() -> Iterator[tuple[SampleBlock, np.ndarray]]:
-            for block, validation in _masked(source, val_every, share):
-                if validation.any():
-                    held.append(block.select(validation))
-                trains = ~validation
-                if trains.any():
-                    if profiled is not None:  # the inputs profiled train no more
-                        trains[np.flatnonzero(trains)[next(counted)]] = False
-                    yield block, trains
-
-        return held, _count(split(), hot_set, keys, balance, seed, share.first_block)
-
-    mine, counted = on_every_rank(read)
     held_out = _Held.gather(mine)
     if held_out.empty and val_every != 0:
         raise ValueError(
@@ -501,10 +512,8 @@ def _profile_and_partition(
     if problem is not None:
         raise problem
     validation = held_out.share(directory)
-    partition = _partition(
-        lambda: training(_split(source, False, val_every, share)), share.first_block, writers, hot_set, keys,
-        directory, balance, seed, progress, counted,
-    )  # fmt: skip
+    runs = _source_runs(source, val_every, shares, sample if exclude_profiled else None, seed)
+    partition = _partition(runs, hot_set, source.feature_names, directory, balance, seed, progress)
     if given:  # where the size was not known before
         _check_count(stats, len(partition.hot) + len(partition.cold), names)
     return PreparedData(stats, validation, partition, hot_set)
@@ -563,99 +572,86 @@ class _Held:
         return SampleBlock(*arrays, ids_per_feature=ids_per_feature)
 
 
-@dataclass(frozen=True)
-class _Counted:
-    """A rank's share of the training inputs counted before it writes them: per block which are hot
-    (``hot_inputs``), the hot and all inputs, and the fields and ids per feature of its blocks (None:
-    it has none)."""
-
-    hot: list[np.ndarray]
-    num_hot: int
-    num_inputs: int
-    layout: tuple[FieldLayout, tuple[int, ...]] | None
-
-    def placed(self) -> tuple[int, int, int, tuple | None]:
-        """What the other ranks learn of it."""
-        return self.num_hot, self.num_inputs - self.num_hot, self.num_inputs, self.layout
-
-
-def _count(
-    blocks: Iterable[tuple[SampleBlock, np.ndarray]],
-    hot_set: HotSet,
-    keys: Sequence[str],
-    balance: float,
-    seed: int,
-    first: int,
-) -> _Counted:
-    """:class:`_Counted` of ``blocks`` (:func:`hot_inputs`'; numbered from ``first``; label balance by
-    ``balance`` and ``seed``)."""
-    seen: list[SampleBlock] = []
-
-    def remembered() -> Iterator[tuple[SampleBlock, np.ndarray]]:
-        for block, chosen in blocks:
-            if not seen and chosen.any():
-                seen.append(block.select(chosen))
-            yield block, chosen
-
-    hot = hot_inputs(remembered(), hot_set, keys, balance, seed, first)
-    layout = (field_layout(seen[0], hot_set, keys), seen[0].ids_per_feature) if seen else None
-    return _Counted(hot, sum(int(np.count_nonzero(h)) for h in hot), sum(map(len, hot)), layout)
-
-
 def _partition(
-    training: Callable[[], Iterator[SampleBlock]],
-    first_block: int,
-    writers: Sequence[int],
+    runs: _Runs,
     hot_set: HotSet,
     keys: Sequence[str],
     directory: Path,
     balance: float,
     seed: int,
     progress: bool,
-    counted: _Counted | None = None,
 ) -> HotColdPartition:
-    """The partition of every rank's ``training()`` inputs (in rank order; the first of its blocks is
-    block ``first_block`` of them all; ``writers``: the ranks that have some) into ``directory``, opened
-    on every rank (collective). Where several ranks write, each counts its hot inputs first (unless
-    ``counted`` already), so that it knows where its own rows go, and then writes them there: the files
-    are those one process writes."""
-    rank, world_size = _rank()
+    """The partition of every rank's run of ``runs`` (in rank order) into ``directory``, opened on every
+    rank (collective). Where several ranks write, they first count the hot inputs of every run but the
+    last, each an equal part of them, so that each writer knows where its own rows go, and then write
+    them there: the files are those one process writes."""
+    rank = _rank()[0]
+    writers = runs.writers()
+
+    def selected(first: int, stop: int | None) -> Iterator[SampleBlock]:
+        return (block if chosen.all() else block.select(chosen) for block, chosen in runs.read(first, stop))
+
     if len(writers) <= 1:  # one rank writes it all (none: rank 0 says there is nothing to write)
 
         def write() -> None:
             if rank == (writers or [0])[0]:
+                first, stop = runs.ranges[rank]
                 HotColdPartition.write(
-                    training(), hot_set, keys, directory, balance=balance, seed=seed, progress=progress,
-                    first_block=first_block,
+                    selected(first, stop), hot_set, keys, directory, balance=balance, seed=seed,
+                    progress=progress, first_block=runs.first_block(first),
                 )  # fmt: skip
 
         on_every_rank(write)
         return _open_on_every_rank(directory)
-    if counted is None:
-        every = ((block, np.ones(len(block), dtype=bool)) for block in training())
-        counted = on_every_rank(lambda: _count(every, hot_set, keys, balance, seed, first_block))
-    everyone: list = [None] * world_size
-    dist.all_gather_object(everyone, counted.placed())
-    layouts = [(r, placed[3]) for r, placed in enumerate(everyone) if placed[3] is not None]
-    if not layouts:
-        raise ValueError("no inputs to partition")
-    for r, layout in layouts[1:]:
-        if layout != layouts[0][1]:
-            raise ValueError(
-                f"{_where(r)} reads inputs of {layout} (fields, ids per feature), where "
-                f"{_where(layouts[0][0])} reads {layouts[0][1]}: every rank must read the same data"
-            )
-    fields, ids_per_feature = layouts[0][1]
-    place = PartitionShare(*(sum(placed[i] for placed in everyone[:rank]) for i in range(3)))
-    totals = [sum(placed[i] for placed in everyone) for i in range(2)]
-    on_every_rank(lambda: rank == 0 and allocate_partition(directory, fields, *totals))
-    on_every_rank(
+    on_every_rank(lambda: rank == 0 and create_partition(directory))
+    place = _place(runs, writers, hot_set, keys, balance, seed)
+    first, stop = runs.ranges[rank]
+    blocks = selected(first, stop)
+    written = on_every_rank(
         lambda: write_share(
-            training(), hot_set, keys, directory, fields, place, counted.hot, progress and rank == 0
+            blocks, hot_set, keys, directory, place, balance, seed, runs.first_block(first),
+            progress and rank == 0,
         )
-    )
-    on_every_rank(lambda: rank == 0 and finish_partition(directory, keys, ids_per_feature, hot_set))
+    )  # fmt: skip
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, written)
+    wrote = [(r, share.layout()) for r, share in enumerate(everyone) if share.ids_per_feature is not None]
+    for r, layout in wrote[1:]:
+        if layout != wrote[0][1]:
+            raise ValueError(
+                f"{_where(r)} reads inputs of {layout} (files, ids per feature), where "
+                f"{_where(wrote[0][0])} reads {wrote[0][1]}: every rank must read the same data"
+            )
+    on_every_rank(lambda: rank == 0 and finish_shares(directory, everyone, keys, hot_set))
     return _open_on_every_rank(directory)
+
+
+def _place(
+    runs: _Runs, writers: Sequence[int], hot_set: HotSet, keys: Sequence[str], balance: float, seed: int
+) -> PartitionShare:
+    """Where this rank's rows go in the partition (collective): the hot inputs of every writer's run but
+    the last (whose rows no run follows) counted, each rank counting an equal part of their units, and
+    the counts of each run summed over the ranks."""
+    rank, world_size = _rank()
+    counted_runs = writers[:-1]
+    begin, end = runs.ranges[counted_runs[0]][0], runs.ranges[writers[-1]][0]
+    cuts = [begin + r * (end - begin) // world_size for r in range(world_size + 1)]
+
+    def count() -> dict[int, tuple[int, int]]:
+        counts = {}
+        for writer in counted_runs:
+            first, stop = max(cuts[rank], runs.ranges[writer][0]), min(cuts[rank + 1], runs.ranges[writer][1])
+            if first < stop:
+                counts[writer] = count_hot(
+                    runs.read(first, stop), hot_set, keys, balance, seed, runs.first_block(first)
+                )
+        return counts
+
+    everyone: list = [None] * world_size
+    dist.all_gather_object(everyone, on_every_rank(count))
+    before = [counts[writer] for counts in everyone for writer in counts if writer < rank]
+    hot, inputs = (sum(counted[i] for counted in before) for i in range(2))
+    return PartitionShare(hot, inputs - hot, inputs)
 
 
 def _check_count(stats: AccessStats, num_train: int | None, names: Mapping[str, str]) -> None:
@@ -678,37 +674,35 @@ def _profile(
     exclude_profiled: bool,
     names: Mapping[str, str],
     progress: bool,
-) -> tuple[AccessProfiler, list[np.ndarray] | None]:
+) -> tuple[AccessProfiler, list[SampleBlock]]:
     """The profile of ``sample`` of ``source``'s training inputs, each rank counting its ``share``'s
-    (collective: the counts added, the holdout merged, as one profiler of all of them would have them)
-    and, with ``exclude_profiled``, per training block of ``share``, the inputs it counted (None
-    without)."""
+    (collective: the counts added, the holdout merged, as one profiler of all of them would have them),
+    and the validation inputs of ``share``, kept in the same read."""
 
     everything = _training_inputs(source, val_every)
 
-    def count(bounded: bool) -> tuple[AccessProfiler, list[np.ndarray]]:
+    def count(bounded: bool) -> tuple[AccessProfiler, list[SampleBlock]]:
         first = source.training_before(share.start, val_every)
         profiler = AccessProfiler(
             tables, sample, seed=seed, first_input=first, total_inputs=everything if bounded else None
         )
-        profiled = []
+        held: list[SampleBlock] = []
         total = everything
         if share.stop is not None:
             total = source.training_before(share.stop, val_every) - first
         bar = tqdm(total=total, desc="profiling", unit="input", leave=False, unit_scale=True,
                    disable=not progress or _rank()[0] != 0)  # fmt: skip
-        for block in _split(source, False, val_every, share):
-            counted = profiler.update(block.to_batch(source.feature_names))
+        for block, chosen in _training(source, val_every, share, held):
+            block = block if chosen.all() else block.select(chosen)
+            profiler.update(block.to_batch(source.feature_names))
             bar.update(len(block))
-            if exclude_profiled:
-                profiled.append(np.flatnonzero(counted).astype(np.int32))
         bar.close()
-        return profiler, profiled
+        return profiler, held
 
-    profiler, profiled = on_every_rank(lambda: count(True))
+    profiler, held = on_every_rank(lambda: count(True))
     _join(profiler)
     if profiler.holdout_short():  # the holdout's bound did not hold (never in practice): count anew without
-        profiler, profiled = on_every_rank(lambda: count(False))
+        profiler, held = on_every_rank(lambda: count(False))
         _join(profiler)
     if profiler.num_inputs == 0:
         raise ValueError(f"no training input: {names['data']} has no inputs")
@@ -717,7 +711,7 @@ def _profile(
             f"{names['exclude_profiled']}: {names['sample']} {sample} profiled all {profiler.num_inputs} "
             f"training inputs of {names['data']}, which leaves none to train on"
         )
-    return profiler, profiled if exclude_profiled else None
+    return profiler, held
 
 
 def _join(profiler: AccessProfiler) -> None:
