@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fae_torchrec import AccessStats, HotColdPartition
+from fae_torchrec import AccessStats, HotColdPartition, trace
 from fae_torchrec.recipes.loop import LOCK
 from fae_torchrec.train.schedule import make_schedule
 from tests.conftest import dense_counts, realdata, taobao_slice
@@ -459,3 +459,18 @@ def test_the_planned_cold_tier_trains_the_caching_tiers_model_and_resumes_mid_ep
     assert f"resumed at epoch 1, step {last - steps // 2}" in log[0]
     assert resumed["history"] == planned["history"]
     assert 0 < resumed["cold_tier"]["rows_in"] < tier["rows_in"], "this run's copies, from the checkpoint on"
+
+
+def test_a_trace_of_the_first_steps_shows_faes_stages(tmp_path):
+    """``--trace-steps`` writes a torch.profiler trace of the first training steps, in which FAE's stages
+    carry their labels (``fae_torchrec.trace``): routing, the split, hot and cold forwards, the steps."""
+    metrics = _run(
+        tmp_path, "--num-samples", "41000", "--scale", "0.01", "--batch-size", "256", "--trace-steps", "12",
+        launcher=(sys.executable,),
+    )  # fmt: skip
+    assert metrics["hot_steps"] > 0 and metrics["cold_steps"] > 0
+    events = json.loads((tmp_path / "out" / "trace-rank0.json").read_text())["traceEvents"]
+    names = [event.get("name") for event in events]
+    for label in (trace.ROUTE, trace.SPLIT, trace.HOT_FORWARD, trace.COLD_FORWARD):
+        assert label in names, label
+    assert names.count(trace.STEP) == 12, "one label a step, for the steps asked for"

@@ -26,12 +26,14 @@ from functools import cached_property
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingBagCollectionInterface
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
+from fae_torchrec import trace
 from fae_torchrec.modules.split_features import SplitFeatures
 from fae_torchrec.stats.hot_set import ALL_HOT, COLD, HOT, HotRowIndex, HotSet
 from fae_torchrec.tables import TableLayout
@@ -432,21 +434,22 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
                 "would train other rows; build the module from the hot set the partition was made with "
                 "(prepare_data(...).hot_set), or partition the data again for this module's"
             )
-        ordered = self._ordered(features)
-        parts = self._split(ordered, (HOT,) if is_hot else (HOT, COLD), part_ids_of is not None)
-        cold = parts.get(COLD)
-        if is_hot is None:
-            is_hot = cold is None or cold.values().numel() == 0
-        if is_hot and self.cold is not None:
-            keys = self._part_key_names[COLD]
-            cold = KeyedJaggedTensor(
-                keys=keys,
-                values=ordered.values()[:0],
-                lengths=ordered.lengths().new_zeros(len(keys) * ordered.stride()),
-                weights=ordered.weights()[:0] if self._is_weighted else None,
-                stride=ordered.stride(),
-            )
-        return SplitFeatures(parts.get(HOT), cold, is_hot)
+        with record_function(trace.SPLIT):
+            ordered = self._ordered(features)
+            parts = self._split(ordered, (HOT,) if is_hot else (HOT, COLD), part_ids_of is not None)
+            cold = parts.get(COLD)
+            if is_hot is None:
+                is_hot = cold is None or cold.values().numel() == 0
+            if is_hot and self.cold is not None:
+                keys = self._part_key_names[COLD]
+                cold = KeyedJaggedTensor(
+                    keys=keys,
+                    values=ordered.values()[:0],
+                    lengths=ordered.lengths().new_zeros(len(keys) * ordered.stride()),
+                    weights=ordered.weights()[:0] if self._is_weighted else None,
+                    stride=ordered.stride(),
+                )
+            return SplitFeatures(parts.get(HOT), cold, is_hot)
 
     def forward(self, features: KeyedJaggedTensor | SplitFeatures, hot_only: bool = False) -> KeyedTensor:
         """Pooled embeddings of ``features``, as the unsplit EBC gives them.
@@ -465,9 +468,11 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         if len(self._checked) < 2:
             self._check_plan_and_pipeline()
         if isinstance(features, SplitFeatures):
-            return self._pool(features.hot, None if features.is_hot else features.cold)
-        parts = self._split(self._ordered(features), (HOT,) if hot_only else (HOT, COLD))
-        return self._pool(parts.get(HOT), parts.get(COLD))
+            with record_function(trace.HOT_FORWARD if features.is_hot else trace.COLD_FORWARD):
+                return self._pool(features.hot, None if features.is_hot else features.cold)
+        with record_function(trace.HOT_FORWARD if hot_only else trace.COLD_FORWARD):
+            parts = self._split(self._ordered(features), (HOT,) if hot_only else (HOT, COLD))
+            return self._pool(parts.get(HOT), parts.get(COLD))
 
     def _check_plan_and_pipeline(self) -> None:
         """Warn when the sharded hot part keeps a table out of device memory (checked once the hot part

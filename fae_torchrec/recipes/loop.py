@@ -32,6 +32,7 @@ from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.recipes.options import check_resume_position, resume_config
 from fae_torchrec.recipes.replan import Replanning, resumed_replan
 from fae_torchrec.recipes.slots import SlotLayout
+from fae_torchrec.recipes.tracing import StepTrace
 from fae_torchrec.tables import TableLayout
 from fae_torchrec.threads import share_cores
 from fae_torchrec.train.checkpoint import Checkpoints
@@ -168,6 +169,7 @@ def _train(
             args, first_epoch, first_step, offset + len(training.router.schedule(first_epoch))
         )
     runner = StepRunner(args.pipeline, training.model, training.optimizer, device, fae=training.fae)
+    tracing = StepTrace(args.trace_steps, Path(args.out) / f"trace-rank{rank}.json")
     # this run's wall times (after a resume: since it), in seconds: per hot and per cold step, and of
     # getting each step's batch from the router (onto the device, in the plain loop)
     seen, step_index, step_seconds, routing_seconds = 0, progress["step"], {"hot": [], "cold": []}, 0.0
@@ -200,6 +202,7 @@ def _train(
                 seen += routed.batch.labels.numel() * world
                 step_index += 1
                 done += 1
+                tracing.step()
                 history["step"].append(step_index)
                 history["loss"].append(loss)
                 history.setdefault("hot", []).append(routed.hot)  # a checkpoint of an older run has none
@@ -240,6 +243,7 @@ def _train(
         bar.close()
         if not history["eval_step"] or history["eval_step"][-1] != step_index:
             _evaluate(runner, validation, device, history, step_index, router, rank, training.cold_tier)
+    tracing.close()
     all_steps = step_seconds["hot"] + step_seconds["cold"]
     layout = TableLayout.of(tables)
     peaks: list = [None] * world  # every rank's peak resident memory (GiB), in rank order

@@ -166,6 +166,14 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
         "--checkpoint-every", type=non_negative_int, default=0, help="steps between checkpoints"
     )
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
+    parser.add_argument(
+        "--trace-steps",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="write a torch.profiler trace of the first N training steps to --out (trace-rankR.json, one per "
+        "rank; FAE's stages labelled, docs/trace.md)",
+    )
     parser.set_defaults(**family.defaults)  # fae_torchrec.defaults: those of profile and plan too
     args = parser.parse_args(argv)
     if args.warmup is None:
@@ -254,8 +262,18 @@ def check_resume_position(args: argparse.Namespace, epoch: int, step: int, epoch
 
 def resume_config(args: argparse.Namespace, family: ModelFamily) -> dict:
     """The options a resumed run must share with the run that saved, keyed as written on the command
-    line (every option but these: how long to train, how often to evaluate and save, where to write)."""
-    free = {"epochs", "eval_every", "out", "checkpoint_dir", "checkpoint_every", "resume", "compare"}
+    line (every option but these: how long to train, how often to evaluate and save, where to write,
+    what to trace)."""
+    free = {
+        "epochs",
+        "eval_every",
+        "out",
+        "checkpoint_dir",
+        "checkpoint_every",
+        "resume",
+        "compare",
+        "trace_steps",
+    }
     chosen = {**vars(args), **family.named_defaults(args)}  # defaults computed from other options, named
     chosen["replan"] = repr(args.replan)
     return {f"--{key.replace('_', '-')}": value for key, value in chosen.items() if key not in free}

@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
+from fae_torchrec import trace
 from fae_torchrec.recipes.build import Replanned, Training, embedding_optimizer, make_router, shard_model
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.recipes.slots import slot_sizing
@@ -114,11 +116,12 @@ class Replanning:
 
     def _observe(self, partition: HotColdPartition, step: Step) -> None:
         started = time.perf_counter()
-        spans = [span for spans in step.spans for span in spans]
-        counted, held = self.counts.draw(sum(stop - start for _, start, stop in spans))
-        counted_ids, held_ids = partition.take_ids(spans, counted), partition.take_ids(spans, held)
-        self.counts.add_columns(counted_ids, held_ids, self._columns)
-        self.replanner.observe(step)
+        with record_function(trace.WATCH):
+            spans = [span for spans in step.spans for span in spans]
+            counted, held = self.counts.draw(sum(stop - start for _, start, stop in spans))
+            counted_ids, held_ids = partition.take_ids(spans, counted), partition.take_ids(spans, held)
+            self.counts.add_columns(counted_ids, held_ids, self._columns)
+            self.replanner.observe(step)
         self.work_seconds += time.perf_counter() - started
 
     def flush(self) -> None:
@@ -147,6 +150,25 @@ class Replanning:
         self.flush()  # the window holds every step trained so far, alike on every rank
         if not self.replanner.due(step_index):
             return None
+        with record_function(trace.REPLAN_CHECK):
+            decision = self._decide(step_index, training, epoch, done, step_seconds)
+        if not decision.replan:
+            return None
+        started = time.perf_counter()
+        with record_function(trace.REPLAN_MOVE):
+            moved = self.move(step_index, training, model, training.router.schedule(epoch)[:done], decision)
+        self.decisions[-1]["seconds"] = time.perf_counter() - started
+        self.decisions[-1]["move"] = self.last_move
+        self.epoch = epoch
+        logger.info("re-planned after step %d in %.1f s: %d rows moved", step_index,
+                    self.decisions[-1]["seconds"], decision.rows_moved)  # fmt: skip
+        return moved
+
+    def _decide(
+        self, step_index: int, training: Training, epoch: int, done: int, step_seconds: dict[str, list[float]]
+    ) -> ReplanDecision:
+        """The decision at the check after step ``step_index`` (``done`` steps into ``epoch``), recorded
+        in ``decisions``."""
         schedule = training.router.schedule(epoch)
         upcoming, remaining = self.upcoming(training.router.partition, schedule[done:], epoch, step_index)
         times = [float(np.mean(step_seconds[k])) if step_seconds[k] else 0.0 for k in ("hot", "cold")]
@@ -162,18 +184,8 @@ class Replanning:
             upcoming,
         )
         logger.info("check after step %d: %s", step_index, decision)
-        record = _decision_record(step_index, decision)
-        self.decisions.append(record)
-        if not decision.replan:
-            return None
-        started = time.perf_counter()
-        moved = self.move(step_index, training, model, schedule[:done], decision)
-        record["seconds"] = time.perf_counter() - started
-        record["move"] = self.last_move
-        self.epoch = epoch
-        logger.info("re-planned after step %d in %.1f s: %d rows moved", step_index, record["seconds"],
-                    decision.rows_moved)  # fmt: skip
-        return moved
+        self.decisions.append(_decision_record(step_index, decision))
+        return decision
 
     def upcoming(
         self, partition: HotColdPartition, steps: list[Step], epoch: int, step_index: int

@@ -39,9 +39,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.profiler import record_function
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from fae_torchrec import trace
 from fae_torchrec.modules.fae_embedding_bag import (
     SLOT_KERNEL,
     SLOT_SHARDING_TYPES,
@@ -448,14 +450,17 @@ class PlannedColdTier:
             )
         self._routed += 1
         started = time.perf_counter()
-        targets = tuple(copied_before(step, self.ahead, self._num_steps))
-        moves = tuple(tuple(copies.moves(target) for copies in self._copies) for target in targets)
-        self._queue.append(_Copies(step, self._flush_next, targets, moves))
-        self._flush_next = False
-        cold = features.cold
-        if cold is not None:
-            span = slice(self._remap.bounds[step], self._remap.bounds[step + 1])
-            cold = self._slot_ids(cold, self._remap.keys[span], self._remap.slots[span], f"cold step {step}")
+        with record_function(trace.COLD_TIER):
+            targets = tuple(copied_before(step, self.ahead, self._num_steps))
+            moves = tuple(tuple(copies.moves(target) for copies in self._copies) for target in targets)
+            self._queue.append(_Copies(step, self._flush_next, targets, moves))
+            self._flush_next = False
+            cold = features.cold
+            if cold is not None:
+                span = slice(self._remap.bounds[step], self._remap.bounds[step + 1])
+                cold = self._slot_ids(
+                    cold, self._remap.keys[span], self._remap.slots[span], f"cold step {step}"
+                )
         self.route_seconds += time.perf_counter() - started
         return SplitFeatures(features.hot, cold, False)
 

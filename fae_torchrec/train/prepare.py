@@ -32,10 +32,12 @@ from typing import TypeVar
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 from torchrec.datasets.utils import Batch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from tqdm import tqdm
 
+from fae_torchrec import trace
 from fae_torchrec.data.batches import BatchSource, spool_batches
 from fae_torchrec.data.block import SampleBlock, rebatch
 from fae_torchrec.data.npy_append import NpyRegion
@@ -155,19 +157,20 @@ def prepare_data(
         )
     names = {"data": "the data", **{key: key for key in NAMED_PARAMETERS}, **(names or {})}
     directory = Path(directory)
-    spools = []
-    if not blocks:
-        spools = _spool(source, tables, directory, num_batches, each_rank is not False, progress)
-    try:
-        if spools:
-            source = on_every_rank(lambda: _read_spools(spools, tables))
-        return _profile_and_partition(
-            source, tables, directory, sample, batch_size, hot_budget, optimizer_class, stats, val_every,
-            balance, seed, exclude_profiled, names, progress,
-        )  # fmt: skip
-    finally:  # the spools read by every rank, whether the partition was written or not
-        if spools and _rank()[0] == 0:
-            shutil.rmtree(directory / SPOOLS, ignore_errors=True)
+    with record_function(trace.PREPARE):
+        spools = []
+        if not blocks:
+            spools = _spool(source, tables, directory, num_batches, each_rank is not False, progress)
+        try:
+            if spools:
+                source = on_every_rank(lambda: _read_spools(spools, tables))
+            return _profile_and_partition(
+                source, tables, directory, sample, batch_size, hot_budget, optimizer_class, stats,
+                val_every, balance, seed, exclude_profiled, names, progress,
+            )  # fmt: skip
+        finally:  # the spools read by every rank, whether the partition was written or not
+            if spools and _rank()[0] == 0:
+                shutil.rmtree(directory / SPOOLS, ignore_errors=True)
 
 
 def _agree_on_source(source: object, num_batches: int | None, each_rank: bool | None) -> bool:

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from itertools import count
 
 from torch import nn
+from torch.profiler import record_function
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from fae_torchrec import trace
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.modules.split_features import SplitFeatures
 from fae_torchrec.train.cold_tier import PlannedColdTier
@@ -189,12 +191,15 @@ class BatchRouter:
         self._position = dict(state)
 
     def _batch(self, epoch: int, index: int, step: Step) -> RoutedBatch:
-        spans = [self.partition.part(part).slice(start, stop) for part, start, stop in step.spans[self.rank]]
-        if self.split is None:
-            return RoutedBatch(
-                epoch, index, step.hot, SampleBlock.concat(spans).to_batch(self.partition.keys)
-            )
-        return RoutedBatch(epoch, index, step.hot, self._split_batch(spans, step.hot))
+        with record_function(trace.ROUTE):
+            spans = [
+                self.partition.part(part).slice(start, stop) for part, start, stop in step.spans[self.rank]
+            ]
+            if self.split is None:
+                batch = SampleBlock.concat(spans).to_batch(self.partition.keys)
+            else:
+                batch = self._split_batch(spans, step.hot)
+            return RoutedBatch(epoch, index, step.hot, batch)
 
     def _split_batch(self, spans: list[SampleBlock], hot: bool) -> Batch:
         """The ``Batch`` of the part ids of ``spans`` (remapped when the partition was written: split by

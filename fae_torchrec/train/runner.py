@@ -8,9 +8,11 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.train_pipeline import PrefetchTrainPipelineSparseDist, TrainPipelineSparseDist
 
+from fae_torchrec import trace
 from fae_torchrec.command_line import PIPELINES
 from fae_torchrec.train.pipeline import FAEPrefetchTrainPipeline, FAETrainPipeline
 from fae_torchrec.train.router import RoutedBatch
@@ -58,7 +60,8 @@ class StepRunner:
             batch = step.batch.to(self.device)
             _synchronize(self.device)
             routed_at = time.perf_counter()
-            loss = train_step(self.model, batch, self.optimizer)
+            with record_function(trace.STEP):
+                loss = train_step(self.model, batch, self.optimizer)
             _synchronize(self.device)
             yield step, loss, time.perf_counter() - routed_at, routed_at - started
 
@@ -80,7 +83,8 @@ class StepRunner:
         while True:
             before, started = routing[0], time.perf_counter()
             try:
-                output = self.pipeline.progress(source)
+                with record_function(trace.STEP):
+                    output = self.pipeline.progress(source)
             except StopIteration:
                 return
             _synchronize(self.device)
