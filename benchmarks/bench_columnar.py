@@ -127,9 +127,9 @@ def _profile_directly(path: str, schema: str, chunk_rows: int, batch_size: int, 
     """Profile ``path`` as ``fae-torchrec profile`` does, but reading ``chunk_rows`` rows at a time,
     having imported what the command imports."""
     import fae_torchrec.cli  # noqa: F401  (the modules the import-only figure counts)
+    from fae_torchrec.command_line import PROFILE_SAMPLE
     from fae_torchrec.data.columnar import ColumnarSource
     from fae_torchrec.data.schema import load_schema
-    from fae_torchrec.data.sources import PROFILE_SAMPLE
     from fae_torchrec.stats.profiler import AccessProfiler
 
     source = ColumnarSource("parquet", path, load_schema(schema), batch_size, chunk_rows=chunk_rows)

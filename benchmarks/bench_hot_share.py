@@ -49,15 +49,10 @@ from benchmarks.common.arguments import fail
 from benchmarks.common.training_data import NUM_USERS, describe, model_parser, profile_training
 from fae_torchrec import AccessProfiler, AccessStats, HotSet
 from fae_torchrec.arguments import byte_size, fraction, int_at_least, positive_int
+from fae_torchrec.command_line import PROFILE_SAMPLE, add_data_arguments, add_taobao_arguments
 from fae_torchrec.data import SampleBlock
 from fae_torchrec.data.source import BlockSource
-from fae_torchrec.data.sources import (
-    PROFILE_SAMPLE,
-    add_data_arguments,
-    add_taobao_arguments,
-    open_source,
-    open_taobao_source,
-)
+from fae_torchrec.recipes.sources import open_source, open_taobao_source
 from fae_torchrec.stats import hot_share_curve
 from fae_torchrec.units import format_bytes, parse_bytes
 

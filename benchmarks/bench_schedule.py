@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fae_torchrec import AccessProfiler
 from fae_torchrec.arguments import byte_size, fraction, positive_int
+from fae_torchrec.command_line import add_data_arguments
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
-from fae_torchrec.data.sources import add_data_arguments, open_source
+from fae_torchrec.recipes.sources import open_source
 from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.schedule import Step, make_schedule

@@ -148,10 +148,11 @@ from benchmarks.common.step_models import (
 from benchmarks.common.training_data import NUM_USERS, describe, model_parser
 from fae_torchrec import HotSet
 from fae_torchrec.arguments import fraction, non_negative_int, positive_float, positive_int
+from fae_torchrec.command_line import PROFILE_SAMPLE, add_taobao_arguments
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import KAGGLE_INPUTS
 from fae_torchrec.data.source import BlockSource
-from fae_torchrec.data.sources import PROFILE_SAMPLE, add_taobao_arguments, open_taobao_source
+from fae_torchrec.recipes.sources import open_taobao_source
 from fae_torchrec.stats import hot_share_curve
 from fae_torchrec.stats.hot_set import COLD
 from fae_torchrec.units import format_bytes, parse_bytes

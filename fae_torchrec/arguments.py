@@ -79,13 +79,6 @@ def fraction(text: str) -> float:
     return value
 
 
-def check_share(value: float, what: str) -> None:
-    """Raise ``ValueError`` naming ``what`` unless ``value`` is a share in [0, 1] (a library call's
-    check; ``share`` parses the same from a command line)."""
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{what} must be a share in [0, 1], got {value}")
-
-
 def share(text: str) -> float:
     """A number in [0, 1]."""
     value = _finite(text)

@@ -254,7 +254,7 @@ def _profiled_batches(args: argparse.Namespace) -> tuple[list[EmbeddingBagConfig
     training inputs as the examples hold them out, every ``--val-every``-th input of Criteo-layout data
     left out (as ``train_dlrm_fae.py`` leaves it out), TBSM's validation users of Taobao-layout data (as
     ``train_tbsm_fae.py``)."""
-    from fae_torchrec.data.sources import open_source, open_taobao_source
+    from fae_torchrec.recipes.sources import open_source, open_taobao_source
 
     if args.model == "tbsm":
         source = open_taobao_source(args, args.batch_size)

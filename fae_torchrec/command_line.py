@@ -1,5 +1,5 @@
 """What the command lines need to build their parsers, importing neither torch nor TorchRec, so that
-``--help`` answers at once: the data options every command takes (``fae_torchrec.data.sources`` opens
+``--help`` answers at once: the data options every command takes (``fae_torchrec.recipes.sources`` opens
 what they name), the names of the choices the commands offer (embedding optimizers, cache algorithms,
 step orders, train pipelines) and the help formatter that shows every default."""
 

@@ -23,6 +23,8 @@ STAGES = (
     (
         "fae_torchrec.torchrec_compat",
         "fae_torchrec.units",
+        "fae_torchrec.checks",
+        "fae_torchrec.trace",
         "fae_torchrec.seeds",
         "fae_torchrec.tables",
         "fae_torchrec.arguments",
@@ -159,6 +161,32 @@ def test_generic_stages_name_no_data_set(graph):
     assert _dataset_names("from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES") == {
         "fae_torchrec.data.criteo", "DEFAULT_CAT_NAMES"
     }  # fmt: skip
+
+
+#: The library proper, which a trainer calls with values, not a command line's options.
+LIBRARY = ("fae_torchrec.data", "fae_torchrec.stats", "fae_torchrec.modules", "fae_torchrec.train", "planner")
+
+
+def _argparse_bound(source: str) -> bool:
+    """Whether ``source`` imports ``argparse`` or the command line's parsers (``fae_torchrec.arguments``)."""
+    for node in ast.walk(ast.parse(source)):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom):
+            names = [node.module or "", *(f"{node.module}.{alias.name}" for alias in node.names)]
+        if any(name in ("argparse", "fae_torchrec.arguments") for name in names):
+            return True
+    return False
+
+
+def test_the_library_takes_no_command_line(graph):
+    """No module of the library's stages imports argparse or the command line's parsers: a trainer
+    calls them with values, and the command lines parse into those (recipes, cli)."""
+    modules = _modules()
+    library = [m for m in graph if any(m == p or m.startswith(p + ".") for p in LIBRARY)]
+    assert len(library) > 40 and "planner.fae_planner" in library
+    assert [m for m in library if _argparse_bound(modules[m].read_text())] == []
+    assert _argparse_bound("import argparse") and _argparse_bound("from fae_torchrec.arguments import share")
+    assert _argparse_bound("from fae_torchrec import arguments") and not _argparse_bound("import numpy")
 
 
 def test_the_checks_catch_what_they_look_for():

@@ -11,6 +11,7 @@ import pytest
 
 from fae_torchrec import AccessStats
 from fae_torchrec.cli import main
+from fae_torchrec.command_line import add_data_arguments
 from fae_torchrec.data import CriteoNpyReader, CriteoTsvReader, npy_paths
 from fae_torchrec.data.criteo import (
     KAGGLE_TABLE_SIZES,
@@ -20,7 +21,7 @@ from fae_torchrec.data.criteo import (
     read_table_sizes,
     scaled_table_sizes,
 )
-from fae_torchrec.data.sources import add_data_arguments, default_tables, open_source
+from fae_torchrec.recipes.sources import default_tables, open_source
 from tests.conftest import realdata
 
 DAY0_HEAD = "criteo_1tb_day0_head1k/criteoTab.csv"

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from fae_torchrec.command_line import add_taobao_arguments
 from fae_torchrec.data import (
     REFERENCE_TABLE_SIZES,
     Events,
@@ -19,7 +20,7 @@ from fae_torchrec.data import (
     tbsm_samples,
     tbsm_table_configs,
 )
-from fae_torchrec.data.sources import add_taobao_arguments, open_taobao_source
+from fae_torchrec.recipes.sources import open_taobao_source
 from tests.conftest import taobao_slice
 
 

@@ -29,9 +29,9 @@ from tqdm import tqdm
 from benchmarks.common.cache_model import sampled_rows
 from benchmarks.common.training_data import profile_training
 from fae_torchrec import AccessProfiler, AccessStats, HotSet
+from fae_torchrec.command_line import PROFILE_SAMPLE
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES, KAGGLE_INPUTS
-from fae_torchrec.data.sources import PROFILE_SAMPLE
 from fae_torchrec.data.synthetic import CHUNK_SIZE
 from fae_torchrec.data.taobao import TaobaoSource
 from fae_torchrec.seeds import generator

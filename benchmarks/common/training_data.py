@@ -11,9 +11,9 @@ import numpy as np
 from tqdm import tqdm
 
 from fae_torchrec import AccessProfiler, AccessStats
+from fae_torchrec.command_line import model_chooser
 from fae_torchrec.data import SampleBlock
 from fae_torchrec.data.source import BlockSource
-from fae_torchrec.data.sources import model_chooser
 
 #: Synthetic TBSM users by default (``bench_train.py``'s default).
 NUM_USERS = 50_000

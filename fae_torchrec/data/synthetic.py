@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fae_torchrec.arguments import check_share
+from fae_torchrec.checks import check_share
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.criteo import (
     CAT_FEATURE_COUNT,

@@ -59,7 +59,7 @@ def _dlrm_arguments(parser: argparse.ArgumentParser) -> None:
 def _dlrm_source(args: argparse.Namespace) -> BlockSource:
     """The labelled data ``args`` name; its dense width goes to ``args.dense_in_features`` for the
     model (13 for Criteo's layout, the schema's dense columns for parquet and csv)."""
-    from fae_torchrec.data.sources import open_source
+    from fae_torchrec.recipes.sources import open_source
     from fae_torchrec.train.prepare import BLOCK
 
     source = open_source(args, batch_size=BLOCK, require_labels=True)[0]
@@ -68,7 +68,7 @@ def _dlrm_source(args: argparse.Namespace) -> BlockSource:
 
 
 def _dlrm_named_defaults(args: argparse.Namespace) -> dict:
-    from fae_torchrec.data.sources import default_tables
+    from fae_torchrec.recipes.sources import default_tables
 
     return {"tables": args.tables or default_tables(args.data)}
 
@@ -103,7 +103,7 @@ def _tbsm(sparse: nn.Module, args: argparse.Namespace) -> nn.Module:
 
 
 def _tbsm_source(args: argparse.Namespace) -> BlockSource:
-    from fae_torchrec.data.sources import open_taobao_source
+    from fae_torchrec.recipes.sources import open_taobao_source
     from fae_torchrec.train.prepare import BLOCK
 
     return open_taobao_source(args, batch_size=BLOCK)

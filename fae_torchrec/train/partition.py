@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from fae_torchrec.arguments import check_share
+from fae_torchrec.checks import check_share
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.npy_append import NpyAppender, NpyRegion, allocate_npy, reserve_npy, write_npy_header
 from fae_torchrec.seeds import generator

@@ -46,7 +46,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from fae_torchrec.arguments import check_share
+from fae_torchrec.checks import check_share
 
 # ORDERS: the step orders; STREAM_ORDERS: those that read the data in blocks, each block's inputs sorted
 # into the hot and cold streams

@@ -10,13 +10,6 @@ import os
 import re
 from collections.abc import Sequence
 
-# the options themselves live where building a parser imports no torch (re-exported here)
-from fae_torchrec.command_line import (  # noqa: F401
-    PROFILE_SAMPLE,
-    add_data_arguments,
-    add_taobao_arguments,
-    model_chooser,
-)
 from fae_torchrec.data.columnar import ColumnarSource
 from fae_torchrec.data.columnar_files import FORMATS
 from fae_torchrec.data.criteo import (
