@@ -27,10 +27,13 @@ from fae_torchrec.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:  # torch, TorchRec and the planner are imported when a command runs, not for --help
     import torch
+    from torchrec.distributed.planner.types import Topology
+    from torchrec.distributed.types import CacheAlgorithm, ShardingPlan
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
     from fae_torchrec.stats.access_stats import AccessStats
     from fae_torchrec.stats.hot_set import HotSet
+    from planner import FAEShardingPlanner
     from planner.report import FAEPlanReport
 
 logger = logging.getLogger("fae_torchrec")
@@ -57,7 +60,6 @@ def _optimizer(name: str) -> type[torch.optim.Optimizer] | None:
 def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
     """The command line; ``profile`` takes the data options of the ``--model`` that ``argv`` names."""
     chooser, model = model_chooser(argv, default="dlrm")
-    defaults = DEFAULTS[model]  # the examples' too
     parser = argparse.ArgumentParser(
         prog="fae-torchrec", description=DESCRIPTION, formatter_class=HelpFormatter
     )
@@ -68,6 +70,20 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
         help="count row accesses on a sample, choose the hot set, estimate the hot-input share",
     )
+    _add_profile_options(profile, model)
+    plan = commands.add_parser(
+        "plan",
+        parents=[chooser],
+        help="FAE's plan of this machine's devices (or a dry run of CUDA GPUs) beside TorchRec's plans",
+        formatter_class=HelpFormatter,
+    )
+    _add_plan_options(plan, model)
+    return parser
+
+
+def _add_profile_options(profile: argparse.ArgumentParser, model: str) -> None:
+    """``profile``'s options: the data of ``model``, the sample, the budget, the output."""
+    defaults = DEFAULTS[model]  # the examples' too
     if model == "tbsm":
         add_taobao_arguments(profile, num_users=defaults.inputs, scale=defaults.scale)
     else:
@@ -98,12 +114,11 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         help="per-rank batch size (inputs read at a time)",
     )
     profile.add_argument("--out", default="stats.npz", help="statistics file; PNGs go beside it")
-    plan = commands.add_parser(
-        "plan",
-        parents=[chooser],
-        help="FAE's plan of this machine's devices (or a dry run of CUDA GPUs) beside TorchRec's plans",
-        formatter_class=HelpFormatter,
-    )
+
+
+def _add_plan_options(plan: argparse.ArgumentParser, model: str) -> None:
+    """``plan``'s options: the statistics, the devices, the budget and its knob, the caches, the output."""
+    defaults = DEFAULTS[model]
     plan.add_argument("--stats", required=True, help="statistics file written by `profile`")
     plan.add_argument(
         "--device",
@@ -137,6 +152,11 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         help="fix the hot-row budget instead of letting the knob choose (on --device cpu, which has no HBM "
         f"whose time the knob could price, default: the examples' {defaults.budget})",
     )
+    _add_cache_options(plan, defaults.optimizer)
+
+
+def _add_cache_options(plan: argparse.ArgumentParser, optimizer: str) -> None:
+    """``plan``'s options of the knob's search, the optimizer state, the UVM caches and the output."""
     plan.add_argument("--candidates", type=positive_int, default=6, help="budgets the knob tries")
     cores = len(usable_cores())
     plan.add_argument(
@@ -147,8 +167,7 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         "this process may use; 1 plans them one after another here)",
     )
     plan.add_argument(
-        "--optimizer", choices=sorted(OPTIMIZERS), default=defaults.optimizer,
-        help="whose row state the plan holds",
+        "--optimizer", choices=sorted(OPTIMIZERS), default=optimizer, help="whose row state the plan holds",
     )  # fmt: skip
     plan.add_argument(
         "--cache-algorithm",
@@ -168,7 +187,6 @@ def _parser(argv: Sequence[str] | None) -> argparse.ArgumentParser:
         metavar="FILE",
         help="write the plan to FILE: the examples train on it with --stats STATS --plan FILE",
     )
-    return parser
 
 
 #: What ``profile``'s two shares count: they differ by far (every id of an input must be hot for it to be).
@@ -283,16 +301,11 @@ def _check_out_file(out: str, example: str = "stats.npz") -> None:
 
 
 def plan(args: argparse.Namespace) -> None:
-    from torchrec.distributed.planner.types import PlannerError
-    from torchrec.distributed.sharding_plan import get_default_sharders
-    from torchrec.distributed.types import CacheAlgorithm, CacheParams
+    from torchrec.distributed.types import CacheAlgorithm
 
     from fae_torchrec.stats.access_stats import AccessStats
-    from planner import FAEShardingPlanner
-    from planner.baseline import plan_configs
     from planner.plan_file import PlanFile, file_digest
     from planner.topology import local_devices, make_topology
-    from planner.torchrec_configs import TorchRecConfig, torchrec_configs
 
     device, world, hbm_cap = _planned_devices(args, local_devices())
     if args.out is not None:
@@ -313,10 +326,53 @@ def plan(args: argparse.Namespace) -> None:
             f"--cache-algorithm {args.cache_algorithm} --prefetch-pipeline: FBGEMM pipelines the prefetches "
             "of LRU caches only; use --no-prefetch-pipeline or --cache-algorithm lru"
         )
-    optimizer = _optimizer(args.optimizer)
     if args.budget is None and device == "cpu":  # every budget prices alike: the knob would choose on noise
         args.budget = DEFAULTS[args.model].budget
         logger.info("--device cpu: the hot-row budget is the examples' --budget %s", args.budget)
+    devices = f"{world} x {device.upper()}" + (f", HBM {format_bytes(hbm_cap)} per GPU" if hbm_cap else "")
+    where = f"--device {device} --world-size {world}" + (
+        f" --hbm-cap {format_bytes(hbm_cap)}" if hbm_cap else ""
+    )
+    planner, hot_set, sharding_plan = _plan_fae(args, topology, stats, algorithm, devices, where)
+    _print_torchrec_plans(args, device, topology, stats, algorithm, planner.report)
+    if args.out is not None:
+        made_for = {
+            "device": device,
+            "world_size": world,
+            "tables": stats.layout.describe(),
+            "dim": stats.tables[0].embedding_dim,
+            "optimizer": args.optimizer,
+            "stats": file_digest(args.stats),
+            "hot_set": hot_set.digest,
+            "hot_bytes": hot_set.hot_bytes(_optimizer(args.optimizer)),
+            "hot_rows": hot_set.total_hot,
+            "batch_size": args.batch_size,
+            "hbm_cap": hbm_cap,
+            "prefetch_pipeline": args.prefetch_pipeline,
+            "cache_algorithm": args.cache_algorithm,
+            "stats_file": os.path.abspath(args.stats),
+        }
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        PlanFile(sharding_plan, made_for).save(args.out)
+        print(f"wrote {args.out}; train on it with --stats {args.stats} --plan {args.out}")
+
+
+def _plan_fae(
+    args: argparse.Namespace,
+    topology: Topology,
+    stats: AccessStats,
+    algorithm: CacheAlgorithm,
+    devices: str,
+    where: str,
+) -> tuple[FAEShardingPlanner, HotSet, ShardingPlan]:
+    """FAE's planner of ``args``' options, the hot set its knob chose and its plan, printed (``devices``
+    and ``where`` name what was planned, the latter in a ``PlannerError``)."""
+    from torchrec.distributed.planner.types import PlannerError
+    from torchrec.distributed.sharding_plan import get_default_sharders
+    from torchrec.distributed.types import CacheParams
+
+    from planner import FAEShardingPlanner
+
     start = time.perf_counter()
     try:
         planner = FAEShardingPlanner(
@@ -324,23 +380,18 @@ def plan(args: argparse.Namespace) -> None:
             stats,
             batch_size=args.batch_size,
             hot_budget_bytes=None if args.budget is None else parse_bytes(args.budget),
-            optimizer_class=optimizer,
+            optimizer_class=_optimizer(args.optimizer),
             num_candidates=args.candidates,
             processes=args.processes,
             cache_params=CacheParams(algorithm=algorithm, prefetch_pipeline=args.prefetch_pipeline),
         )
     except ValueError as error:
         raise ValueError(f"--stats {args.stats}: {error}") from error
-    devices = f"{world} x {device.upper()}" + (f", HBM {format_bytes(hbm_cap)} per GPU" if hbm_cap else "")
-    where = f"--device {device} --world-size {world}" + (
-        f" --hbm-cap {format_bytes(hbm_cap)}" if hbm_cap else ""
-    )
     try:
         # the knob logs each budget it tries as it goes: its search takes minutes at 128 GPUs
         with logger_level("planner", logging.INFO):
             hot_set = planner.choose_hot_set()
-        hot_rows = sum(hot_set.num_hot.values())
-        if not hot_rows:
+        if not hot_set.total_hot:
             logger.warning(
                 "the plan keeps no hot row: a run on it trains cold steps only (FAE then is TorchRec alone); "
                 "give --budget to keep some"
@@ -349,18 +400,35 @@ def plan(args: argparse.Namespace) -> None:
     except PlannerError as error:
         raise PlannerError(f"{where}: {error}", error.error_type) from error
     seconds = time.perf_counter() - start
-    fae = planner.report
     runs = planner.torchrec_runs
+    model = format_bytes(stats.ranking(_optimizer(args.optimizer)).total_bytes)
     print(
-        f"{devices}, batch {args.batch_size} per rank, {args.optimizer}, model "
-        f"{format_bytes(stats.ranking(optimizer).total_bytes)}; FAE planning took {seconds:.1f} s in "
-        f"{args.processes} process(es), {len(runs)} runs of TorchRec's planner taking {sum(runs):.1f} s "
-        "together"
+        f"{devices}, batch {args.batch_size} per rank, {args.optimizer}, model {model}; FAE planning took "
+        f"{seconds:.1f} s in {args.processes} process(es), {len(runs)} runs of TorchRec's planner taking "
+        f"{sum(runs):.1f} s together"
     )
-    print(fae)
-    # TorchRec's plans of the unsplit tables, the same optimizer state; a CPU has no cache to configure
+    print(planner.report)
+    return planner, hot_set, sharding_plan
+
+
+def _print_torchrec_plans(
+    args: argparse.Namespace,
+    device: str,
+    topology: Topology,
+    stats: AccessStats,
+    algorithm: CacheAlgorithm,
+    fae: FAEPlanReport,
+) -> None:
+    """TorchRec's plans of the unsplit tables, with the same optimizer state, beside FAE's (``fae``): each
+    configuration's predicted step, and the best one's over FAE's (a CPU has no cache to configure)."""
+    from torchrec.distributed.planner.types import PlannerError
+
+    from planner.baseline import plan_configs
+    from planner.torchrec_configs import TorchRecConfig, torchrec_configs
+
     configs = torchrec_configs(args.prefetch_pipeline, algorithm) if device == "cuda" else [TorchRecConfig()]
     steps = {}
+    optimizer = _optimizer(args.optimizer)
     for config, result in plan_configs(
         configs, topology, stats, args.batch_size, optimizer, progress=True
     ).items():
@@ -376,26 +444,6 @@ def plan(args: argparse.Namespace) -> None:
         best = min(steps, key=steps.__getitem__)
         ratio = steps[best] / fae.step
         print(f"predicted step ratio, TorchRec's best ({best}) / FAE: {ratio:.2f}x ({_whose(fae)})")
-    if args.out is not None:
-        made_for = {
-            "device": device,
-            "world_size": world,
-            "tables": stats.layout.describe(),
-            "dim": stats.tables[0].embedding_dim,
-            "optimizer": args.optimizer,
-            "stats": file_digest(args.stats),
-            "hot_set": hot_set.digest,
-            "hot_bytes": hot_set.hot_bytes(optimizer),
-            "hot_rows": hot_rows,
-            "batch_size": args.batch_size,
-            "hbm_cap": hbm_cap,
-            "prefetch_pipeline": args.prefetch_pipeline,
-            "cache_algorithm": args.cache_algorithm,
-            "stats_file": os.path.abspath(args.stats),
-        }
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        PlanFile(sharding_plan, made_for).save(args.out)
-        print(f"wrote {args.out}; train on it with --stats {args.stats} --plan {args.out}")
 
 
 def _planned_devices(

@@ -188,21 +188,10 @@ def fae_constraints(
         if len(hot_set.hot_ids[t]):
             per_part[HOT] = (pooling.expected_hot[t], base.cache_params, HOT)
         if len(hot_set.hot_ids[t]) < config.num_embeddings:
-            if slots:
-                per_part[COLD] = (pooling.expected_cold[t], None, SLOTS)
-            elif torchrec_choice:  # TorchRec may choose a cache (on CUDA), with the cold caches' params
-                chosen = (
-                    base.cache_params
-                    if compute_device == "cpu" or cold_cache == CacheParams()
-                    else cold_cache
-                )
-                per_part[COLD] = (pooling.expected_cold[t], chosen, COLD)
-            else:
-                load_factor, cache_stats = caches[config.name]
-                cache = replace(cold_cache, load_factor=load_factor, stats=cache_stats)
-                in_hbm = load_factor >= 1.0
-                cached = None if compute_device == "cpu" or in_hbm else cache
-                per_part[COLD] = (pooling.expected_cold[t], cached, HOT if in_hbm else COLD)
+            cache, rule = _cold_cache(
+                config.name, base, cold_cache, compute_device, caches, torchrec_choice, slots
+            )
+            per_part[COLD] = (pooling.expected_cold[t], cache, rule)
         for part, (part_pooling, part_cache, rule) in per_part.items():
             allowed_types, allowed_kernels = (
                 (None, None) if torchrec_choice else ALLOWED[compute_device, rule]
@@ -219,6 +208,31 @@ def fae_constraints(
                 cache_params=part_cache,
             )
     return constraints
+
+
+def _cold_cache(
+    table: str,
+    base: ParameterConstraints,
+    cold_cache: CacheParams,
+    compute_device: str,
+    caches: dict[str, tuple[float, AccessCacheStatistics]],
+    torchrec_choice: bool,
+    slots: bool,
+) -> tuple[CacheParams | None, str]:
+    """A cold part's cache and the rule of its kernels (:func:`fae_constraints`' ``caches``,
+    ``torchrec_choice`` and ``slots``): a planned tier's slots have none; TorchRec's choice may cache (on
+    CUDA) with the cold caches' params; else the knob's load factor, whole (1) meaning in HBM."""
+    if slots:
+        return None, SLOTS
+    if torchrec_choice:
+        if compute_device == "cpu" or cold_cache == CacheParams():
+            return base.cache_params, COLD
+        return cold_cache, COLD
+    load_factor, cache_stats = caches[table]
+    in_hbm = load_factor >= 1.0
+    if compute_device == "cpu" or in_hbm:
+        return None, HOT if in_hbm else COLD
+    return replace(cold_cache, load_factor=load_factor, stats=cache_stats), COLD
 
 
 def _allowed(

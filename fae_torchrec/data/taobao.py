@@ -139,14 +139,7 @@ def tbsm_samples(
     categories = np.where(padding, 0, category[positions])
     users = np.repeat(user[targets][:, None], len(steps), axis=1)
 
-    known_items, known_categories = _item_categories(events)
-    replaced = rng.random(len(targets)) < 0.5
-    real = items[replaced, -1]
-    drawn = rng.integers(0, len(known_items) - 1, size=len(real))
-    drawn += drawn >= np.searchsorted(known_items, real)
-    items[replaced, -1] = known_items[drawn]
-    categories[replaced, -1] = known_categories[drawn]
-
+    replaced = _replace_targets(events, items, categories, rng)
     block = SampleBlock(
         dense=np.tile((np.arange(len(steps)) / len(steps)).astype(np.float32), (len(targets), 1)),
         ids=np.concatenate([users, items, categories], axis=1),
@@ -154,6 +147,21 @@ def tbsm_samples(
         ids_per_feature=(1,) * (len(TABLES) * len(steps)),
     )
     return block.slice(0, len(train_targets)), block.slice(len(train_targets), len(targets))
+
+
+def _replace_targets(
+    events: Events, items: np.ndarray, categories: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """Replace each window's target (its last step of ``items`` and ``categories``, in place) with chance
+    1/2 by another item of ``events`` drawn at random, with its category; which were replaced (label 0)."""
+    known_items, known_categories = _item_categories(events)
+    replaced = rng.random(len(items)) < 0.5
+    real = items[replaced, -1]
+    drawn = rng.integers(0, len(known_items) - 1, size=len(real))
+    drawn += drawn >= np.searchsorted(known_items, real)
+    items[replaced, -1] = known_items[drawn]
+    categories[replaced, -1] = known_categories[drawn]
+    return replaced
 
 
 class TaobaoSource(BlockSource):

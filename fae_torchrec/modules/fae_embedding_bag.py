@@ -80,13 +80,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
     ) -> None:
         super().__init__()
         layout = TableLayout.of(tables)
-        if layout.describe() != hot_set.layout.describe():
-            raise ValueError(f"hot set is for other tables: {hot_set.layout.names} vs model {layout.names}")
-        for config in tables:
-            if config.pooling not in (PoolingType.SUM, PoolingType.MEAN):
-                raise ValueError(f"table {config.name}: pooling {config.pooling} is not supported")
-            if is_weighted and config.pooling != PoolingType.SUM:
-                raise ValueError(f"table {config.name}: weighted features need SUM pooling")
+        _check_tables(tables, layout, hot_set, is_weighted)
         self._configs = list(tables)
         self._layout = layout
         self._is_weighted = is_weighted
@@ -119,18 +113,22 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self._part_key_names = {part: [features[i] for i in keys] for part, keys in self._part_keys.items()}
         self._dims = {f: c.embedding_dim for c in tables for f in c.feature_names}
         self._mean_features = {f for c in tables if c.pooling == PoolingType.MEAN for f in c.feature_names}
-        # the remap's index (HotRowIndex) as buffers: they move with the module and its state holds them
+        self._register_index(hot_set, layout)
+        #: Set by FAE's train pipelines, which leave the cold part out of a hot batch's input distribution;
+        #: a cold part pipelined while it is False (by TorchRec's own pipeline) is warned about.
+        self.cold_input_skipped_on_hot = False
+        self._checked: set[str] = set()  # the checks done ("plan", "pipeline"): each is made once
+
+    def _register_index(self, hot_set: HotSet, layout: TableLayout) -> None:
+        """The remap's index (``HotRowIndex``) as buffers: they move with the module and its state holds
+        them."""
         index = HotRowIndex.of(hot_set)
         self.register_buffer("hot_rows", index.hot_rows)
         self.register_buffer("row_offsets", index.row_offsets)
         self.register_buffer("hot_offsets", index.hot_offsets)
         self.register_buffer("table_kind", index.table_kind, persistent=False)
-        table_of_feature = [layout.table_of(f) for f in features]
+        table_of_feature = [layout.table_of(f) for f in layout.features]
         self.register_buffer("table_of_feature", torch.tensor(table_of_feature), persistent=False)
-        #: Set by FAE's train pipelines, which leave the cold part out of a hot batch's input distribution;
-        #: a cold part pipelined while it is False (by TorchRec's own pipeline) is warned about.
-        self.cold_input_skipped_on_hot = False
-        self._checked: set[str] = set()  # the checks done ("plan", "pipeline"): each is made once
 
     def _make_part(
         self, part: str, sizes: np.ndarray, device: torch.device | None
@@ -643,3 +641,16 @@ class _AddColumns(torch.autograd.Function):
 def _add_columns(values: torch.Tensor, other: torch.Tensor, runs: tuple) -> torch.Tensor:
     """``_AddColumns``, kept whole in TorchRec's FX trace of the model (a trace cannot enter it)."""
     return _AddColumns.apply(values, other, runs)
+
+
+def _check_tables(
+    tables: Sequence[EmbeddingBagConfig], layout: TableLayout, hot_set: HotSet, is_weighted: bool
+) -> None:
+    """``ValueError`` where ``hot_set`` is of other tables, or a table pools as the split cannot."""
+    if layout.describe() != hot_set.layout.describe():
+        raise ValueError(f"hot set is for other tables: {hot_set.layout.names} vs model {layout.names}")
+    for config in tables:
+        if config.pooling not in (PoolingType.SUM, PoolingType.MEAN):
+            raise ValueError(f"table {config.name}: pooling {config.pooling} is not supported")
+        if is_weighted and config.pooling != PoolingType.SUM:
+            raise ValueError(f"table {config.name}: weighted features need SUM pooling")

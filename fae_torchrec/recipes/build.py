@@ -216,21 +216,7 @@ def build_training(
     resumed run's last re-plan, whose hot set, statistics and partition replace the profile's;
     ``saved_slots``: a resumed run's planned cold tier's slots and their copies (the planner plans them
     alike)."""
-    if args.optimizer == "adam" and device.type == "cpu":
-        raise ValueError(
-            "--optimizer adam: FBGEMM has no fused Adam on CPU; use it on GPU, or another optimizer"
-        )
-    if args.pipeline == "prefetch" and device.type != "cuda":
-        raise ValueError(
-            "--pipeline prefetch: TorchRec's prefetch pipeline runs on CUDA only; use --pipeline sparse here"
-        )
-    # a planned cold tier has no cache to prefetch into
-    prefetching = device.type == "cuda" and args.cold_tier != "planned"
-    args.pipeline = args.pipeline or ("prefetch" if prefetching else "sparse")
-    if args.cold_tier == "planned" and args.copy_ahead is None:  # nothing runs beside a step on CPU
-        args.copy_ahead = int(device.type == "cuda")
-    if args.hbm_cap is not None and device.type == "cpu":
-        logger.warning("--hbm-cap %s ignored: there is no device memory to cap on CPU", args.hbm_cap)
+    _resolve_device_options(args, device)
     plan_file = _plan_file(args, device) if args.plan else None
     tables, data = prepare(args, family, plan_file, device)
     stats, partition, hot_set = data.stats, data.partition, None if args.baseline else data.hot_set
@@ -265,6 +251,26 @@ def build_training(
     return Training(
         mode, tables, data, plan, dmp, dense, router, hot_set is not None, stats, cold_tier, slots
     )
+
+
+def _resolve_device_options(args: argparse.Namespace, device: torch.device) -> None:
+    """Refuse the options ``device`` cannot run, and fill those whose default depends on it: the
+    pipeline (prefetch on CUDA, where a cache can be prefetched into) and a planned cold tier's copies
+    ahead (1 on CUDA; nothing runs beside a step on CPU)."""
+    if args.optimizer == "adam" and device.type == "cpu":
+        raise ValueError(
+            "--optimizer adam: FBGEMM has no fused Adam on CPU; use it on GPU, or another optimizer"
+        )
+    if args.pipeline == "prefetch" and device.type != "cuda":
+        raise ValueError(
+            "--pipeline prefetch: TorchRec's prefetch pipeline runs on CUDA only; use --pipeline sparse here"
+        )
+    prefetching = device.type == "cuda" and args.cold_tier != "planned"  # a planned tier has no cache
+    args.pipeline = args.pipeline or ("prefetch" if prefetching else "sparse")
+    if args.cold_tier == "planned" and args.copy_ahead is None:
+        args.copy_ahead = int(device.type == "cuda")
+    if args.hbm_cap is not None and device.type == "cpu":
+        logger.warning("--hbm-cap %s ignored: there is no device memory to cap on CPU", args.hbm_cap)
 
 
 def shard_model(

@@ -15,6 +15,7 @@ import socket
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from fae_torchrec.logs import torchrec_quiet
-from fae_torchrec.recipes.build import build_training, disk_bytes, init_distributed, kernels
+from fae_torchrec.recipes.build import Training, build_training, disk_bytes, init_distributed, kernels
 from fae_torchrec.recipes.curves import compared_run, plot_curves
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.recipes.options import check_resume_position, resume_config
@@ -39,9 +40,11 @@ from fae_torchrec.train.checkpoint import Checkpoints
 from fae_torchrec.train.cold_tier import PlannedColdTier
 from fae_torchrec.train.evaluation import evaluate, validation_batches
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
+from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.prepare import on_rank_zero
-from fae_torchrec.train.router import BatchRouter
+from fae_torchrec.train.router import RoutedBatch
 from fae_torchrec.train.runner import StepRunner, steps_to_pause
+from fae_torchrec.train.schedule import Step
 from fae_torchrec.units import format_bytes
 
 logger = logging.getLogger("fae_torchrec.recipes")
@@ -134,154 +137,55 @@ def _checked_checkpoints(args: argparse.Namespace, config: dict) -> tuple[Checkp
     return checkpoints, {}
 
 
+@dataclass
+class RunState:
+    """What the training loop carries from one of its steps to the next: the run (``training``: model,
+    router, data; ``runner``; ``checkpoints`` and ``replanning``, None without them), where it is (the
+    epoch's steps ``done``, of which those before its router's first are ``offset``, after a re-plan;
+    ``step``, counted from 1 over the run) and what it measured (``progress``: steps, counts and history,
+    what a checkpoint keeps; this run's inputs ``seen`` over every rank, and its wall times per hot and
+    cold step and of routing)."""
+
+    args: argparse.Namespace
+    rank: int
+    world: int
+    device: torch.device
+    training: Training
+    runner: StepRunner
+    validation: list
+    checkpoints: Checkpoints | None
+    replanning: Replanning | None
+    progress: dict
+    done: int = 0
+    offset: int = 0
+    step: int = 0
+    seen: int = 0
+    step_seconds: dict[str, list[float]] = field(default_factory=lambda: {"hot": [], "cold": []})
+    routing_seconds: float = 0.0
+
+    @property
+    def history(self) -> dict:
+        return self.progress["history"]
+
+
 def _train(
     args: argparse.Namespace, rank: int, world: int, device: torch.device, family: ModelFamily
 ) -> dict:
-    checkpoints, summary = _checked_checkpoints(args, resume_config(args, family))
-    replanned = None if args.baseline else resumed_replan(args, summary)
-    slots = summary.get("cold_slots")  # and their copies (none saved: planned before they were priced)
-    saved = None if slots is None else SlotLayout(slots, summary.get("slot_copies", {}))
-    training = build_training(args, rank, world, device, family, replanned, saved)
-    mode, tables, partition = training.mode, training.tables, training.data.partition
-    num_train = len(partition.hot) + len(partition.cold)
-    validation = validation_batches(training.data.validation, partition.keys, args.batch_size, world, rank)
-    replanning = None if args.baseline else Replanning(args, family, training, partition, device)
-
-    progress = {
-        "step": 0,
-        "counts": {"hot_steps": 0, "cold_steps": 0},
-        "history": {"step": [], "loss": [], "hot": [], "eval_step": [], "auc": [], "log_loss": []},
-    }
-    history, counts = progress["history"], progress["counts"]
-    first_epoch, first_step, offset = 0, 0, 0  # offset: the epoch's steps before its router's first
-    if checkpoints is not None:
-        checkpoints = checkpoints.for_plan(training.plan)
-    if args.resume:
-        position = checkpoints.load(training.model, training.optimizer, cold_tier=training.cold_tier)
-        training.router.load_state_dict(position["router"])
-        progress, offset = position["progress"], position["offset"]
-        history, counts = progress["history"], progress["counts"]
-        first_epoch, first_step = position["router"]["epoch"], offset + position["router"]["step"]
-        if replanning is not None:
-            replanning.load_state_dict(position["replanning"], summary, training)
-        logger.info("resumed at epoch %d, step %d", first_epoch, first_step)
-        check_resume_position(
-            args, first_epoch, first_step, offset + len(training.router.schedule(first_epoch))
-        )
-    runner = StepRunner(args.pipeline, training.model, training.optimizer, device, fae=training.fae)
+    """The run in its steps: started (or resumed), each epoch trained, its metrics written."""
+    state, first_epoch, first_step = _start(args, rank, world, device, family)
+    partition = state.training.data.partition  # the run's first: its metrics describe it
     tracing = StepTrace(args.trace_steps, Path(args.out) / f"trace-rank{rank}.json")
-    # this run's wall times (after a resume: since it), in seconds: per hot and per cold step, and of
-    # getting each step's batch from the router (onto the device, in the plain loop)
-    seen, step_index, step_seconds, routing_seconds = 0, progress["step"], {"hot": [], "cold": []}, 0.0
     for epoch in range(first_epoch, args.epochs):
         if epoch > first_epoch:
-            offset = 0
-            if replanning is not None:  # after a re-plan, later epochs read every input partitioned anew
-                moved = replanning.next_epoch(training, epoch)
-                if moved is not training:
-                    training = moved
-                    runner = StepRunner(args.pipeline, training.model, training.optimizer, device, True)
-        router = training.router
-        done = first_step if epoch == first_epoch else 0
-        steps = router.epoch(epoch, start_step=done - offset, plan_next=epoch + 1 < args.epochs)
-        schedule = router.schedule(epoch)
-        total = offset + len(schedule)
-        bar = tqdm(total=total, initial=done, desc=f"{mode} epoch {epoch}", unit="step", disable=rank != 0)
-        while done < total:
-            # the steps up to the next evaluation, checkpoint or re-plan check: a pipeline trains them
-            # all, then pauses
-            segment = islice(steps, steps_to_pause(step_index, total - done, *_pauses(args)))
-            for routed, loss, seconds, routing in runner.train(segment):
-                kind = "hot" if routed.hot else "cold"
-                step_seconds[kind].append(seconds)
-                routing_seconds += routing
-                if replanning is not None:
-                    replanning.observe(router.partition, schedule[routed.step])
-                bar.update()
-                counts[f"{kind}_steps"] += 1
-                seen += routed.batch.labels.numel() * world
-                step_index += 1
-                done += 1
-                tracing.step()
-                history["step"].append(step_index)
-                history["loss"].append(loss)
-                history.setdefault("hot", []).append(routed.hot)  # a checkpoint of an older run has none
-                if step_index % 20 == 0:
-                    bar.set_postfix_str(_postfix(loss, counts, history), refresh=False)
-            if args.eval_every and step_index % args.eval_every == 0:
-                _evaluate(runner, validation, device, history, step_index, router, rank, training.cold_tier)
-                bar.set_postfix_str(_postfix(history["loss"][-1], counts, history))
-            moved = None
-            if replanning is not None and done < total:
-                moved = replanning.check(
-                    step_index, training, runner.paused(), epoch, done - offset, step_seconds
-                )
-            if moved is not None:  # the rest of the epoch on the new model, from its router's first step
-                training, router, offset = moved, moved.router, done
-                runner = StepRunner(args.pipeline, training.model, training.optimizer, device, True)
-                steps, schedule = router.epoch(epoch), router.schedule(epoch)
-                total = offset + len(schedule)
-                bar.total = total
-                if checkpoints is not None:  # the same run, of the new plan
-                    checkpoints = checkpoints.for_plan(training.plan)
-            if args.checkpoint_dir and args.checkpoint_every and step_index % args.checkpoint_every == 0:
-                progress["step"] = step_index
-                # a router made by a re-plan at this very step has not started its epoch yet
-                where = router.state_dict() or {"epoch": epoch, "step": 0}
-                position = {"router": where, "progress": progress, "offset": offset}
-                summary = {}
-                if replanning is not None:
-                    position["replanning"] = replanning.state_dict()
-                    summary = replanning.summary(training)
-                if training.slots is not None:  # what the resumed model's slots are planned from
-                    summary["cold_slots"] = dict(training.slots.slots)
-                    summary["slot_copies"] = dict(training.slots.copied_bytes)
-                checkpoints.save(
-                    step_index, runner.paused(), training.optimizer, position, summary,
-                    cold_tier=training.cold_tier,
-                )  # fmt: skip
-        bar.close()
-        if not history["eval_step"] or history["eval_step"][-1] != step_index:
-            _evaluate(runner, validation, device, history, step_index, router, rank, training.cold_tier)
+            _next_epoch(state, epoch)
+        _run_epoch(state, epoch, first_step if epoch == first_epoch else 0, tracing)
     tracing.close()
-    all_steps = step_seconds["hot"] + step_seconds["cold"]
-    layout = TableLayout.of(tables)
-    peaks: list = [None] * world  # every rank's peak resident memory (GiB), in rank order
-    dist.all_gather_object(peaks, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20))
-    metrics = {
-        "model": family.name,
-        "mode": mode,
-        "world_size": world,
-        "train_inputs": num_train,
-        "hot_input_share": len(partition.hot) / num_train,
-        **counts,
-        "plan_kernels": dict(kernels(training.plan)),
-        # what the run trained from: profile's statistics and plan's plan (None: profiled and planned here)
-        "stats_file": args.stats,
-        "plan_file": args.plan,
-        # training steps only (not evaluation), of this run (after a resume: since it; None when a
-        # resume found nothing left to train)
-        "samples_per_second": seen / sum(all_steps) if all_steps else None,
-        "hot_step_ms": _mean_ms(step_seconds["hot"]),
-        "cold_step_ms": _mean_ms(step_seconds["cold"]),
-        "routing_ms": 1000 * routing_seconds / len(all_steps) if all_steps else None,
-        # rank 0's peak resident memory, against the tables' size: weights, and with optimizer state
-        "peak_rss_gib": peaks[0],
-        "peak_rss_gib_ranks": peaks,
-        "tables_gib": layout.num_rows @ layout.row_bytes() / (1 << 30),
-        "tables_with_state_gib": layout.num_rows
-        @ layout.row_bytes(EMBEDDING_OPTIMIZERS[args.optimizer])
-        / (1 << 30),
-        **({} if replanning is None else replanning.metrics(all_steps)),
-        **({} if training.cold_tier is None else {"cold_tier": _tier_metrics(training.cold_tier)}),
-        "final_auc": history["auc"][-1],
-        "final_log_loss": history["log_loss"][-1],
-        "history": history,
-    }
-    throughput = f"{metrics['samples_per_second']:.0f} samples/s" if all_steps else "no step in this run"
+    metrics = _metrics(state, family, partition)
+    speed = metrics["samples_per_second"]
+    throughput = "no step in this run" if speed is None else f"{speed:.0f} samples/s"
     logger.info(
         "%s: %s, %d hot and %d cold steps, validation AUC %.4f, log loss %.4f",
-        mode, throughput, counts["hot_steps"], counts["cold_steps"], metrics["final_auc"],
+        metrics["mode"], throughput, metrics["hot_steps"], metrics["cold_steps"], metrics["final_auc"],
         metrics["final_log_loss"],
     )  # fmt: skip
     written = on_rank_zero(
@@ -290,6 +194,193 @@ def _train(
     if rank == 0:
         logger.info("outputs in %s: %s", args.out, ", ".join(written))
     return metrics
+
+
+def _start(
+    args: argparse.Namespace, rank: int, world: int, device: torch.device, family: ModelFamily
+) -> tuple[RunState, int, int]:
+    """The run built (data, plan, model, router) and, with ``--resume``, moved to where its checkpoint
+    left it; the epoch and the step of it to start from."""
+    checkpoints, summary = _checked_checkpoints(args, resume_config(args, family))
+    replanned = None if args.baseline else resumed_replan(args, summary)
+    slots = summary.get("cold_slots")  # and their copies (none saved: planned before they were priced)
+    saved = None if slots is None else SlotLayout(slots, summary.get("slot_copies", {}))
+    training = build_training(args, rank, world, device, family, replanned, saved)
+    partition = training.data.partition
+    validation = validation_batches(training.data.validation, partition.keys, args.batch_size, world, rank)
+    replanning = None if args.baseline else Replanning(args, family, training, partition, device)
+    progress = {
+        "step": 0,
+        "counts": {"hot_steps": 0, "cold_steps": 0},
+        "history": {"step": [], "loss": [], "hot": [], "eval_step": [], "auc": [], "log_loss": []},
+    }
+    if checkpoints is not None:
+        checkpoints = checkpoints.for_plan(training.plan)
+    runner = StepRunner(args.pipeline, training.model, training.optimizer, device, fae=training.fae)
+    state = RunState(
+        args, rank, world, device, training, runner, validation, checkpoints, replanning, progress
+    )
+    if not args.resume:
+        return state, 0, 0
+    position = checkpoints.load(training.model, training.optimizer, cold_tier=training.cold_tier)
+    training.router.load_state_dict(position["router"])
+    state.progress, state.offset = position["progress"], position["offset"]
+    state.step = state.progress["step"]
+    first_epoch, first_step = position["router"]["epoch"], state.offset + position["router"]["step"]
+    if replanning is not None:
+        replanning.load_state_dict(position["replanning"], summary, training)
+    logger.info("resumed at epoch %d, step %d", first_epoch, first_step)
+    check_resume_position(
+        args, first_epoch, first_step, state.offset + len(training.router.schedule(first_epoch))
+    )
+    return state, first_epoch, first_step
+
+
+def _next_epoch(state: RunState, epoch: int) -> None:
+    """Before a later epoch: its steps counted from its router's first; after a re-plan, the router of
+    every input partitioned anew."""
+    state.offset = 0
+    if state.replanning is not None:
+        moved = state.replanning.next_epoch(state.training, epoch)
+        if moved is not state.training:
+            state.training = moved
+            state.runner = StepRunner(state.args.pipeline, moved.model, moved.optimizer, state.device, True)
+
+
+def _run_epoch(state: RunState, epoch: int, first_step: int, tracing: StepTrace) -> None:
+    """Train ``epoch`` from its step ``first_step``, pausing for evaluations, re-plan checks and
+    checkpoints, and evaluate at its end."""
+    args = state.args
+    state.done = first_step
+    router = state.training.router
+    steps = router.epoch(epoch, start_step=state.done - state.offset, plan_next=epoch + 1 < args.epochs)
+    schedule = router.schedule(epoch)
+    total = state.offset + len(schedule)
+    mode = state.training.mode
+    bar = tqdm(
+        total=total, initial=state.done, desc=f"{mode} epoch {epoch}", unit="step", disable=state.rank != 0
+    )
+    while state.done < total:
+        # the steps up to the next evaluation, checkpoint or re-plan check: a pipeline trains them all,
+        # then pauses
+        segment = islice(steps, steps_to_pause(state.step, total - state.done, *_pauses(args)))
+        _train_segment(state, segment, schedule, bar, tracing)
+        if args.eval_every and state.step % args.eval_every == 0:
+            _evaluate(state)
+            bar.set_postfix_str(_postfix(state.history["loss"][-1], state.progress["counts"], state.history))
+        if state.replanning is not None and state.done < total and _replan(state, epoch):
+            router = state.training.router  # the rest of the epoch on the new model, from its first step
+            steps, schedule = router.epoch(epoch), router.schedule(epoch)
+            total = state.offset + len(schedule)
+            bar.total = total
+        if args.checkpoint_dir and args.checkpoint_every and state.step % args.checkpoint_every == 0:
+            _checkpoint(state, epoch)
+    bar.close()
+    if not state.history["eval_step"] or state.history["eval_step"][-1] != state.step:
+        _evaluate(state)
+
+
+def _train_segment(
+    state: RunState, segment: Iterator[RoutedBatch], schedule: list[Step], bar: tqdm, tracing: StepTrace
+) -> None:
+    """Train the steps of ``segment`` (of the epoch's ``schedule``), recording each."""
+    counts, history = state.progress["counts"], state.history
+    for routed, loss, seconds, routing in state.runner.train(segment):
+        kind = "hot" if routed.hot else "cold"
+        state.step_seconds[kind].append(seconds)
+        state.routing_seconds += routing
+        if state.replanning is not None:
+            state.replanning.observe(state.training.router.partition, schedule[routed.step])
+        bar.update()
+        counts[f"{kind}_steps"] += 1
+        state.seen += routed.batch.labels.numel() * state.world
+        state.step += 1
+        state.done += 1
+        tracing.step()
+        history["step"].append(state.step)
+        history["loss"].append(loss)
+        history.setdefault("hot", []).append(routed.hot)  # a checkpoint of an older run has none
+        if state.step % 20 == 0:
+            bar.set_postfix_str(_postfix(loss, counts, history), refresh=False)
+
+
+def _replan(state: RunState, epoch: int) -> bool:
+    """Check whether to re-plan now (collective) and, on a re-plan, go on with the moved training, its
+    steps counted from those done; whether it re-planned."""
+    moved = state.replanning.check(
+        state.step,
+        state.training,
+        state.runner.paused(),
+        epoch,
+        state.done - state.offset,
+        state.step_seconds,
+    )
+    if moved is None:
+        return False
+    state.training, state.offset = moved, state.done
+    state.runner = StepRunner(state.args.pipeline, moved.model, moved.optimizer, state.device, True)
+    if state.checkpoints is not None:  # the same run, of the new plan
+        state.checkpoints = state.checkpoints.for_plan(moved.plan)
+    return True
+
+
+def _checkpoint(state: RunState, epoch: int) -> None:
+    """Save a checkpoint of the run where it is (collective)."""
+    training, replanning = state.training, state.replanning
+    state.progress["step"] = state.step
+    # a router made by a re-plan at this very step has not started its epoch yet
+    where = training.router.state_dict() or {"epoch": epoch, "step": 0}
+    position = {"router": where, "progress": state.progress, "offset": state.offset}
+    summary = {}
+    if replanning is not None:
+        position["replanning"] = replanning.state_dict()
+        summary = replanning.summary(training)
+    if training.slots is not None:  # what the resumed model's slots are planned from
+        summary["cold_slots"] = dict(training.slots.slots)
+        summary["slot_copies"] = dict(training.slots.copied_bytes)
+    state.checkpoints.save(
+        state.step, state.runner.paused(), training.optimizer, position, summary, cold_tier=training.cold_tier
+    )
+
+
+def _metrics(state: RunState, family: ModelFamily, partition: HotColdPartition) -> dict:
+    """The run's metrics: its data (``partition``, the first), steps, speed, memory and accuracy."""
+    args, training, history = state.args, state.training, state.history
+    all_steps = state.step_seconds["hot"] + state.step_seconds["cold"]
+    num_train = len(partition.hot) + len(partition.cold)
+    layout = TableLayout.of(training.tables)
+    peaks: list = [None] * state.world  # every rank's peak resident memory (GiB), in rank order
+    dist.all_gather_object(peaks, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20))
+    return {
+        "model": family.name,
+        "mode": training.mode,
+        "world_size": state.world,
+        "train_inputs": num_train,
+        "hot_input_share": len(partition.hot) / num_train,
+        **state.progress["counts"],
+        "plan_kernels": dict(kernels(training.plan)),
+        # what the run trained from: profile's statistics and plan's plan (None: profiled and planned here)
+        "stats_file": args.stats,
+        "plan_file": args.plan,
+        # training steps only (not evaluation), of this run (after a resume: since it; None when a
+        # resume found nothing left to train)
+        "samples_per_second": state.seen / sum(all_steps) if all_steps else None,
+        "hot_step_ms": _mean_ms(state.step_seconds["hot"]),
+        "cold_step_ms": _mean_ms(state.step_seconds["cold"]),
+        "routing_ms": 1000 * state.routing_seconds / len(all_steps) if all_steps else None,
+        # rank 0's peak resident memory, against the tables' size: weights, and with optimizer state
+        "peak_rss_gib": peaks[0],
+        "peak_rss_gib_ranks": peaks,
+        "tables_gib": layout.num_rows @ layout.row_bytes() / (1 << 30),
+        "tables_with_state_gib": layout.num_rows
+        @ layout.row_bytes(EMBEDDING_OPTIMIZERS[args.optimizer])
+        / (1 << 30),
+        **({} if state.replanning is None else state.replanning.metrics(all_steps)),
+        **({} if training.cold_tier is None else {"cold_tier": _tier_metrics(training.cold_tier)}),
+        "final_auc": history["auc"][-1],
+        "final_log_loss": history["log_loss"][-1],
+        "history": history,
+    }
 
 
 def _pauses(args: argparse.Namespace) -> tuple[int, int, int]:
@@ -329,27 +420,21 @@ def _mean_ms(seconds: list[float]) -> float | None:
     return 1000 * float(np.mean(seconds)) if seconds else None
 
 
-def _evaluate(
-    runner: StepRunner,
-    validation: list,
-    device: torch.device,
-    history: dict,
-    step: int,
-    router: BatchRouter,
-    rank: int,
-    cold_tier: PlannedColdTier | None,
-) -> None:
-    """Evaluate the model at ``step`` (collective; within the planned ``cold_tier``'s ``evaluating``),
-    record the result in ``history``, tell the router (its adaptive orders follow the validation loss)
+def _evaluate(state: RunState) -> None:
+    """Evaluate the model at the run's step (collective; within the planned cold tier's ``evaluating``),
+    record the result in its history, tell the router (its adaptive orders follow the validation loss)
     and log it on rank 0 as it happens."""
-    with cold_tier.evaluating() if cold_tier is not None else nullcontext():
-        result = evaluate(runner.paused(), (b.to(device) for b in validation))
-    history["eval_step"].append(step)
+    training, history = state.training, state.history
+    with training.cold_tier.evaluating() if training.cold_tier is not None else nullcontext():
+        result = evaluate(state.runner.paused(), (b.to(state.device) for b in state.validation))
+    history["eval_step"].append(state.step)
     history["auc"].append(result["auc"])
     history["log_loss"].append(result["log_loss"])
-    router.report_validation_loss(result["log_loss"])
-    if rank == 0:
-        logger.info("step %d: validation AUC %.4f, log loss %.4f", step, result["auc"], result["log_loss"])
+    training.router.report_validation_loss(result["log_loss"])
+    if state.rank == 0:
+        logger.info(
+            "step %d: validation AUC %.4f, log loss %.4f", state.step, result["auc"], result["log_loss"]
+        )
 
 
 def _postfix(loss: float, counts: dict, history: dict) -> str:

@@ -41,6 +41,31 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
     option or combination."""
     parser = argparse.ArgumentParser(description=family.description, formatter_class=HelpFormatter)
     family.add_arguments(parser)
+    _add_planning_options(parser.add_argument_group("what is trained and how it is planned"))
+    _add_schedule_options(parser.add_argument_group("steps and where cold rows live"), family)
+    _add_training_options(parser.add_argument_group("optimizers, evaluation and re-planning"))
+    _add_output_options(parser.add_argument_group("outputs, checkpoints and traces"))
+    parser.set_defaults(**family.defaults)  # fae_torchrec.defaults: those of profile and plan too
+    args = parser.parse_args(argv)
+    if args.warmup is None:
+        args.warmup = family.warmup if args.order in STREAM_ORDERS else 0.0
+    if args.compare is not None:
+        try:
+            compared_run(args.compare)  # refused before the run, not after it
+        except ValueError as error:
+            parser.error(str(error))
+    problem = _invalid_combination(args)
+    if problem:
+        parser.error(problem)
+    try:
+        args.replan = replan_policy(args.replan, args.replan_window)
+    except ValueError as error:
+        parser.error(f"--replan {' '.join(args.replan)}: {error}")
+    return args
+
+
+def _add_planning_options(parser: argparse._ArgumentGroup) -> None:
+    """FAE or a baseline, the model's size, the profile and the hot set, the plan."""
     parser.add_argument(
         "--baseline",
         nargs="?",
@@ -78,6 +103,10 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
         "on the hot set it was made for (its budget, not --budget); refused when made for other devices, "
         "world size, tables, --dim, --optimizer, statistics or hot set",
     )
+
+
+def _add_schedule_options(parser: argparse._ArgumentGroup, family: ModelFamily) -> None:
+    """The order of hot and cold steps, the train pipeline, the cold tier."""
     parser.add_argument(
         "--order",
         choices=ORDERS,
@@ -130,6 +159,10 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
         "copies overlap the steps between (on CUDA on a side stream); the slots then hold the rows of "
         "that many more steps (default: 1 on CUDA, 0 on CPU, where nothing runs beside the step)",
     )
+
+
+def _add_training_options(parser: argparse._ArgumentGroup) -> None:
+    """The optimizers, evaluations, and watching and re-planning."""
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_NAMES), help="embedding optimizer")
     parser.add_argument("--lr", type=positive_float, default=0.05, help="embedding learning rate")
     parser.add_argument("--dense-lr", type=positive_float, default=0.05, help="dense (Adagrad) learning rate")
@@ -154,6 +187,10 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
         default=100,
         help="steps the measured share spans, between auto's checks, and the recent counts' half-life",
     )
+
+
+def _add_output_options(parser: argparse._ArgumentGroup) -> None:
+    """Where the outputs go, checkpoints and resuming, traces."""
     parser.add_argument("--out", default="runs/train", help="metrics.json and curves.png go here")
     parser.add_argument(
         "--compare",
@@ -174,23 +211,6 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
         help="write a torch.profiler trace of the first N training steps to --out (trace-rankR.json, one per "
         "rank; FAE's stages labelled, docs/trace.md)",
     )
-    parser.set_defaults(**family.defaults)  # fae_torchrec.defaults: those of profile and plan too
-    args = parser.parse_args(argv)
-    if args.warmup is None:
-        args.warmup = family.warmup if args.order in STREAM_ORDERS else 0.0
-    if args.compare is not None:
-        try:
-            compared_run(args.compare)  # refused before the run, not after it
-        except ValueError as error:
-            parser.error(str(error))
-    problem = _invalid_combination(args)
-    if problem:
-        parser.error(problem)
-    try:
-        args.replan = replan_policy(args.replan, args.replan_window)
-    except ValueError as error:
-        parser.error(f"--replan {' '.join(args.replan)}: {error}")
-    return args
 
 
 def order_seed(args: argparse.Namespace) -> int:

@@ -213,6 +213,31 @@ class Replanning:
         first re-plan measures it)."""
         return 100 * max(hot, cold)
 
+    def _partition_again(
+        self, folder: Path, partition: HotColdPartition, trained: list[Step], decision: ReplanDecision
+    ) -> HotColdPartition:
+        """The inputs of ``partition`` that ``trained`` left, and every input (``full``), partitioned
+        against ``decision``'s hot set into ``folder``, beside its statistics (collective); the former."""
+        args = self.args
+
+        def save() -> None:
+            folder.mkdir(parents=True, exist_ok=True)
+            decision.recent.save(folder / "stats.npz")
+
+        on_rank_zero(save)  # a failure ends every rank's run
+        rest = ~trained_inputs(partition.is_hot, trained)
+        hot_set = decision.hot_set
+        remainder = repartition(partition, rest, hot_set, folder / "partition", args.balance, args.seed)
+        everything = np.ones(len(self.full.is_hot), dtype=bool)
+        self.full = repartition(self.full, everything, hot_set, folder / "full", args.balance, args.seed)
+        self.last_move |= {
+            "partition_bytes": sum(
+                f.stat().st_size for d in ("partition", "full") for f in (folder / d).rglob("*.npy")
+            ),
+            "repartitioned_inputs": int(rest.sum()) + len(everything),
+        }
+        return remainder
+
     def move(
         self,
         step_index: int,
@@ -241,24 +266,8 @@ class Replanning:
             "spilled_bytes": state.file_bytes(),
             "spill_seconds": clock.lap(),
         }
-
-        def save() -> None:
-            folder.mkdir(parents=True, exist_ok=True)
-            stats.save(folder / "stats.npz")
-
-        on_rank_zero(save)  # a failure ends every rank's run
-        partition = training.router.partition
-        rest = ~trained_inputs(partition.is_hot, trained)
-        remainder = repartition(partition, rest, hot_set, folder / "partition", args.balance, args.seed)
-        everything = np.ones(len(self.full.is_hot), dtype=bool)
-        self.full = repartition(self.full, everything, hot_set, folder / "full", args.balance, args.seed)
-        self.last_move |= {
-            "partition_seconds": clock.lap(),
-            "partition_bytes": sum(
-                f.stat().st_size for d in ("partition", "full") for f in (folder / d).rglob("*.npy")
-            ),
-            "repartitioned_inputs": int(rest.sum()) + len(everything),
-        }
+        remainder = self._partition_again(folder, training.router.partition, trained, decision)
+        self.last_move["partition_seconds"] = clock.lap()
         sizing = None  # a planned cold tier's slots, sized from the new partitions
         if training.cold_tier is not None:
             partitions = [remainder, self.full]

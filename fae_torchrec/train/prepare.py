@@ -105,56 +105,29 @@ def prepare_data(
     names: Mapping[str, str] | None = None,
     progress: bool = False,
 ) -> PreparedData:
-    """Profile ``sample`` of ``source``'s training inputs (5% by default, as FAE does for DLRM), choose
-    the hot set of ``hot_budget`` bytes (None: no hot row, a baseline's partition, all cold) and write
-    the partition of the training inputs to ``directory``; collective over the default process group
-    when one is initialised.
+    """Profile ``sample`` of ``source``'s training inputs (5%, FAE's for DLRM), choose the hot set of
+    ``hot_budget`` bytes (None: no hot row, a baseline's all-cold partition) and write the partition of
+    the training inputs to ``directory``, each rank its share where the source's size is known (the module
+    docstring); collective under a process group, a problem on any rank raised on every rank as
+    ``ValueError`` naming the rank, its host and the path, batch, feature or parameter.
 
-    ``source`` is a ``BlockSource`` (the same data on every rank), or an iterable of TorchRec ``Batch``es
-    (a ``DataLoader``, a ``RandomRecDataset``), read once, its first ``num_batches`` batches (None: until
-    it ends; an endless dataset needs it), into ``directory/batches/rank-R`` (removed once the partition
-    is written): on every rank, each rank's batches its own share of the data (``each_rank``, the default
-    for batches), or on rank 0 alone (``each_rank=False``: the other ranks' iterables are not read); the
-    inputs of the ranks read, in rank order, are the data. Each rank profiles and partitions its share of
-    the data where the source's size is known before it is read (the module docstring), with the result
-    one process would have. ``directory`` must be readable and writable by every rank (on several nodes,
-    a shared file system): a rank that cannot read the spooled batches or open the partition raises
-    ``ValueError`` on every rank naming the rank, its host and the path. A ``Batch`` that does not fit
-    (jagged or weighted features, other keys than ``tables``' feature names, labels other than 0 and 1,
-    dense values that are not finite) raises ``ValueError`` on every rank naming the rank, the batch and
-    the feature or column (``fae_torchrec.data.batches``).
+    ``source``: a ``BlockSource``, or an iterable of TorchRec ``Batch``es read once (its first
+    ``num_batches``; an endless one needs it) into ``directory/batches``, by every rank, each its own
+    share (``each_rank``, the default), or by rank 0 alone (``each_rank=False``; docs/adopt.md).
+    ``directory`` must be one every rank reads and writes (on several nodes, a shared file system).
+    ``optimizer_class``: the embedding optimizer, whose row state the budget counts as
+    ``FAEShardingPlanner`` counts it. ``stats``: a profile of these training inputs made before
+    (``AccessStats.load``), used instead of profiling. ``val_every``: one input in N held out for
+    validation (0: none; None: the source's own split). ``exclude_profiled``: the partition holds only
+    the inputs the profile did not sample. ``balance``, ``seed``: :meth:`HotColdPartition.write`'s.
+    ``names``: how messages name the data and these parameters (``{"batch_size": "--batch-size"}``);
+    ``progress`` draws bars.
 
-    A hot row costs its weights and its ``optimizer_class`` state (``AccessStats.hot_set``; None: SGD's,
-    none): give the embedding optimizer the model trains with (``torchrec.optim.RowWiseAdagrad``, a
-    ``torch.optim`` class, a value of ``fae_torchrec.train.EMBEDDING_OPTIMIZERS``), as to
-    ``FAEShardingPlanner``, so that the budget counts what the planner counts. ``stats``: the statistics
-    of a profile made before (``fae-torchrec profile``'s file, ``AccessStats.load``) of these training
-    inputs, to choose the hot set from instead of profiling here; ``ValueError`` when they count another
-    number of training inputs.
-
-    Every ``val_every``-th input is held out for validation (0, the default: none, every input trains;
-    None: the source's own split, such as TBSM's by time). With ``exclude_profiled`` the partition holds
-    only the inputs the profile did not sample, so that what training measures comes from inputs
-    disjoint from those that chose the hot set. ``balance`` and ``seed`` are
-    :meth:`HotColdPartition.write`'s. Raises ``ValueError`` when there is no training input, no
-    validation input where some were asked for, or fewer training inputs than one ``batch_size`` on
-    every rank (a smaller batch would train, but not the batch that was planned); nothing is written
-    then. The messages name the data and these parameters as ``names`` says (such as
-    ``{"data": "--data train.txt", "batch_size": "--batch-size"}``), else as "the data" and by their own
-    names. ``progress`` draws bars while reading, profiling and partitioning. Raises ``TypeError``, on
-    every rank before any collective, when ``source`` is neither (such as a path)."""
+    Raises ``ValueError`` when there is no training input, no validation input where some were asked
+    for, or fewer training inputs than one ``batch_size`` per rank (nothing is written then), and
+    ``TypeError`` when ``source`` is neither kind (such as a path)."""
     blocks = _agree_on_source(source, num_batches, each_rank)
-    if blocks and (num_batches is not None or each_rank):
-        raise ValueError(
-            "num_batches and each_rank are for an iterable of Batches; a BlockSource is read whole, on "
-            "rank 0 (give each rank's share of the data as its Batches to read every rank's)"
-        )
-    if not blocks and val_every is None:
-        raise ValueError("val_every=None keeps a BlockSource's own split; Batches have none: give val_every")
-    if stats is not None and exclude_profiled:
-        raise ValueError(
-            "exclude_profiled needs a profile made here: which inputs stats sampled is not known"
-        )
+    _check_options(blocks, num_batches, each_rank, val_every, stats is not None, exclude_profiled)
     names = {"data": "the data", **{key: key for key in NAMED_PARAMETERS}, **(names or {})}
     directory = Path(directory)
     with record_function(trace.PREPARE):
@@ -171,6 +144,28 @@ def prepare_data(
         finally:  # the spools read by every rank, whether the partition was written or not
             if spools and _rank()[0] == 0:
                 shutil.rmtree(directory / SPOOLS, ignore_errors=True)
+
+
+def _check_options(
+    blocks: bool,
+    num_batches: int | None,
+    each_rank: bool | None,
+    val_every: int | None,
+    given: bool,
+    exclude_profiled: bool,
+) -> None:
+    """``ValueError`` for :func:`prepare_data`'s options that do not go together."""
+    if blocks and (num_batches is not None or each_rank):
+        raise ValueError(
+            "num_batches and each_rank are for an iterable of Batches; a BlockSource is read whole, on "
+            "rank 0 (give each rank's share of the data as its Batches to read every rank's)"
+        )
+    if not blocks and val_every is None:
+        raise ValueError("val_every=None keeps a BlockSource's own split; Batches have none: give val_every")
+    if given and exclude_profiled:
+        raise ValueError(
+            "exclude_profiled needs a profile made here: which inputs stats sampled is not known"
+        )
 
 
 def _agree_on_source(source: object, num_batches: int | None, each_rank: bool | None) -> bool:
@@ -490,16 +485,7 @@ def _profile_and_partition(
             source, share, tables, sample, val_every, seed, exclude_profiled, names, progress
         )
         num_inputs, num_sampled = profiler.num_inputs, profiler.num_sampled
-    hot_set, problem = None, None  # a problem of the statistics, raised after those of the data's size
-    try:
-        stats = stats or profiler.stats()
-        hot_set = (
-            HotSet(tuple(tables), tuple(np.empty(0, dtype=np.int64) for _ in tables))
-            if hot_budget is None
-            else stats.hot_set(hot_budget, optimizer_class)
-        )
-    except ValueError as error:  # alike on every rank: their statistics are the same
-        problem = error
+    stats, hot_set, problem = _hot_set(stats or profiler, tables, hot_budget, optimizer_class)
     held_out = _Held.gather(mine)
     if held_out.empty and val_every != 0:
         raise ValueError(
@@ -520,6 +506,24 @@ def _profile_and_partition(
     if given:  # where the size was not known before
         _check_count(stats, len(partition.hot) + len(partition.cold), names)
     return PreparedData(stats, validation, partition, hot_set)
+
+
+def _hot_set(
+    counted: AccessStats | AccessProfiler,
+    tables: Sequence[EmbeddingBagConfig],
+    hot_budget: int | None,
+    optimizer_class: type[torch.optim.Optimizer] | None,
+) -> tuple[AccessStats | None, HotSet | None, ValueError | None]:
+    """The statistics of ``counted`` (given, or a profiler's), the hot set of ``hot_budget`` bytes (None:
+    none hot) and the problem they have (None: none), raised once the data's size is checked: alike on
+    every rank, whose statistics are the same."""
+    try:
+        stats = counted if isinstance(counted, AccessStats) else counted.stats()
+        if hot_budget is None:
+            return stats, HotSet(tuple(tables), tuple(np.empty(0, dtype=np.int64) for _ in tables)), None
+        return stats, stats.hot_set(hot_budget, optimizer_class), None
+    except ValueError as error:
+        return None, None, error
 
 
 @dataclass(frozen=True)

@@ -142,26 +142,7 @@ def spill_unsplit_state(
     state = UnsplitState(path, Path(folder), files, {}, {}, {}, None)
 
     num_rows = {config.name: config.num_embeddings for config in fae.embedding_bag_configs()}
-
-    def allocate() -> None:
-        state.folder.mkdir(parents=True, exist_ok=True)
-        needed = sum(
-            num_rows[table] * int(np.prod(shape)) * np.dtype(dtype).itemsize
-            for tables in files.values()
-            for table, (shape, dtype) in tables.items()
-        )
-        free = shutil.disk_usage(state.folder).free
-        if free < needed:  # the files are written through mappings: a full disk would end the process
-            raise ValueError(
-                f"{state.folder}: a re-plan writes the tables with their optimizer state here, "
-                f"{format_bytes(needed)}, and its disk has {format_bytes(free)} free"
-            )
-        for name, tables in files.items():
-            (state.folder / name).mkdir(parents=True, exist_ok=True)
-            for table, (shape, dtype) in tables.items():
-                allocate_npy(state.path_of(name, table), np.dtype(dtype), (num_rows[table], *shape))
-
-    on_rank_zero(allocate)
+    on_rank_zero(lambda: _allocate_files(state, num_rows))
     on_every_rank(lambda: _write_held_rows(state, tensors, fae, cold_tier))
     state.weights = {
         name: gather_full_tensor(value) for name, value in local.items() if not name.startswith(prefix)
@@ -178,6 +159,27 @@ def spill_unsplit_state(
             state.unfused[key] = {name: value.detach().cpu().clone() for name, value in held.items()}
     state.step = max(steps, key=float) if steps else None
     return state
+
+
+def _allocate_files(state: UnsplitState, num_rows: Mapping[str, int]) -> None:
+    """``state``'s files, of ``num_rows`` rows per table; ``ValueError`` naming the folder where its disk
+    has not the room (the files are written through mappings: a full disk would end the process)."""
+    state.folder.mkdir(parents=True, exist_ok=True)
+    needed = sum(
+        num_rows[table] * int(np.prod(shape)) * np.dtype(dtype).itemsize
+        for tables in state.files.values()
+        for table, (shape, dtype) in tables.items()
+    )
+    free = shutil.disk_usage(state.folder).free
+    if free < needed:
+        raise ValueError(
+            f"{state.folder}: a re-plan writes the tables with their optimizer state here, "
+            f"{format_bytes(needed)}, and its disk has {format_bytes(free)} free"
+        )
+    for name, tables in state.files.items():
+        (state.folder / name).mkdir(parents=True, exist_ok=True)
+        for table, (shape, dtype) in tables.items():
+            allocate_npy(state.path_of(name, table), np.dtype(dtype), (num_rows[table], *shape))
 
 
 def release_tables(

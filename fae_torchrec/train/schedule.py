@@ -131,6 +131,12 @@ def make_schedule(
         )
         steps = cold + hot
         return [steps[i] for i in np.argsort(filled, kind="stable")]
+    return _ordered(order, hot, cold, rng)
+
+
+def _ordered(order: str, hot: list[Step], cold: list[Step], rng: np.random.Generator) -> list[Step]:
+    """The ``hot`` and ``cold`` steps in ``order`` (``phases``, ``shuffled`` or ``adaptive``), random
+    draws from ``rng``."""
     if order == "phases":
         return cold + hot
     hot = [hot[i] for i in rng.permutation(len(hot))]

@@ -162,12 +162,7 @@ def plan_slots(
         raise ValueError(f"step {s} looks up {sizes[s]} distinct rows, more than the {num_slots} slots")
     dense, distinct, following = _by_row(rows, step, n)
     horizon = n if window is None else window  # next uses beyond step + horizon count as never
-    slot_row = np.full(num_slots, -1, dtype=np.int64)
-    slot_next = np.full(num_slots, -1, dtype=np.int64)
-    slot_last = np.full(num_slots, -1, dtype=np.int64)
-    slot_rank = np.full(num_slots, -1, dtype=np.int64)  # eviction order when every next use is known
-    row_slot = np.full(len(distinct), -1, dtype=np.int64)
-    free = np.arange(num_slots, dtype=np.int64)
+    state = _Slots.empty(num_slots, len(distinct))
     slots = np.empty(len(rows), dtype=np.int64)
     loaded = np.zeros(len(rows), dtype=bool)
     evicted: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -175,35 +170,18 @@ def plan_slots(
     for s in range(n):
         span = slice(row_bounds[s], row_bounds[s + 1])
         mine = dense[span]
-        miss = row_slot[mine] < 0
-        loads = int(miss.sum())
-        need = loads - len(free)
+        miss = state.row_slot[mine] < 0
+        need = int(miss.sum()) - len(state.free)
         if need > 0:
-            # copies ahead: rows looked up from step s - ahead on stay
-            keep = (slot_last >= s - ahead) | (slot_next == s) if ahead else None
-            if keep is not None and np.count_nonzero(~keep & (slot_row >= 0)) < need:
-                raise ValueError(
-                    f"steps {max(s - ahead, 0)} to {s} look up more distinct rows than the {num_slots} "
-                    f"slots (copies {ahead} steps ahead)"
-                )
-            victims = _farthest(slot_rank, slot_next, slot_last, s + horizon, n, need, keep)
-            evicted.append((victims, slot_row[victims], slot_last[victims]))
+            evicted.append(state.evict(s, need, ahead, s + horizon, n))
             evicted_counts[s] = need
-            row_slot[slot_row[victims]] = -1
-            free = np.concatenate([free, victims])
-        taken, free = free[:loads], free[loads:]
-        row_slot[mine[miss]] = taken
-        slot_row[taken] = mine[miss]
-        held = row_slot[mine]
-        slot_next[held], slot_last[held] = following[span], s
-        slot_rank[held] = _rank(following[span], s, n)
-        slots[span], loaded[span] = held, miss
+        slots[span], loaded[span] = state.load(mine, miss, following[span], s, n), miss
     victims, victim_rows, after = (
         (np.concatenate(parts) for parts in zip(*evicted, strict=True))
         if evicted
         else (np.zeros(0, dtype=np.int64),) * 3
     )
-    resident = np.flatnonzero(slot_row >= 0)
+    resident = np.flatnonzero(state.row >= 0)
     return SlotPlan(
         num_slots,
         window,
@@ -216,9 +194,58 @@ def plan_slots(
         victims,
         after,
         np.r_[0, np.cumsum(evicted_counts)],
-        distinct[slot_row[resident]],
+        distinct[state.row[resident]],
         resident,
     )
+
+
+@dataclass
+class _Slots:
+    """The slots as :func:`plan_slots` walks the steps: each slot's row, its next and last use and its
+    rank in the eviction order where every next use is known (-1: none), each row's slot (-1: none),
+    and the free slots."""
+
+    row: np.ndarray
+    next: np.ndarray
+    last: np.ndarray
+    rank: np.ndarray
+    row_slot: np.ndarray
+    free: np.ndarray
+
+    @classmethod
+    def empty(cls, num_slots: int, num_rows: int) -> _Slots:
+        unset = [np.full(num_slots, -1, dtype=np.int64) for _ in range(4)]
+        return cls(*unset, np.full(num_rows, -1, dtype=np.int64), np.arange(num_slots, dtype=np.int64))
+
+    def evict(
+        self, s: int, need: int, ahead: int, horizon: int, n: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Free ``need`` slots before step ``s`` (Belady's victims, next uses beyond ``horizon`` counted
+        as never; with copies ``ahead``, none a row looked up from step ``s - ahead`` on): the slots, their
+        rows and their last uses. ``ValueError`` where those steps look up more rows than there are slots."""
+        keep = (self.last >= s - ahead) | (self.next == s) if ahead else None
+        if keep is not None and np.count_nonzero(~keep & (self.row >= 0)) < need:
+            raise ValueError(
+                f"steps {max(s - ahead, 0)} to {s} look up more distinct rows than the {len(self.row)} "
+                f"slots (copies {ahead} steps ahead)"
+            )
+        victims = _farthest(self.rank, self.next, self.last, horizon, n, need, keep)
+        gone = (victims, self.row[victims], self.last[victims])
+        self.row_slot[self.row[victims]] = -1
+        self.free = np.concatenate([self.free, victims])
+        return gone
+
+    def load(self, mine: np.ndarray, miss: np.ndarray, following: np.ndarray, s: int, n: int) -> np.ndarray:
+        """Step ``s``'s rows ``mine`` (``miss``: those in no slot) into slots, their next uses
+        ``following``; the slot of each."""
+        loads = int(np.count_nonzero(miss))
+        taken, self.free = self.free[:loads], self.free[loads:]
+        self.row_slot[mine[miss]] = taken
+        self.row[taken] = mine[miss]
+        held = self.row_slot[mine]
+        self.next[held], self.last[held] = following, s
+        self.rank[held] = _rank(following, s, n)
+        return held
 
 
 def min_slots(ids: np.ndarray, bounds: np.ndarray, ahead: int = 0) -> int:
