@@ -126,7 +126,9 @@ def worker(args: argparse.Namespace) -> None:
             extra = MODES[mode]
             options = recipes.parse_args(family, [*example_args(args), *extra, "--out", str(out / mode)])
             training = recipes.build_training(options, rank, world, device, family)
-            runner = StepRunner(options.pipeline, training.model, training.optimizer, device, training.fae)
+            runner = StepRunner(
+                options.pipeline, training.model, training.optimizer, device, fae=training.fae
+            )
             steps[mode] = runner.train(_epochs(training.router, options.epochs))
         stretches = alternate(steps, args.stretch, world)
         if rank == 0:

@@ -154,7 +154,7 @@ def _planned_training(
         routed = [step for epoch in range(2) for step in router.epoch(epoch)]
         for step in routed:
             train_step(base_dmp, step.batch, base_optimizer)
-        runner = StepRunner(pipeline, fae_dmp, fae_optimizer, torch.device("cpu"), True)
+        runner = StepRunner(pipeline, fae_dmp, fae_optimizer, torch.device("cpu"), fae=True)
         # the second epoch's plans made in a background thread during the first
         fae_routed = (step for epoch in range(2) for step in fae_router.epoch(epoch, plan_next=epoch == 0))
         assert [step.hot for step, *_ in runner.train(fae_routed)] == [step.hot for step in routed]

@@ -244,7 +244,9 @@ def _next_epoch(state: RunState, epoch: int) -> None:
         moved = state.replanning.next_epoch(state.training, epoch)
         if moved is not state.training:
             state.training = moved
-            state.runner = StepRunner(state.args.pipeline, moved.model, moved.optimizer, state.device, True)
+            state.runner = StepRunner(
+                state.args.pipeline, moved.model, moved.optimizer, state.device, fae=True
+            )
 
 
 def _run_epoch(state: RunState, epoch: int, first_step: int, tracing: StepTrace) -> None:
@@ -318,7 +320,7 @@ def _replan(state: RunState, epoch: int) -> bool:
     if moved is None:
         return False
     state.training, state.offset = moved, state.done
-    state.runner = StepRunner(state.args.pipeline, moved.model, moved.optimizer, state.device, True)
+    state.runner = StepRunner(state.args.pipeline, moved.model, moved.optimizer, state.device, fae=True)
     if state.checkpoints is not None:  # the same run, of the new plan
         state.checkpoints = state.checkpoints.for_plan(moved.plan)
     return True

@@ -32,7 +32,13 @@ class StepRunner:
     pipeline, which attaches it again on its next step."""
 
     def __init__(
-        self, kind: str, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, fae: bool
+        self,
+        kind: str,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        *,
+        fae: bool,
     ) -> None:
         if kind not in PIPELINES:
             raise ValueError(f"pipeline {kind!r}: expected one of {', '.join(PIPELINES)}")
