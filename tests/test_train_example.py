@@ -465,7 +465,7 @@ def test_a_trace_of_the_first_steps_shows_faes_stages(tmp_path):
     """``--trace-steps`` writes a torch.profiler trace of the first training steps, in which FAE's stages
     carry their labels (``fae_torchrec.trace``): routing, the split, hot and cold forwards, the steps."""
     metrics = _run(
-        tmp_path, "--num-samples", "41000", "--scale", "0.01", "--batch-size", "256", "--trace-steps", "12",
+        tmp_path, "--num-samples", "4000", "--scale", "0.001", "--batch-size", "64", "--trace-steps", "12",
         launcher=(sys.executable,),
     )  # fmt: skip
     assert metrics["hot_steps"] > 0 and metrics["cold_steps"] > 0
