@@ -150,13 +150,14 @@ class Replanning:
         self.flush()  # the window holds every step trained so far, alike on every rank
         if not self.replanner.due(step_index):
             return None
+        schedule = training.router.schedule(epoch)
         with record_function(trace.REPLAN_CHECK):
-            decision = self._decide(step_index, training, epoch, done, step_seconds)
+            decision = self._decide(step_index, training, schedule, epoch, done, step_seconds)
         if not decision.replan:
             return None
         started = time.perf_counter()
         with record_function(trace.REPLAN_MOVE):
-            moved = self.move(step_index, training, model, training.router.schedule(epoch)[:done], decision)
+            moved = self.move(step_index, training, model, schedule[:done], decision)
         self.decisions[-1]["seconds"] = time.perf_counter() - started
         self.decisions[-1]["move"] = self.last_move
         self.epoch = epoch
@@ -165,11 +166,16 @@ class Replanning:
         return moved
 
     def _decide(
-        self, step_index: int, training: Training, epoch: int, done: int, step_seconds: dict[str, list[float]]
+        self,
+        step_index: int,
+        training: Training,
+        schedule: list[Step],
+        epoch: int,
+        done: int,
+        step_seconds: dict[str, list[float]],
     ) -> ReplanDecision:
-        """The decision at the check after step ``step_index`` (``done`` steps into ``epoch``), recorded
-        in ``decisions``."""
-        schedule = training.router.schedule(epoch)
+        """The decision at the check after step ``step_index`` (``done`` steps into ``epoch``, whose
+        ``schedule`` the router trains), recorded in ``decisions``."""
         upcoming, remaining = self.upcoming(training.router.partition, schedule[done:], epoch, step_index)
         times = [float(np.mean(step_seconds[k])) if step_seconds[k] else 0.0 for k in ("hot", "cold")]
         times.append(next((d["seconds"] for d in reversed(self.decisions) if "seconds" in d), 0.0))

@@ -407,6 +407,11 @@ def _training(
             yield block, ~validation
 
 
+def _selected(blocks: Iterable[tuple[SampleBlock, np.ndarray]]) -> Iterator[SampleBlock]:
+    """Each block's inputs that its mask chooses (the block itself where it chooses all)."""
+    return (block if chosen.all() else block.select(chosen) for block, chosen in blocks)
+
+
 @dataclass(frozen=True)
 class _Runs:
     """The training inputs in numbered units (blocks of the data, windows of a partition), each rank's
@@ -432,7 +437,8 @@ def _source_runs(
     size = source.num_samples
 
     def read(first: int, stop: int | None) -> Iterator[tuple[SampleBlock, np.ndarray]]:
-        share = _Share(first * BLOCK, None if stop is None else min(stop * BLOCK, size or stop * BLOCK))
+        end = None if stop is None else stop * BLOCK
+        share = _Share(first * BLOCK, end if end is None or size is None else min(end, size))
         blocks = _training(source, val_every, share)
         if sample is None:
             return blocks
@@ -596,7 +602,7 @@ def _partition(
     writers = runs.writers()
 
     def selected(first: int, stop: int | None) -> Iterator[SampleBlock]:
-        return (block if chosen.all() else block.select(chosen) for block, chosen in runs.read(first, stop))
+        return _selected(runs.read(first, stop))
 
     if len(writers) <= 1:  # one rank writes it all (none: rank 0 says there is nothing to write)
 
@@ -699,8 +705,7 @@ def _profile(
             total = source.training_before(share.stop, val_every) - first
         bar = tqdm(total=total, desc="profiling", unit="input", leave=False, unit_scale=True,
                    disable=not progress or _rank()[0] != 0)  # fmt: skip
-        for block, chosen in _training(source, val_every, share, held):
-            block = block if chosen.all() else block.select(chosen)
+        for block in _selected(_training(source, val_every, share, held)):
             profiler.update(block.to_batch(source.feature_names))
             bar.update(len(block))
         bar.close()
