@@ -127,7 +127,7 @@ def worker(args: argparse.Namespace) -> None:
             options = recipes.parse_args(family, [*example_args(args), *extra, "--out", str(out / mode)])
             training = recipes.build_training(options, rank, world, device, family)
             runner = StepRunner(
-                options.pipeline, training.model, training.optimizer, device, fae=training.fae
+                training.config.pipeline, training.model, training.optimizer, device, fae=training.fae
             )
             steps[mode] = runner.train(_epochs(training.router, options.epochs))
         stretches = alternate(steps, args.stretch, world)

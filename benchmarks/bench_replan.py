@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import asdict
 from itertools import islice
 from pathlib import Path
 
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     rank, world, device = init_distributed()
     started = time.perf_counter()
     training = build_training(args, rank, world, device, DLRM)
+    args = training.config
     build_seconds = time.perf_counter() - started
     replanning = Replanning(args, DLRM, training, training.data.partition, device)
     schedule = training.router.schedule(0)
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     resident, training_peak, replan_peak = max(peaks, key=lambda p: p[2])
     move_seconds = sum(move[f"{phase}_seconds"] for phase in ("spill", "shard", "load"))
     result = {
-        "options": vars(own) | {"example": {k: v for k, v in vars(args).items() if k != "replan"}},
+        "options": vars(own) | {"example": {k: v for k, v in asdict(args).items() if k != "replan"}},
         "world_size": world,
         "table_rows": int(sum(t.num_embeddings for t in training.tables)),
         "build_seconds": build_seconds,

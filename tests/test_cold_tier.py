@@ -7,7 +7,7 @@ go; both models train on the same batches under DMP (gloo, CPU), the slot tables
 row-wise, and the parameters end equal in the original layout, with exactly the used rows moved.
 """
 
-import argparse
+from dataclasses import replace
 from itertools import islice
 
 import numpy as np
@@ -22,6 +22,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from fae_torchrec import FAEEmbeddingBagCollection
 from fae_torchrec.modules.fae_embedding_bag import part_table_name
 from fae_torchrec.modules.state import gather_full_state_dict, load_initial_tables
+from fae_torchrec.recipes import DLRM, recipe_config
 from fae_torchrec.recipes.slots import SlotLayout, slot_sizing
 from fae_torchrec.stats.hot_set import COLD
 from fae_torchrec.train.checkpoint import Checkpoints
@@ -373,8 +374,15 @@ def test_the_recipe_sizes_slots_from_a_step_and_grows_them_within_a_budget():
     copy less; the copies are the first epoch's plans' per cold step; a resumed run's are kept."""
     data, _, _, hot_set = _setup("dlrm", 1)
     partition = HotColdPartition.of(data.blocks(), hot_set, data.feature_names)
-    args = argparse.Namespace(
-        batch_size=32, order="stream", order_seed=None, seed=0, epochs=2, optimizer="sgd", copy_ahead=0
+    args = recipe_config(
+        DLRM,
+        batch_size=32,
+        order="stream",
+        seed=0,
+        epochs=2,
+        optimizer="sgd",
+        cold_tier="planned",
+        copy_ahead=0,
     )
     validation = partition.cold.slice(0, 64).without_part_ids()
     floored = slot_sizing(args, [partition], validation, hot_set, 1, 0.0)(None)
@@ -398,7 +406,7 @@ def test_the_recipe_sizes_slots_from_a_step_and_grows_them_within_a_budget():
     assert sum(grown_layout.copied_bytes.values()) < sum(floored.copied_bytes.values())
     saved = SlotLayout({"t": 3}, {"t": 1.0})
     assert slot_sizing(args, [partition], validation, hot_set, 1, 0.0, saved=saved)(budget) == saved
-    args.copy_ahead = 1  # the rows of two cold steps in a row
+    args = replace(args, copy_ahead=1)  # the rows of two cold steps in a row
     ahead = slot_sizing(args, [partition], validation, hot_set, 1, 0.0)(None).slots
     pairs = [min_cold_slots(partition, s, hot_set, ahead=1) for s in steps]
     assert ahead == {t: max(evaluated[t], *(f[t] for f in pairs)) for t in evaluated}

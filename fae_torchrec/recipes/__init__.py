@@ -1,26 +1,35 @@
 """The training recipe the examples run: a model family (``family``: DLRM, TBSM) trained with FAE or a
-TorchRec baseline from the command line (``options``), built in TorchRec's order (``build``: data,
-planner, DMP, optimizers, router) and trained with evaluations, checkpoints and outputs (``loop``).
+TorchRec baseline as one ``RecipeConfig`` says (``config``; from the command line, ``options``), built in
+TorchRec's order (``build``: data, planner, DMP, optimizers, router) and trained with evaluations,
+checkpoints and outputs (``loop``). A trainer of its own calls it without a command line::
+
+    from fae_torchrec.recipes import DLRM, recipe_config, train
+
+    metrics = train(DLRM, recipe_config(DLRM, num_samples=100_000, budget="1MiB", out="runs/mine"))
 
 The command line is parsed before torch is imported, so that ``--help`` and a bad option answer at once;
-``build``'s names are imported where first used."""
+``build``'s and ``loop``'s names are imported where first used."""
 
 import importlib
 
+from fae_torchrec.recipes.config import RecipeConfig
 from fae_torchrec.recipes.family import DLRM, FAMILIES, TBSM, ModelFamily
-from fae_torchrec.recipes.options import parse_args
+from fae_torchrec.recipes.options import parse_args, recipe_config
 
 __all__ = [
     "DLRM",
     "FAMILIES",
     "TBSM",
     "ModelFamily",
+    "RecipeConfig",
     "Training",
     "build_training",
     "init_distributed",
     "main",
     "parse_args",
+    "recipe_config",
     "run",
+    "train",
 ]
 
 
@@ -41,7 +50,9 @@ def run(family: ModelFamily) -> None:
 
 
 def __getattr__(name: str):
-    """``build``'s names, imported (with torch) when first used."""
+    """``build``'s names and ``loop``'s ``train``, imported (with torch) when first used."""
     if name in ("Training", "build_training", "init_distributed"):
         return getattr(importlib.import_module("fae_torchrec.recipes.build"), name)
+    if name == "train":
+        return importlib.import_module("fae_torchrec.recipes.loop").train
     raise AttributeError(f"module 'fae_torchrec.recipes' has no attribute {name!r}")

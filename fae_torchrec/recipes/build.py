@@ -3,12 +3,11 @@ sharded model, its optimizers and router."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import tempfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -23,6 +22,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.keyed import CombinedOptimizer
 
 from fae_torchrec.modules import FAEEmbeddingBagCollection, load_initial_tables
+from fae_torchrec.recipes.config import RecipeConfig
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.recipes.options import order_seed
 from fae_torchrec.recipes.slots import SlotLayout, SlotSizing, slot_sizing
@@ -70,9 +70,12 @@ def init_distributed() -> tuple[int, int, torch.device]:
 
 @dataclass
 class Training:
-    """A run ready to train (:func:`build_training`): its data, plan, sharded model, dense optimizer and
-    router, the first step's batches not yet read."""
+    """A run ready to train (:func:`build_training`): its config, data, plan, sharded model, dense
+    optimizer and router, the first step's batches not yet read."""
 
+    #: The run's options, those the device or a plan file decide filled in (the pipeline, a planned cold
+    #: tier's copies ahead, a plan's hot budget): what the steps after the build read.
+    config: RecipeConfig
     mode: str
     tables: list[EmbeddingBagConfig]
     data: PreparedData
@@ -100,7 +103,7 @@ class Replanned:
 
 
 def prepare(
-    args: argparse.Namespace,
+    args: RecipeConfig,
     family: ModelFamily,
     plan_file: PlanFile | None = None,
     device: torch.device | None = None,
@@ -132,7 +135,7 @@ def prepare(
 
 
 def _load_stats(
-    args: argparse.Namespace,
+    args: RecipeConfig,
     tables: list[EmbeddingBagConfig],
     plan_file: PlanFile | None,
     device: torch.device | None,
@@ -156,7 +159,7 @@ def _load_stats(
     return stats
 
 
-def _describe(args: argparse.Namespace, folder: Path, data: PreparedData) -> None:
+def _describe(args: RecipeConfig, folder: Path, data: PreparedData) -> None:
     """Log what ``prepare`` wrote and what to watch in it: the partition's size on disk, a budget that
     makes every input hot or none, and validation inputs that repeat training inputs (rank 0's part)."""
     logger.info("wrote the partition %s (%s on disk)", folder, format_bytes(disk_bytes(folder)))
@@ -175,7 +178,7 @@ def _describe(args: argparse.Namespace, folder: Path, data: PreparedData) -> Non
     )  # fmt: skip
 
 
-def _check_hot_share(args: argparse.Namespace, data: PreparedData) -> None:
+def _check_hot_share(args: RecipeConfig, data: PreparedData) -> None:
     """Warn where the partition makes FAE pointless (every input hot, or none) or, with ``--stats``, holds
     far fewer hot inputs than the statistics expect (statistics of other data, which their count of
     inputs alone does not tell)."""
@@ -203,7 +206,7 @@ def disk_bytes(folder: Path) -> int:
 
 
 def build_training(
-    args: argparse.Namespace,
+    args: RecipeConfig,
     rank: int,
     world: int,
     device: torch.device,
@@ -216,8 +219,12 @@ def build_training(
     resumed run's last re-plan, whose hot set, statistics and partition replace the profile's;
     ``saved_slots``: a resumed run's planned cold tier's slots and their copies (the planner plans them
     alike)."""
-    _resolve_device_options(args, device)
-    plan_file = _plan_file(args, device) if args.plan else None
+    args = _resolve_device_options(args, device)
+    plan_file = None
+    if args.plan:
+        plan_file = _plan_file(args, device)
+        # what the hot set and a re-plan's are sized by from here on
+        args = replace(args, budget=f"{plan_file.made_for['hot_bytes']}B")
     tables, data = prepare(args, family, plan_file, device)
     stats, partition, hot_set = data.stats, data.partition, None if args.baseline else data.hot_set
     if replanned is not None:
@@ -232,7 +239,7 @@ def build_training(
         # a resumed run's slots as the run that saved sized them (its --epochs may differ)
         sizing = slot_sizing(args, [partition], data.validation, hot_set, world, warmup, saved_slots)
     plan, dmp, dense, slots = shard_model(
-        args, family, tables, stats, hot_set, world, device, plan_file, sizing
+        args, family, tables, data.num_dense, stats, hot_set, world, device, plan_file, sizing
     )
     # the same initial tables on every rank and in both layouts, made a block at a time in the shards
     load_initial_tables(dmp.module.get_submodule(family.sparse_path), tables, args.seed)
@@ -249,14 +256,14 @@ def build_training(
         world,
     )  # fmt: skip
     return Training(
-        mode, tables, data, plan, dmp, dense, router, hot_set is not None, stats, cold_tier, slots
+        args, mode, tables, data, plan, dmp, dense, router, hot_set is not None, stats, cold_tier, slots
     )
 
 
-def _resolve_device_options(args: argparse.Namespace, device: torch.device) -> None:
-    """Refuse the options ``device`` cannot run, and fill those whose default depends on it: the
-    pipeline (prefetch on CUDA, where a cache can be prefetched into) and a planned cold tier's copies
-    ahead (1 on CUDA; nothing runs beside a step on CPU)."""
+def _resolve_device_options(args: RecipeConfig, device: torch.device) -> RecipeConfig:
+    """Refuse the options ``device`` cannot run; ``args`` with those whose default depends on it filled:
+    the pipeline (prefetch on CUDA, where a cache can be prefetched into) and a planned cold tier's
+    copies ahead (1 on CUDA; nothing runs beside a step on CPU)."""
     if args.optimizer == "adam" and device.type == "cpu":
         raise ValueError(
             "--optimizer adam: FBGEMM has no fused Adam on CPU; use it on GPU, or another optimizer"
@@ -266,17 +273,21 @@ def _resolve_device_options(args: argparse.Namespace, device: torch.device) -> N
             "--pipeline prefetch: TorchRec's prefetch pipeline runs on CUDA only; use --pipeline sparse here"
         )
     prefetching = device.type == "cuda" and args.cold_tier != "planned"  # a planned tier has no cache
-    args.pipeline = args.pipeline or ("prefetch" if prefetching else "sparse")
-    if args.cold_tier == "planned" and args.copy_ahead is None:
-        args.copy_ahead = int(device.type == "cuda")
     if args.hbm_cap is not None and device.type == "cpu":
         logger.warning("--hbm-cap %s ignored: there is no device memory to cap on CPU", args.hbm_cap)
+    copy_ahead = args.copy_ahead
+    if args.cold_tier == "planned" and copy_ahead is None:
+        copy_ahead = int(device.type == "cuda")
+    return replace(
+        args, pipeline=args.pipeline or ("prefetch" if prefetching else "sparse"), copy_ahead=copy_ahead
+    )
 
 
 def shard_model(
-    args: argparse.Namespace,
+    args: RecipeConfig,
     family: ModelFamily,
     tables: list[EmbeddingBagConfig],
+    num_dense: int,
     stats: AccessStats,
     hot_set: HotSet | None,
     world: int,
@@ -284,7 +295,8 @@ def shard_model(
     plan_file: PlanFile | None = None,
     slot_sizing: SlotSizing | None = None,
 ) -> tuple[ShardingPlan, DistributedModelParallel, CombinedOptimizer, SlotLayout | None]:
-    """``args``' model, split by ``hot_set`` (None: the baseline's, unsplit), planned from ``stats`` (or
+    """``args``' model of ``tables`` and ``num_dense`` dense features, split by ``hot_set`` (None: the
+    baseline's, unsplit), planned from ``stats`` (or
     with ``plan_file``'s plan, made for ``hot_set``) and sharded by DMP with its tables not yet set, and
     its unfused optimizer (collective). With ``slot_sizing`` its cold part is a planned cold tier's slot
     tables, sized within the planner's budget for them (``cold_slot_budget``) and planned with their
@@ -310,7 +322,7 @@ def shard_model(
         if hot_set is None
         else FAEEmbeddingBagCollection(tables, hot_set, device=meta, cold_slots=cold_slots)
     )
-    model = family.build_model(sparse, args)
+    model = family.build_model(sparse, args, num_dense)
     embedding_optimizer(args).apply(sparse)
     del sparse  # DMP replaces it (or its parts) by sharded modules
     sharders = get_default_sharders()
@@ -331,7 +343,7 @@ def shard_model(
     return plan, dmp, dense, layout
 
 
-def _check_plan(args: argparse.Namespace, plan_file: PlanFile, run: dict) -> None:
+def _check_plan(args: RecipeConfig, plan_file: PlanFile, run: dict) -> None:
     """Raise ``ValueError`` naming ``--plan`` and the field where ``run`` is not what the plan was made
     for."""
     mismatch = plan_file.mismatch(run)
@@ -339,11 +351,10 @@ def _check_plan(args: argparse.Namespace, plan_file: PlanFile, run: dict) -> Non
         raise ValueError(f"--plan {args.plan}: made for another run, {mismatch}")
 
 
-def _plan_file(args: argparse.Namespace, device: torch.device) -> PlanFile:
+def _plan_file(args: RecipeConfig, device: torch.device) -> PlanFile:
     """``--plan``'s file, refused when made for another train pipeline on CUDA (whether its caches
     prefetch); logs where it departs from the run's options without harm (the batch size it was priced
-    for, the hot budget in place of ``--budget``, which it then sets to the plan's for the hot set and the
-    re-plans)."""
+    for, the hot budget in place of ``--budget``, the plan's for the hot set and the re-plans)."""
     try:
         plan_file = PlanFile.load(args.plan)
     except (ValueError, OSError) as error:
@@ -360,17 +371,16 @@ def _plan_file(args: argparse.Namespace, device: torch.device) -> PlanFile:
         "--plan %s: its hot set, %s (%d rows), not --budget %s, also for re-plans",
         args.plan, format_bytes(made_for["hot_bytes"]), made_for["hot_rows"], args.budget,
     )  # fmt: skip
-    args.budget = f"{made_for['hot_bytes']}B"  # what the hot set and a re-plan's are sized by from here on
     return plan_file
 
 
-def embedding_optimizer(args: argparse.Namespace) -> EmbeddingOptimizer:
+def embedding_optimizer(args: RecipeConfig) -> EmbeddingOptimizer:
     """The embedding optimizer ``args`` name."""
     return EmbeddingOptimizer(EMBEDDING_OPTIMIZERS[args.optimizer], {"lr": args.lr})
 
 
 def make_router(
-    args: argparse.Namespace,
+    args: RecipeConfig,
     partition: HotColdPartition,
     world: int,
     rank: int,

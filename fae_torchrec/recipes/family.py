@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # the models and sources import torch when a run builds them,
     from torch import nn
 
     from fae_torchrec.data.source import BlockSource
+    from fae_torchrec.recipes.config import RecipeConfig
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class ModelFamily:
         add_arguments: adds the data options (and any model option) to the parser.
         open_source: the data source the options name, in blocks of ``BLOCK`` inputs.
         build_model: the train module (loss, (loss, logits, labels)) around a sparse module (an
-            ``EmbeddingBagCollection`` or ``FAEEmbeddingBagCollection``) and the options.
+            ``EmbeddingBagCollection`` or ``FAEEmbeddingBagCollection``), for the config and the data's
+            dense values per input.
         sparse_path: where the sparse module lives in the train module (``get_submodule``).
         val_every: the option that holds out every N-th input for validation, or None when the source
             splits its own (TBSM's, by time).
@@ -42,11 +44,11 @@ class ModelFamily:
     name: str
     description: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
-    open_source: Callable[[argparse.Namespace], BlockSource]
-    build_model: Callable[[nn.Module, argparse.Namespace], nn.Module]
+    open_source: Callable[[RecipeConfig], BlockSource]
+    build_model: Callable[[nn.Module, RecipeConfig, int], nn.Module]
     sparse_path: str
-    val_every: Callable[[argparse.Namespace], int | None] = lambda args: None
-    named_defaults: Callable[[argparse.Namespace], dict] = lambda args: {}
+    val_every: Callable[[RecipeConfig], int | None] = lambda config: None
+    named_defaults: Callable[[RecipeConfig], dict] = lambda config: {}
     defaults: dict = field(default_factory=dict)
     warmup: float = 0.0
 
@@ -56,26 +58,24 @@ def _dlrm_arguments(parser: argparse.ArgumentParser) -> None:
     add_val_every_argument(parser)
 
 
-def _dlrm_source(args: argparse.Namespace) -> BlockSource:
-    """The labelled data ``args`` name; its dense width goes to ``args.dense_in_features`` for the
-    model (13 for Criteo's layout, the schema's dense columns for parquet and csv)."""
+def _dlrm_source(config: RecipeConfig) -> BlockSource:
+    """The labelled data ``config`` names."""
     from fae_torchrec.recipes.sources import open_source
     from fae_torchrec.train.prepare import BLOCK
 
-    source = open_source(args, batch_size=BLOCK, require_labels=True)[0]
-    args.dense_in_features = source.num_dense
-    return source
+    return open_source(config, batch_size=BLOCK, require_labels=True)[0]
 
 
-def _dlrm_named_defaults(args: argparse.Namespace) -> dict:
+def _dlrm_named_defaults(config: RecipeConfig) -> dict:
     from fae_torchrec.recipes.sources import default_tables
 
-    return {"tables": args.tables or default_tables(args.data)}
+    return {"tables": config.tables or default_tables(config.data)}
 
 
-def _dlrm(sparse: nn.Module, args: argparse.Namespace) -> nn.Module:
-    """TorchRec's DLRM; with no dense feature (a schema's ``dense = []``, as for Avazu) its dense arch
-    is its first layer's bias, and PyTorch's notice that a zero-element weight takes no init is moot."""
+def _dlrm(sparse: nn.Module, config: RecipeConfig, num_dense: int) -> nn.Module:
+    """TorchRec's DLRM of ``num_dense`` dense features (13 for Criteo's layout, the schema's dense
+    columns for parquet and csv); with none (a schema's ``dense = []``, as for Avazu) its dense arch is
+    its first layer's bias, and PyTorch's notice that a zero-element weight takes no init is moot."""
     from torchrec.models.dlrm import DLRM as TorchRecDLRM
     from torchrec.models.dlrm import DLRMTrain
 
@@ -84,29 +84,29 @@ def _dlrm(sparse: nn.Module, args: argparse.Namespace) -> nn.Module:
         return DLRMTrain(
             TorchRecDLRM(
                 sparse,
-                dense_in_features=args.dense_in_features,
-                dense_arch_layer_sizes=[64, args.dim],
+                dense_in_features=num_dense,
+                dense_arch_layer_sizes=[64, config.dim],
                 over_arch_layer_sizes=[64, 32, 1],
             )
         )
 
 
-def _tbsm(sparse: nn.Module, args: argparse.Namespace) -> nn.Module:
-    """TBSM with the reference run's layer sizes, the bottom MLP ending in ``--dim``; TorchRec's
-    ``DLRMTrain`` is its binary cross-entropy wrapper (it serves any model of dense and sparse
-    features)."""
+def _tbsm(sparse: nn.Module, config: RecipeConfig, num_dense: int) -> nn.Module:
+    """TBSM with the reference run's layer sizes, the bottom MLP ending in ``--dim`` (its dense input is
+    each step's position, whatever ``num_dense``); TorchRec's ``DLRMTrain`` is its binary cross-entropy
+    wrapper (it serves any model of dense and sparse features)."""
     from torchrec.models.dlrm import DLRMTrain
 
     from fae_torchrec.models import TBSM as TBSMModel
 
-    return DLRMTrain(TBSMModel(sparse, ts_length=args.ts_length, dense_arch_layer_sizes=[args.dim]))
+    return DLRMTrain(TBSMModel(sparse, ts_length=config.ts_length, dense_arch_layer_sizes=[config.dim]))
 
 
-def _tbsm_source(args: argparse.Namespace) -> BlockSource:
+def _tbsm_source(config: RecipeConfig) -> BlockSource:
     from fae_torchrec.recipes.sources import open_taobao_source
     from fae_torchrec.train.prepare import BLOCK
 
-    return open_taobao_source(args, batch_size=BLOCK)
+    return open_taobao_source(config, batch_size=BLOCK)
 
 
 DLRM = ModelFamily(
@@ -116,7 +116,7 @@ DLRM = ModelFamily(
     open_source=_dlrm_source,
     build_model=_dlrm,
     sparse_path="model.sparse_arch.embedding_bag_collection",
-    val_every=lambda args: args.val_every,
+    val_every=lambda config: config.val_every,
     named_defaults=_dlrm_named_defaults,
     defaults=DEFAULTS["dlrm"].options(),
 )

@@ -4,7 +4,6 @@ evaluations, checkpoints, metrics and curves, as ``examples/train_dlrm_fae.py`` 
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import gc
 import json
@@ -28,6 +27,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from fae_torchrec.logs import torchrec_quiet
 from fae_torchrec.recipes.build import Training, build_training, disk_bytes, init_distributed, kernels
+from fae_torchrec.recipes.config import RecipeConfig
 from fae_torchrec.recipes.curves import compared_run, plot_curves
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.recipes.options import check_resume_position, resume_config
@@ -52,8 +52,9 @@ logger = logging.getLogger("fae_torchrec.recipes")
 LOCK = ".lock"
 
 
-def train(family: ModelFamily, args: argparse.Namespace) -> dict:
-    """Train ``family`` as the parsed command line ``args`` says (:func:`parse_args`); the run's metrics."""
+def train(family: ModelFamily, args: RecipeConfig) -> dict:
+    """Train ``family`` as ``args`` says (``recipe_config``, or the command line's ``parse_args``) on the
+    process group ``torchrun`` set up, or one process; the run's metrics (also in ``--out``)."""
     # each line names the model, so that DLRM's and TBSM's logs tell apart
     logging.basicConfig(
         level=logging.WARNING, format=f"%(asctime)s {family.name} %(name)s: %(message)s", force=True
@@ -118,7 +119,7 @@ def _holding(out: Path) -> Iterator[None]:
             file.close()
 
 
-def _checked_checkpoints(args: argparse.Namespace, config: dict) -> tuple[Checkpoints | None, dict]:
+def _checked_checkpoints(args: RecipeConfig, config: dict) -> tuple[Checkpoints | None, dict]:
     """``--checkpoint-dir``'s checkpoints (None without it) and, with ``--resume``, the summary saved with
     the one to resume from; refuses, before any profiling, what the model is not needed to refuse: a
     directory of an earlier run without ``--resume``, and with it no checkpoint, a damaged manifest, or
@@ -146,7 +147,7 @@ class RunState:
     what a checkpoint keeps; this run's inputs ``seen`` over every rank, and its wall times per hot and
     cold step and of routing)."""
 
-    args: argparse.Namespace
+    args: RecipeConfig
     rank: int
     world: int
     device: torch.device
@@ -168,9 +169,7 @@ class RunState:
         return self.progress["history"]
 
 
-def _train(
-    args: argparse.Namespace, rank: int, world: int, device: torch.device, family: ModelFamily
-) -> dict:
+def _train(args: RecipeConfig, rank: int, world: int, device: torch.device, family: ModelFamily) -> dict:
     """The run in its steps: started (or resumed), each epoch trained, its metrics written."""
     state, first_epoch, first_step = _start(args, rank, world, device, family)
     partition = state.training.data.partition  # the run's first: its metrics describe it
@@ -197,7 +196,7 @@ def _train(
 
 
 def _start(
-    args: argparse.Namespace, rank: int, world: int, device: torch.device, family: ModelFamily
+    args: RecipeConfig, rank: int, world: int, device: torch.device, family: ModelFamily
 ) -> tuple[RunState, int, int]:
     """The run built (data, plan, model, router) and, with ``--resume``, moved to where its checkpoint
     left it; the epoch and the step of it to start from."""
@@ -206,6 +205,7 @@ def _start(
     slots = summary.get("cold_slots")  # and their copies (none saved: planned before they were priced)
     saved = None if slots is None else SlotLayout(slots, summary.get("slot_copies", {}))
     training = build_training(args, rank, world, device, family, replanned, saved)
+    args = training.config  # the device's and the plan file's choices filled in
     partition = training.data.partition
     validation = validation_batches(training.data.validation, partition.keys, args.batch_size, world, rank)
     replanning = None if args.baseline else Replanning(args, family, training, partition, device)
@@ -385,7 +385,7 @@ def _metrics(state: RunState, family: ModelFamily, partition: HotColdPartition) 
     }
 
 
-def _pauses(args: argparse.Namespace) -> tuple[int, int, int]:
+def _pauses(args: RecipeConfig) -> tuple[int, int, int]:
     """Steps between evaluations, between checkpoints and between re-plan checks (0: none)."""
     checks = 0 if args.baseline or args.replan.mode == "never" else args.replan.every
     return args.eval_every, args.checkpoint_every if args.checkpoint_dir else 0, checks
@@ -458,7 +458,7 @@ def _write(metrics: dict, out: Path, compare: str | None) -> list[str]:
     ]
 
 
-def run_parsed(family: ModelFamily, args: argparse.Namespace) -> None:
+def run_parsed(family: ModelFamily, args: RecipeConfig) -> None:
     """The command, its line parsed: train ``family``; a bad option, file or plan exits with status 2 and
     says why."""
     try:

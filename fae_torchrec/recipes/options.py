@@ -24,6 +24,7 @@ from fae_torchrec.command_line import (
     STREAM_ORDERS,
     HelpFormatter,
 )
+from fae_torchrec.recipes.config import RecipeConfig
 from fae_torchrec.recipes.curves import compared_run
 from fae_torchrec.recipes.family import ModelFamily
 
@@ -36,9 +37,8 @@ logger = logging.getLogger("fae_torchrec.recipes")
 BASELINES = ("torchrec", "scaleup", "hbm")
 
 
-def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.Namespace:
-    """The options of the recipe for ``family`` (its data options first); exits with status 2 on a bad
-    option or combination."""
+def build_parser(family: ModelFamily) -> argparse.ArgumentParser:
+    """The command line of the recipe for ``family``: its data options first, its defaults set."""
     parser = argparse.ArgumentParser(description=family.description, formatter_class=HelpFormatter)
     family.add_arguments(parser)
     _add_planning_options(parser.add_argument_group("what is trained and how it is planned"))
@@ -46,22 +46,88 @@ def parse_args(family: ModelFamily, argv: list[str] | None = None) -> argparse.N
     _add_training_options(parser.add_argument_group("optimizers, evaluation and re-planning"))
     _add_output_options(parser.add_argument_group("outputs, checkpoints and traces"))
     parser.set_defaults(**family.defaults)  # fae_torchrec.defaults: those of profile and plan too
-    args = parser.parse_args(argv)
-    if args.warmup is None:
-        args.warmup = family.warmup if args.order in STREAM_ORDERS else 0.0
-    if args.compare is not None:
-        try:
-            compared_run(args.compare)  # refused before the run, not after it
-        except ValueError as error:
-            parser.error(str(error))
-    problem = _invalid_combination(args)
-    if problem:
-        parser.error(problem)
+    return parser
+
+
+def parse_args(family: ModelFamily, argv: list[str] | None = None) -> RecipeConfig:
+    """The run the command line ``argv`` (``sys.argv`` when None) asks of the recipe for ``family``;
+    exits with status 2 on a bad option or combination."""
+    parser = build_parser(family)
     try:
-        args.replan = replan_policy(args.replan, args.replan_window)
+        return _resolved(family, vars(parser.parse_args(argv)))
     except ValueError as error:
-        parser.error(f"--replan {' '.join(args.replan)}: {error}")
-    return args
+        parser.error(str(error))
+
+
+def recipe_config(family: ModelFamily, **options: object) -> RecipeConfig:
+    """The run of the recipe for ``family`` with ``options`` (by their ``argparse`` names, such as
+    ``batch_size=256``, ``data=["criteo-npy", prefix]``, ``replan=["every", "50"]``) and the command's
+    defaults for the rest, for a trainer that calls the recipe without a command line. Each option is
+    checked and converted as the command line does its text; raises ``ValueError`` naming it."""
+    parser = build_parser(family)
+    actions = {action.dest: action for action in parser._actions}
+    chosen = vars(parser.parse_args([]))
+    for name, value in options.items():
+        if name not in chosen:
+            raise ValueError(
+                f"{name}: not an option of {family.name}'s recipe; choose from {', '.join(chosen)}"
+            )
+        chosen[name] = _checked(actions.get(name), value)
+    return _resolved(family, chosen)
+
+
+def _checked(action: argparse.Action | None, value: object) -> object:
+    """``value`` of ``action``'s option, converted by its type and checked against its choices as the
+    command line checks its text (a list for an option of several words)."""
+    if action is None:
+        return value
+    flag = action.option_strings[0] if action.option_strings else action.dest
+    if value is None:
+        if action.default is not None:
+            raise ValueError(f"{flag}: needs a value (None is not one; leave it out for the default)")
+        return value
+    if isinstance(action, argparse._StoreTrueAction):
+        if not isinstance(value, bool):
+            raise ValueError(f"{flag}: True or False, got {value!r}")
+        return value
+    words = list(value) if action.nargs == "+" else [value]
+    if action.nargs == "+" and (isinstance(value, str) or not words):
+        raise ValueError(f"{flag}: a list of one or more words, got {value!r}")
+    converted = []
+    for word in words:
+        try:
+            word = word if action.type is None else action.type(str(word))
+        except (argparse.ArgumentTypeError, TypeError, ValueError) as error:
+            raise ValueError(f"{flag} {word}: {error}") from error
+        if action.choices is not None and word not in action.choices:
+            raise ValueError(f"{flag} {word!r}: choose from {', '.join(map(str, action.choices))}")
+        converted.append(word)
+    return converted if action.nargs == "+" else converted[0]
+
+
+def _resolved(family: ModelFamily, options: dict) -> RecipeConfig:
+    """The config of ``options`` (every option's value, as parsed): ``--warmup``'s default by
+    ``--order``, ``--replan``'s words as a policy, the combinations checked. Raises ``ValueError``
+    naming the option."""
+    if options["warmup"] is None:
+        options["warmup"] = family.warmup if options["order"] in STREAM_ORDERS else 0.0
+    if isinstance(options["replan"], list):
+        try:
+            options["replan"] = replan_policy(options["replan"], options["replan_window"])
+        except ValueError as error:
+            raise ValueError(f"--replan {' '.join(options['replan'])}: {error}") from error
+    config = RecipeConfig(**options)
+    if config.compare is not None:
+        compared_run(config.compare)  # refused before the run, not after it
+    problem = _invalid_combination(config)
+    if problem:
+        raise ValueError(problem)
+    return config
+
+
+def option_names(family: ModelFamily) -> list[str]:
+    """The names of the options of ``family``'s recipe (its own data options, not the other family's)."""
+    return list(vars(build_parser(family).parse_args([])))
 
 
 def _add_planning_options(parser: argparse._ArgumentGroup) -> None:
@@ -213,7 +279,7 @@ def _add_output_options(parser: argparse._ArgumentGroup) -> None:
     )
 
 
-def order_seed(args: argparse.Namespace) -> int:
+def order_seed(args: RecipeConfig) -> int:
     """The seed of the step orders: ``--order-seed``, else ``--seed``."""
     return args.seed if args.order_seed is None else args.order_seed
 
@@ -229,7 +295,7 @@ def replan_policy(words: list[str], window: int) -> ReplanPolicy:
     raise ValueError("expected never, auto or every N (N a positive number of steps)")
 
 
-def _invalid_combination(args: argparse.Namespace) -> str | None:
+def _invalid_combination(args: RecipeConfig) -> str | None:
     """What is wrong with options that are fine one by one (output directories that cannot be written,
     ``--resume`` without a checkpoint), or None."""
     if args.resume and not args.checkpoint_dir:
@@ -268,7 +334,7 @@ def _invalid_combination(args: argparse.Namespace) -> str | None:
     return None
 
 
-def check_resume_position(args: argparse.Namespace, epoch: int, step: int, epoch_steps: int) -> None:
+def check_resume_position(args: RecipeConfig, epoch: int, step: int, epoch_steps: int) -> None:
     """Log that a run resumed at its last step has nothing left to train (it evaluates and writes its
     metrics); raise ``ValueError`` naming ``--epochs`` when the checkpoint lies beyond the run's end."""
     if epoch >= args.epochs:
@@ -280,7 +346,7 @@ def check_resume_position(args: argparse.Namespace, epoch: int, step: int, epoch
         logger.info("nothing left to train: the checkpoint is at the last step of epoch %d", epoch)
 
 
-def resume_config(args: argparse.Namespace, family: ModelFamily) -> dict:
+def resume_config(args: RecipeConfig, family: ModelFamily) -> dict:
     """The options a resumed run must share with the run that saved, keyed as written on the command
     line (every option but these: how long to train, how often to evaluate and save, where to write,
     what to trace)."""
@@ -294,6 +360,7 @@ def resume_config(args: argparse.Namespace, family: ModelFamily) -> dict:
         "compare",
         "trace_steps",
     }
-    chosen = {**vars(args), **family.named_defaults(args)}  # defaults computed from other options, named
+    # its own options, and the defaults computed from other options, named
+    chosen = {**args.options(option_names(family)), **family.named_defaults(args)}
     chosen["replan"] = repr(args.replan)
     return {f"--{key.replace('_', '-')}": value for key, value in chosen.items() if key not in free}

@@ -11,7 +11,6 @@ partitions), which a checkpoint's summary names, so that a resume builds the mod
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import time
@@ -25,6 +24,7 @@ from torch.profiler import record_function
 
 from fae_torchrec import trace
 from fae_torchrec.recipes.build import Replanned, Training, embedding_optimizer, make_router, shard_model
+from fae_torchrec.recipes.config import RecipeConfig
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.recipes.slots import slot_sizing
 from fae_torchrec.seeds import generator
@@ -64,7 +64,7 @@ class Replanning:
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        args: RecipeConfig,
         family: ModelFamily,
         training: Training,
         full: HotColdPartition,
@@ -279,8 +279,9 @@ class Replanning:
             partitions = [remainder, self.full]
             sizing = slot_sizing(args, partitions, training.data.validation, hot_set, self.world, 0.0)
         plan, dmp, dense, slots = shard_model(
-            args, self.family, training.tables, stats, hot_set, self.world, self.device, slot_sizing=sizing
-        )
+            args, self.family, training.tables, training.data.num_dense, stats, hot_set, self.world,
+            self.device, slot_sizing=sizing,
+        )  # fmt: skip
         self.last_move["shard_seconds"] = clock.lap()
         cold_tier = None if sizing is None else PlannedColdTier(dmp, ahead=args.copy_ahead)
         load_unsplit_state(dmp, dense, embedding, state, cold_tier)
@@ -387,7 +388,7 @@ class _Clock:
         return elapsed
 
 
-def resumed_replan(args: argparse.Namespace, summary: dict) -> Replanned | None:
+def resumed_replan(args: RecipeConfig, summary: dict) -> Replanned | None:
     """The re-plan a checkpoint's ``summary`` names (None: none), to build the resumed model from.
     Raises ``ValueError`` naming ``--out`` when its files are gone."""
     if not summary.get("replan"):

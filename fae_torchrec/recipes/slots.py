@@ -4,12 +4,12 @@ each slot table then copies per cold step, which the planner prices."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from fae_torchrec.data.block import SampleBlock
+from fae_torchrec.recipes.config import RecipeConfig
 from fae_torchrec.recipes.options import order_seed
 from fae_torchrec.stats.hot_set import HotSet
 from fae_torchrec.train.cold_tier import cold_step_pools, min_cold_slots
@@ -39,7 +39,7 @@ SlotSizing = Callable[[float | None], SlotLayout]
 
 
 def slot_sizing(
-    args: argparse.Namespace,
+    args: RecipeConfig,
     partitions: Sequence[HotColdPartition],
     validation: SampleBlock | None,
     hot_set: HotSet,

@@ -27,7 +27,10 @@ from fae_torchrec.data.synthetic import SyntheticCriteo
 from fae_torchrec.data.synthetic_taobao import SyntheticTaobao
 from fae_torchrec.data.taobao import REFERENCE_TABLE_SIZES, TABLES, TaobaoSource
 from fae_torchrec.data.taobao_csv import TaobaoCsvReader
+from fae_torchrec.recipes.config import RecipeConfig
 
+#: What a source is opened from: a run's config, or the parsed options of a command (profile, plan).
+DataOptions = RecipeConfig | argparse.Namespace
 DATA_KINDS = ("synthetic", "criteo-tsv", "criteo-npy", *FORMATS)
 TAOBAO_DATA_KINDS = ("synthetic", "taobao-csv")
 #: A Criteo Terabyte day as Criteo names it: ``day_0`` .. ``day_23`` (an npy prefix or a TSV file).
@@ -44,7 +47,7 @@ def default_tables(data: Sequence[str]) -> str:
     return "kaggle"
 
 
-def chosen_table_sizes(args: argparse.Namespace) -> tuple[int, ...]:
+def chosen_table_sizes(args: DataOptions) -> tuple[int, ...]:
     """Rows per table: ``--tables`` (or its default for ``--data``) times ``--scale``."""
     tables = args.tables or default_tables(args.data)
     try:
@@ -55,7 +58,7 @@ def chosen_table_sizes(args: argparse.Namespace) -> tuple[int, ...]:
 
 
 def open_source(
-    args: argparse.Namespace, batch_size: int, require_labels: bool = False
+    args: DataOptions, batch_size: int, require_labels: bool = False
 ) -> tuple[BlockSource, int | None]:
     """The source ``args.data`` names and how many batches it has (None when unknown).
 
@@ -96,9 +99,7 @@ def open_source(
     return reader, -(-reader.num_samples // batch_size)
 
 
-def _columnar_source(
-    args: argparse.Namespace, kind: str, paths: Sequence[str], batch_size: int
-) -> ColumnarSource:
+def _columnar_source(args: DataOptions, kind: str, paths: Sequence[str], batch_size: int) -> ColumnarSource:
     """``--data parquet|csv FILE...`` read as ``--schema`` says."""
     _refuse_table_options(args, f"not with --data {kind}, whose tables --schema gives (or counts)")
     if args.schema is None:
@@ -107,7 +108,7 @@ def _columnar_source(
     return ColumnarSource(kind, paths, load_schema(args.schema), batch_size)
 
 
-def open_taobao_source(args: argparse.Namespace, batch_size: int) -> TaobaoSource:
+def open_taobao_source(args: DataOptions, batch_size: int) -> TaobaoSource:
     """The TBSM Taobao source ``args.data`` names, its samples built.
 
     Raises ``ValueError`` naming the option for an unknown kind, a missing or extra path, a missing
@@ -153,7 +154,7 @@ def _kind_and_paths(data: Sequence[str], kinds: Sequence[str]) -> tuple[str, lis
     return kind, paths
 
 
-def _refuse_table_options(args: argparse.Namespace, why: str) -> None:
+def _refuse_table_options(args: DataOptions, why: str) -> None:
     """Refuse ``--tables`` or ``--scale``, given for data whose tables they do not set, saying ``why``."""
     for option, value in (("--tables", args.tables), ("--scale", args.scale)):
         if value is not None:

@@ -85,6 +85,11 @@ class PreparedData:
     partition: HotColdPartition
     hot_set: HotSet
 
+    @property
+    def num_dense(self) -> int:
+        """The data's dense values per input (a model's dense width)."""
+        return self.partition.cold.dense.shape[1]
+
 
 def prepare_data(
     source: BlockSource | Iterable[Batch],
