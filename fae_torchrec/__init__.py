@@ -24,7 +24,6 @@ bound_spinning()  # before anything loads torch, and with it OpenMP
 
 # isort: split
 import importlib
-import warnings
 
 #: The names a TorchRec training script needs, by the package that holds them, imported when first
 #: used: a command's ``--help`` (``fae_torchrec.cli``, the examples) then answers without loading torch.
@@ -39,30 +38,9 @@ _EXPORTED = {
 _HOME = {name: package for package, names in _EXPORTED.items() for name in names}
 __all__ = sorted(_HOME)
 
-#: Names release 0.1 exported here, by the package that holds them now.
-_MOVED = {
-    name: package
-    for package, names in {
-        "fae_torchrec.modules": "SplitFeatures gather_full_state_dict load_full_state_dict "
-        "load_initial_tables part_table_name",
-        "fae_torchrec.stats": "FeatureIds Holdout RowRanking ShareCurve ShareEstimate estimate_hot_share "
-        "hot_share_curve measure_hot_share",
-        "fae_torchrec.tables": "TableLayout row_bytes",
-        "fae_torchrec.train": "CheckpointError RoutedBatch Step make_schedule",
-        "fae_torchrec.units": "format_bytes parse_bytes",
-    }.items()
-    for name in names.split()
-}
-
 
 def __getattr__(name: str):
-    """The names above, from their package; release 0.1's names, with a ``DeprecationWarning`` that says
-    where they moved."""
+    """The names above, from their package."""
     if name in _HOME:
         return getattr(importlib.import_module(_HOME[name]), name)
-    if name not in _MOVED:
-        raise AttributeError(f"module 'fae_torchrec' has no attribute {name!r}")
-    warnings.warn(
-        f"fae_torchrec.{name} moved: import it from {_MOVED[name]}", DeprecationWarning, stacklevel=2
-    )
-    return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module 'fae_torchrec' has no attribute {name!r}")

@@ -8,37 +8,7 @@ TorchRec's ``EmbeddingShardingPlanner``; ``make_topology`` builds a ``Topology``
 model (default, scale-up caches, all in HBM), what FAE is measured against.
 """
 
-import importlib
-import warnings
-
 from planner.fae_planner import FAEShardingPlanner
 from planner.topology import make_topology
 
 __all__ = ["FAEShardingPlanner", "make_topology"]
-
-#: Names release 0.1 exported here, by the module that holds them now.
-_MOVED = {
-    **dict.fromkeys(
-        (
-            "BaselinePlan",
-            "default_planner",
-            "dry_run",
-            "hbm_planner",
-            "scaleup_planner",
-            "torchrec_default_plan",
-        ),
-        "planner.baseline",
-    ),
-    "cache_load_factors": "planner.cache_sizing",
-    "AccessCacheStatistics": "planner.cache_statistics",
-    "fae_constraints": "planner.constraints",
-    **dict.fromkeys(("FAEPlanReport", "PartPlacement", "RankTotals"), "planner.report"),
-}
-
-
-def __getattr__(name: str):
-    """Release 0.1's names, from their module, with a ``DeprecationWarning`` that says where."""
-    if name not in _MOVED:
-        raise AttributeError(f"module 'planner' has no attribute {name!r}")
-    warnings.warn(f"planner.{name} moved: import it from {_MOVED[name]}", DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(_MOVED[name]), name)

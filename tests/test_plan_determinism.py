@@ -22,7 +22,8 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
 from fae_torchrec.train.checkpoint import plan_layout
 from fae_torchrec.data import SyntheticCriteo
-from planner import FAEShardingPlanner, default_planner, dry_run, hbm_planner, scaleup_planner
+from planner import FAEShardingPlanner
+from planner.baseline import default_planner, dry_run, hbm_planner, scaleup_planner
 
 data = SyntheticCriteo(20000, batch_size=4096, scale=0.0005, seed=3)
 tables = data.table_configs(8)

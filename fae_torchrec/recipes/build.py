@@ -21,6 +21,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.keyed import CombinedOptimizer
 
+from fae_torchrec.collectives import on_rank_zero
 from fae_torchrec.modules import FAEEmbeddingBagCollection, load_initial_tables
 from fae_torchrec.recipes.config import RecipeConfig
 from fae_torchrec.recipes.family import ModelFamily
@@ -34,7 +35,7 @@ from fae_torchrec.train.cold_tier import PlannedColdTier
 from fae_torchrec.train.evaluation import repeated_inputs
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS, EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
-from fae_torchrec.train.prepare import NAMED_PARAMETERS, PreparedData, on_rank_zero, prepare_data
+from fae_torchrec.train.prepare import NAMED_PARAMETERS, PreparedData, prepare_data
 from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.step import find_fae_module
 from fae_torchrec.units import format_bytes, parse_bytes

@@ -25,6 +25,7 @@ from torchrec.distributed.planner.types import PlannerError
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from fae_torchrec.collectives import on_rank_zero
 from fae_torchrec.logs import torchrec_quiet
 from fae_torchrec.recipes.build import Training, build_training, disk_bytes, init_distributed, kernels
 from fae_torchrec.recipes.config import RecipeConfig
@@ -41,7 +42,6 @@ from fae_torchrec.train.cold_tier import PlannedColdTier
 from fae_torchrec.train.evaluation import evaluate, validation_batches
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.train.partition import HotColdPartition
-from fae_torchrec.train.prepare import on_rank_zero
 from fae_torchrec.train.router import RoutedBatch
 from fae_torchrec.train.runner import StepRunner, steps_to_pause
 from fae_torchrec.train.schedule import Step

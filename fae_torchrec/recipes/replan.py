@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from fae_torchrec import trace
+from fae_torchrec.collectives import on_rank_zero
 from fae_torchrec.recipes.build import Replanned, Training, embedding_optimizer, make_router, shard_model
 from fae_torchrec.recipes.config import RecipeConfig
 from fae_torchrec.recipes.family import ModelFamily
@@ -35,7 +36,7 @@ from fae_torchrec.stats.recent import RecentAccessCounts
 from fae_torchrec.train.cold_tier import PlannedColdTier
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.train.partition import HotColdPartition
-from fae_torchrec.train.prepare import on_rank_zero, repartition
+from fae_torchrec.train.prepare import repartition
 from fae_torchrec.train.replan import ReplanDecision, Replanner
 from fae_torchrec.train.resplit import load_unsplit_state, release_tables, spill_unsplit_state
 from fae_torchrec.train.schedule import Step, trained_inputs

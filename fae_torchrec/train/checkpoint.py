@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan
 
+from fae_torchrec.collectives import raise_on_every_rank
 from fae_torchrec.torchrec_compat import ShardedTensor
 from fae_torchrec.train.cold_tier import PlannedColdTier, check_cold_tier
 
@@ -121,18 +122,20 @@ class Checkpoints:
             dist.broadcast_object_list(run, src=0)
             self.run_id = run[0]
         runs = {m["run"] for m in map(self._manifest, self._steps()) if "damaged" not in m}
-        _raise_on_every_rank(
+        raise_on_every_rank(
             f"{self.directory} holds checkpoints of another run: resume from them, or checkpoint into an "
             "empty directory"
             if runs - {self.run_id}
-            else None
+            else None,
+            CheckpointError,
         )
         error = None
         try:
             self._write(step, model, unfused_optimizer, position, summary, cold_tier)
         except OSError as failure:
             error = f"rank {self.rank} could not write its checkpoint: {failure}"
-        _raise_on_every_rank(error)  # every rank holds the new checkpoint: the older ones may go
+        # every rank holds the new checkpoint: the older ones may go
+        raise_on_every_rank(error, CheckpointError)
         for older in self._steps():
             if older < step:
                 self._remove(older)
@@ -210,7 +213,7 @@ class Checkpoints:
         except (CheckpointError, ValueError) as failure:
             error = str(failure)
         try:
-            _raise_on_every_rank(error)
+            raise_on_every_rank(error, CheckpointError)
             state = reader.state
             with torch.no_grad():
                 _restore(model.state_dict(), state["model"], reader)
@@ -348,16 +351,6 @@ class Checkpoints:
 def _first_difference(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
     """The first key (in sorted order) whose value differs between the two, or None."""
     return next((k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)), None)
-
-
-def _raise_on_every_rank(error: str | None) -> None:
-    """A collective: raise ``CheckpointError`` on every rank when any rank has an ``error``, so that no
-    rank goes on to a collective the others never reach."""
-    errors: list = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
-    failed = [e for e in errors if e]
-    if failed:
-        raise CheckpointError(failed[0])
 
 
 def _write_atomically(path: Path, chunks: Iterable[bytes | np.ndarray]) -> tuple[str, int]:

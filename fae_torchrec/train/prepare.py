@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import torch
@@ -38,6 +36,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from tqdm import tqdm
 
 from fae_torchrec import trace
+from fae_torchrec.collectives import on_every_rank, raise_on_every_rank, rank_and_world, where
 from fae_torchrec.data.batches import BatchSource, spool_batches
 from fae_torchrec.data.block import SampleBlock, rebatch
 from fae_torchrec.data.npy_append import NpyRegion
@@ -67,7 +66,6 @@ REPARTITION_BLOCK = 1 << 16
 #: The folder of ``prepare_data``'s directory where each rank spools its ``Batch``es (removed once the
 #: partition is written).
 SPOOLS = "batches"
-T = TypeVar("T")
 #: The parameters of :func:`prepare_data` its messages name (``names`` may rename them).
 NAMED_PARAMETERS = ("sample", "batch_size", "val_every", "exclude_profiled", "stats")
 
@@ -147,7 +145,7 @@ def prepare_data(
                 val_every, balance, seed, exclude_profiled, names, progress,
             )  # fmt: skip
         finally:  # the spools read by every rank, whether the partition was written or not
-            if spools and _rank()[0] == 0:
+            if spools and rank_and_world()[0] == 0:
                 shutil.rmtree(directory / SPOOLS, ignore_errors=True)
 
 
@@ -178,7 +176,7 @@ def _agree_on_source(source: object, num_batches: int | None, each_rank: bool | 
     ``source`` (rank 0, and every rank unless ``each_rank`` is False; the others' is not looked at) in one
     collective, so that a source refused on one rank is refused on every rank: ``TypeError`` for one that
     is neither, ``ValueError`` for an endless one without ``num_batches`` or ranks that disagree."""
-    rank, world_size = _rank()
+    rank, world_size = rank_and_world()
     reads = rank == 0 or each_rank is not False
     problem = None
     if reads and (
@@ -205,7 +203,7 @@ def _agree_on_source(source: object, num_batches: int | None, each_rank: bool | 
     problems = [(r, found) for r, (_, found) in enumerate(seen) if found is not None]
     if problems:
         r, (kind, message) = problems[0]
-        message = f"{_where(r)}: {message}" if world_size > 1 else message
+        message = f"{where(r)}: {message}" if world_size > 1 else message
         raise TypeError(message) if kind == "TypeError" else ValueError(message)
     kinds = {kind for kind, _ in seen if kind is not None}
     if len(kinds) > 1:
@@ -213,46 +211,6 @@ def _agree_on_source(source: object, num_batches: int | None, each_rank: bool | 
             "some ranks give prepare_data a BlockSource, others Batches: give every rank the same kind"
         )
     return kinds.pop()
-
-
-def _rank() -> tuple[int, int]:
-    """This rank and the number of ranks (0 and 1 without a process group)."""
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-
-
-def _where(rank: int) -> str:
-    return f"rank {rank} (host {socket.gethostname()})"
-
-
-def _raise_on_every_rank(problem: str | None) -> None:
-    """Raise ``ValueError`` on every rank with the first problem any rank met (collective when a
-    process group is initialised), so that none goes on into a collective the others left."""
-    problems = [problem]
-    if dist.is_initialized():
-        problems = [None] * dist.get_world_size()
-        dist.all_gather_object(problems, problem)
-    found = [found for found in problems if found is not None]
-    if found:
-        raise ValueError(found[0])
-
-
-def on_every_rank(work: Callable[[], T]) -> T:
-    """``work()`` on this rank, after which every rank raises ``ValueError`` (a collective) when any
-    rank's failed, naming that rank where there are several (its error chained on its own rank), so
-    that none goes on into a collective the others left."""
-    rank, world_size = _rank()
-    result, problem, failed = None, None, None
-    try:
-        result = work()
-    except Exception as error:
-        known = isinstance(error, ValueError | OSError)
-        said = str(error) if known else f"{type(error).__name__}: {error}"
-        problem, failed = (f"{_where(rank)}: {said}" if world_size > 1 else said), error
-    try:
-        _raise_on_every_rank(problem)
-    except ValueError as raised:
-        raise raised from failed
-    return result
 
 
 def _spool(
@@ -265,7 +223,7 @@ def _spool(
 ) -> list[Path]:
     """Each reading rank's ``batches`` spooled to ``directory/batches/rank-R``; the spools of the ranks
     read, in rank order. A problem on any rank is raised on every rank."""
-    rank, world_size = _rank()
+    rank, world_size = rank_and_world()
     readers = range(world_size) if each_rank else range(1)
     spools = [directory / SPOOLS / f"rank-{reader}" for reader in readers]
 
@@ -297,11 +255,11 @@ def _open_on_every_rank(directory: Path) -> HotColdPartition:
         partition = HotColdPartition.open(directory)
     except (OSError, ValueError) as error:
         problem = (
-            f"{_where(_rank()[0])} cannot open the partition rank 0 wrote to {directory.resolve()}: "
+            f"{where(rank_and_world()[0])} cannot open the partition rank 0 wrote to {directory.resolve()}: "
             f"{error}; the directory must be on a file system every rank reads (on several nodes, a "
             "shared one)"
         )
-    _raise_on_every_rank(problem)
+    raise_on_every_rank(problem)
     return partition
 
 
@@ -318,7 +276,7 @@ def repartition(
     those a re-plan left untrained) partitioned again against ``hot_set`` into ``directory``, in
     blocks of ``block_size`` inputs of the data: each rank its share of the blocks, every rank opens it
     (collective when a process group is initialised; an error on any rank is raised on every rank)."""
-    world_size = _rank()[1]
+    world_size = rank_and_world()[1]
     windows = np.arange(0, len(chosen), block_size)
     used = np.logical_or.reduceat(np.asarray(chosen, dtype=bool), windows) if len(windows) else windows
     bounds = [r * len(windows) // world_size for r in range(world_size + 1)]
@@ -333,30 +291,6 @@ def repartition(
         return _partition(runs, hot_set, partition.keys, Path(directory), balance, seed, False)
     except ValueError as error:
         raise ValueError(f"{directory}: {error}") from error
-
-
-def on_rank_zero(work: Callable[[], T]) -> T:
-    """``work()`` on rank 0 alone, its result broadcast to every rank (collective when a process group
-    is initialised); a ``ValueError`` or ``OSError`` it raises is raised on every rank as ``ValueError``,
-    so that no rank waits for a collective the others left (another error is raised as it is on rank 0 and
-    as ``ValueError`` on the others)."""
-    shared: list = [None, None]
-    failed = None  # an error of another kind, raised as it is on rank 0
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        try:
-            shared = [work(), None]
-        except (ValueError, OSError) as error:
-            shared = [None, str(error)]
-        except Exception as error:
-            failed, shared = error, [None, f"rank 0 failed: {type(error).__name__}: {error}"]
-    if dist.is_initialized():
-        dist.broadcast_object_list(shared, src=0)
-    if failed is not None:
-        raise failed
-    result, problem = shared
-    if problem is not None:
-        raise ValueError(problem)
-    return result
 
 
 @dataclass(frozen=True)
@@ -376,7 +310,7 @@ def _shares(source: BlockSource) -> list[_Share]:
     """Each rank's share of ``source`` (collective): equal runs of whole blocks where every rank's
     source knows the same size before it is read, else all of it for rank 0 (a text file's lines are
     not counted before they are read)."""
-    world_size = _rank()[1]
+    world_size = rank_and_world()[1]
     sizes = [source.num_samples]
     if dist.is_initialized():
         sizes = [None] * world_size
@@ -483,7 +417,7 @@ def _profile_and_partition(
     """:func:`prepare_data` of a source, each rank its share (collective): the statistics (``stats``,
     else profiled here), the validation set, the hot set, and the partition written to ``directory``."""
     shares = _shares(source)
-    share = shares[_rank()[0]]
+    share = shares[rank_and_world()[0]]
     given = stats is not None
     mine: list[SampleBlock] = []  # this rank's validation inputs
     if given:
@@ -553,7 +487,7 @@ class _Held:
         if mine is not None:
             described = (len(mine), mine.ids_per_feature, fields_of(mine, _FIELDS))
         everyone = [described]
-        if _rank()[1] > 1:
+        if rank_and_world()[1] > 1:
             everyone = [None] * dist.get_world_size()
             dist.all_gather_object(everyone, described)
         return cls(mine, everyone)
@@ -566,7 +500,7 @@ class _Held:
         """Every rank's validation inputs, in rank order, on every rank (collective; None: there are
         none): in memory on one rank; on several, each rank writes its own into ``directory/validation``
         and every rank memory-maps them all, so that none sends or holds a copy of the others'."""
-        rank, world_size = _rank()
+        rank, world_size = rank_and_world()
         held = [d for d in self.everyone if d is not None]
         if world_size == 1 or not held:
             return self.mine
@@ -603,7 +537,7 @@ def _partition(
     rank (collective). Where several ranks write, they first count the hot inputs of every run but the
     last, each an equal part of them, so that each writer knows where its own rows go, and then write
     them there: the files are those one process writes."""
-    rank = _rank()[0]
+    rank = rank_and_world()[0]
     writers = runs.writers()
 
     def selected(first: int, stop: int | None) -> Iterator[SampleBlock]:
@@ -637,8 +571,8 @@ def _partition(
     for r, layout in wrote[1:]:
         if layout != wrote[0][1]:
             raise ValueError(
-                f"{_where(r)} reads inputs of {layout} (files, ids per feature), where "
-                f"{_where(wrote[0][0])} reads {wrote[0][1]}: every rank must read the same data"
+                f"{where(r)} reads inputs of {layout} (files, ids per feature), where "
+                f"{where(wrote[0][0])} reads {wrote[0][1]}: every rank must read the same data"
             )
     on_every_rank(lambda: rank == 0 and finish_shares(directory, everyone, keys, hot_set))
     return _open_on_every_rank(directory)
@@ -650,7 +584,7 @@ def _place(
     """Where this rank's rows go in the partition (collective): the hot inputs of every writer's run but
     the last (whose rows no run follows) counted, each rank counting an equal part of their units, and
     the counts of each run summed over the ranks."""
-    rank, world_size = _rank()
+    rank, world_size = rank_and_world()
     counted_runs = writers[:-1]
     begin, end = runs.ranges[counted_runs[0]][0], runs.ranges[writers[-1]][0]
     cuts = [begin + r * (end - begin) // world_size for r in range(world_size + 1)]
@@ -709,7 +643,7 @@ def _profile(
         if share.stop is not None:
             total = source.training_before(share.stop, val_every) - first
         bar = tqdm(total=total, desc="profiling", unit="input", leave=False, unit_scale=True,
-                   disable=not progress or _rank()[0] != 0)  # fmt: skip
+                   disable=not progress or rank_and_world()[0] != 0)  # fmt: skip
         for block in _selected(_training(source, val_every, share, held)):
             profiler.update(block.to_batch(source.feature_names))
             bar.update(len(block))
@@ -737,7 +671,7 @@ def _join(profiler: AccessProfiler) -> None:
     as those rows and their counts; the others are summed whole."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
-    rank, world_size = _rank()
+    rank, world_size = rank_and_world()
     counted = [np.flatnonzero(counts) for counts in profiler.counts]
     sizes: list = [None] * world_size
     dist.all_gather_object(sizes, [len(rows) for rows in counted])

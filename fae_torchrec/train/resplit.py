@@ -33,13 +33,13 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.optim.keyed import KeyedOptimizer
 
+from fae_torchrec.collectives import on_every_rank, on_rank_zero
 from fae_torchrec.data.npy_append import HEADER_BYTES, allocate_npy
 from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection
 from fae_torchrec.modules.state import copy_rows, gather_full_tensor, load_full_tensor, load_row_blocks
 from fae_torchrec.torchrec_compat import ShardedTensor
 from fae_torchrec.train.cold_tier import PlannedColdTier, check_cold_tier
 from fae_torchrec.train.optimizers import EmbeddingOptimizer
-from fae_torchrec.train.prepare import on_every_rank, on_rank_zero
 from fae_torchrec.train.step import find_fae_module
 from fae_torchrec.units import format_bytes
 
