@@ -28,6 +28,7 @@ train: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "" $(PYTEST_ARGS)
 
 lint: $(STAMP)

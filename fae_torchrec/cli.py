@@ -334,6 +334,7 @@ def plan(args: argparse.Namespace) -> None:
         f" --hbm-cap {format_bytes(hbm_cap)}" if hbm_cap else ""
     )
     planner, hot_set, sharding_plan = _plan_fae(args, topology, stats, algorithm, devices, where)
+    assert planner.report is not None  # its plan's
     _print_torchrec_plans(args, device, topology, stats, algorithm, planner.report)
     if args.out is not None:
         made_for = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 import torch.distributed as dist
 
@@ -23,14 +23,20 @@ def where(rank: int) -> str:
     return f"rank {rank} (host {socket.gethostname()})"
 
 
+def all_gathered(mine: T, group: dist.ProcessGroup | None = None) -> list[T]:
+    """Every rank's ``mine`` in rank order (collective over ``group``, the world by default, where a
+    process group is initialised; this rank's alone where none is)."""
+    if not dist.is_initialized():
+        return [mine]
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group)
+    return everyone
+
+
 def raise_on_every_rank(problem: str | None, error: type[Exception] = ValueError) -> None:
     """Raise ``error`` on every rank with the first problem any rank met (collective when a process
     group is initialised), so that none goes on into a collective the others left."""
-    problems = [problem]
-    if dist.is_initialized():
-        problems = [None] * dist.get_world_size()
-        dist.all_gather_object(problems, problem)
-    found = [found for found in problems if found is not None]
+    found = [found for found in all_gathered(problem) if found is not None]
     if found:
         raise error(found[0])
 
@@ -51,7 +57,7 @@ def on_every_rank(work: Callable[[], T]) -> T:
         raise_on_every_rank(problem)
     except ValueError as raised:
         raise raised from failed
-    return result
+    return cast(T, result)  # work() returned it: no rank failed
 
 
 def on_rank_zero(work: Callable[[], T]) -> T:

@@ -43,7 +43,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
             return text
         if "default" in text:
             return text
-        return super()._get_help_string(action)
+        return super()._get_help_string(action) or text
 
 
 def model_chooser(argv: Sequence[str] | None, default: str) -> tuple[argparse.ArgumentParser, str]:

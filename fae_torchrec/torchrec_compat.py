@@ -66,7 +66,13 @@ def planner_enumerator(planner: EmbeddingShardingPlanner) -> Enumerator:
     return planner._enumerator
 
 
-class EnumeratorFilterHooks:
+if TYPE_CHECKING:  # a mixin before TorchRec's enumerator, whose private filters it extends
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator as _Enumerator
+else:
+    _Enumerator = object
+
+
+class EnumeratorFilterHooks(_Enumerator):
     """Mixin before ``EmbeddingEnumerator``: what its private per-table filters (``_filter_sharding_types``,
     ``_filter_compute_kernels``, called by ``enumerate``) keep passes through ``kept_sharding_types`` and
     ``kept_compute_kernels``; TorchRec has no public hook to order (or change) them."""

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -240,12 +240,15 @@ def plan_configs(
             def make(constraints: dict) -> EmbeddingShardingPlanner:
                 return scaleup_planner(topology, stats, batch_size, constraints=constraints)
 
+        def run(constraints: dict, make: Callable[[dict], EmbeddingShardingPlanner] = make) -> BaselinePlan:
+            return dry_run(make(constraints), tables, optimizer_class)
+
         try:
             made[config] = plan_with_sharding(
                 config.sharding,
                 base,
                 names,
-                lambda constraints, make=make: dry_run(make(constraints), tables, optimizer_class),
+                run,
                 lambda planned: offloaded_tables(planned.plan),
                 made.get(replace(config, sharding="any")),
             )

@@ -14,6 +14,7 @@ plan at a hot step's and a cold step's own pooling.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -154,7 +155,7 @@ def fae_constraints(
     stats: AccessStats,
     hot_set: HotSet,
     compute_device: str,
-    caches: dict[str, tuple[float, AccessCacheStatistics]],
+    caches: Mapping[str, tuple[float | None, AccessCacheStatistics]],
     user: dict[str, ParameterConstraints] | None = None,
     uncached: bool = False,
     torchrec_choice: bool = False,
@@ -165,9 +166,9 @@ def fae_constraints(
     """Constraints keyed by part table name (``t_hot``, ``t_cold``) for every part that has rows.
 
     ``caches`` gives each cold table's load factor and statistics (used on CUDA; a load factor of 1
-    puts the cold part in HBM, as a hot part). ``cache_params`` are the cold caches' other
-    ``CacheParams`` (algorithm, ``prefetch_pipeline``; FBGEMM's defaults when None), under any field a
-    user's constraint sets. ``user`` constraints are keyed by original table name
+    puts the cold part in HBM, as a hot part; None only where ``caches`` is not used). ``cache_params`` are
+    the cold caches' other ``CacheParams`` (algorithm, ``prefetch_pipeline``; FBGEMM's defaults when
+    None), under any field a user's constraint sets. ``user`` constraints are keyed by original table name
     and apply to both parts; their kernels and sharding types are intersected with the part's allowed
     ones (an empty intersection is an error naming the table). With ``uncached`` a cold part may also
     live in UVM without a cache (``fused_uvm``, where TorchRec cannot fit its cache; TorchRec's perf
@@ -196,7 +197,7 @@ def fae_constraints(
             allowed_types, allowed_kernels = (
                 (None, None) if torchrec_choice else ALLOWED[compute_device, rule]
             )
-            if uncached and compute_device == "cuda" and rule == COLD:
+            if uncached and compute_device == "cuda" and rule == COLD and allowed_kernels is not None:
                 allowed_kernels = [*allowed_kernels, EmbeddingComputeKernel.FUSED_UVM.value]
             constraints[part_table_name(config.name, part)] = replace(
                 base,
@@ -215,7 +216,7 @@ def _cold_cache(
     base: ParameterConstraints,
     cold_cache: CacheParams,
     compute_device: str,
-    caches: dict[str, tuple[float, AccessCacheStatistics]],
+    caches: Mapping[str, tuple[float | None, AccessCacheStatistics]],
     torchrec_choice: bool,
     slots: bool,
 ) -> tuple[CacheParams | None, str]:
@@ -229,6 +230,8 @@ def _cold_cache(
             return base.cache_params, COLD
         return cold_cache, COLD
     load_factor, cache_stats = caches[table]
+    if load_factor is None:
+        raise ValueError(f"table {table}: its cold part has no load factor (caches)")
     in_hbm = load_factor >= 1.0
     if compute_device == "cpu" or in_hbm:
         return None, HOT if in_hbm else COLD

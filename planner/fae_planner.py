@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from copy import deepcopy
 from dataclasses import replace
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
@@ -71,10 +72,11 @@ CACHE_SHARE = 0.9
 #: Shares of that cache budget the caches are sized from when TorchRec cannot place the caches sized from
 #: all of it (its storage estimates add buffers that the sizing does not count); a bounded number of plans.
 SMALLER_CACHE_SHARES = (0.75, 0.5, 0.25, 0.125, 0.0625, 0.03125)
-#: A plan's cold sizing: load factors by table, and the kernel options of ``fae_constraints``.
-Sizing = tuple[dict[str, float], dict[str, bool]]
+#: A plan's cold sizing: load factors by table, and the kernel options of ``fae_constraints`` (booleans)
+#: or, for a TorchRec configuration's plan, that configuration (``config``).
+Sizing: TypeAlias = tuple[dict[str, float], dict[str, Any]]
 #: What the knob's plan at one budget came to: its report and sizing, or TorchRec's error.
-BudgetOutcome = tuple[FAEPlanReport, Sizing] | PlannerError
+BudgetOutcome: TypeAlias = tuple[FAEPlanReport, Sizing] | PlannerError
 
 
 def default_reservation() -> HeuristicalStorageReservation:
@@ -102,6 +104,7 @@ def _start_worker(planner: FAEShardingPlanner) -> None:
 
 def _plan_in_worker(budget: float) -> tuple[list[float], BudgetOutcome]:
     """The inherited planner's plan at ``budget`` (nothing of the planner is pickled per task)."""
+    assert _worker_planner is not None  # set by _start_worker
     return _worker_planner._plan_budget(budget)
 
 
@@ -234,6 +237,7 @@ class FAEShardingPlanner(ShardingPlanner):
                 hot_set = self._ranking.hot_set(int(budget))
                 best, self.report, self._chosen = (report.step, hot_set), report, (hot_set, sizing)
         if best is None:
+            assert failure is not None  # every budget's plan failed
             raise PlannerError(str(failure).split("\n")[0], failure.error_type)
         return best[1]
 
@@ -379,7 +383,8 @@ class FAEShardingPlanner(ShardingPlanner):
         memory = self.device_memory(module)
         cache_budget = self._cache_budget(memory, hot_set)
         device = self.topology.compute_device
-        candidates, failures = [], []
+        candidates: list[tuple[ShardingPlan, list[ShardingOption], OrderedEnumerator, Sizing]] = []
+        failures: list[PlannerError] = []
 
         def constraints(
             load_factors: dict[str, float], cache_params: CacheParams | None = None, **options: bool
@@ -423,7 +428,8 @@ class FAEShardingPlanner(ShardingPlanner):
                 if sized:
                     unplaced.append(load_factors)
                 return False
-            candidates.append((*planned, ({}, {"config": config}) if config else (load_factors, options)))
+            sizing: Sizing = ({}, {"config": config}) if config else (load_factors, options)
+            candidates.append((*planned, sizing))
             return True
 
         whole = self._load_factors(cold, cache_budget, whole_parts=True)

@@ -52,7 +52,7 @@ class RankTotals:
             comms[shard.rank] += shard.perf.fwd_comms + shard.perf.bwd_comms
             hbm[shard.rank] += shard.storage.hbm
             ddr[shard.rank] += shard.storage.ddr
-        return cls(*(tuple(x.tolist()) for x in (perf, hbm, ddr, comms)))
+        return cls(tuple(perf.tolist()), tuple(hbm.tolist()), tuple(ddr.tolist()), tuple(comms.tolist()))
 
 
 @dataclass(frozen=True)

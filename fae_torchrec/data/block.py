@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -33,7 +34,7 @@ class SampleBlock:
     def slice(self, start: int, stop: int) -> SampleBlock:
         return self.select(slice(start, stop))
 
-    def select(self, inputs: np.ndarray | slice) -> SampleBlock:
+    def select(self, inputs: np.ndarray | builtins.slice) -> SampleBlock:
         """The inputs where the boolean mask, index array or slice ``inputs`` selects them."""
         part_ids = None if self.part_ids is None else self.part_ids[inputs]
         return SampleBlock(
@@ -44,13 +45,13 @@ class SampleBlock:
     def concat(blocks: Sequence[SampleBlock]) -> SampleBlock:
         if len(blocks) == 1:
             return blocks[0]
-        part_ids = [b.part_ids for b in blocks]
+        part_ids = [b.part_ids for b in blocks if b.part_ids is not None]
         return SampleBlock(
             np.concatenate([b.dense for b in blocks]),
             np.concatenate([b.ids for b in blocks]),
             np.concatenate([b.labels for b in blocks]),
             blocks[0].ids_per_feature,
-            None if any(ids is None for ids in part_ids) else np.concatenate(part_ids),
+            np.concatenate(part_ids) if len(part_ids) == len(blocks) else None,
         )
 
     def as_part_ids(self) -> SampleBlock:

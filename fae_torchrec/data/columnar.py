@@ -69,18 +69,16 @@ class ColumnarSource(BlockSource):
         rows = schema.table_rows()
         missing = [table for table, size in rows.items() if size is None]
         self.vocabularies: dict[str, pa.Array] = {}
-        self.table_rows = {**rows, **(self._first_pass(missing) if missing else {})}
-
-    @property
-    def num_dense(self) -> int:
-        return len(self.schema.dense)
+        counted = self._first_pass(missing) if missing else {}
+        self.table_rows = {table: counted[table] if size is None else size for table, size in rows.items()}
+        self.num_dense = len(self.schema.dense)
 
     def table_configs(self, embedding_dim: int = 16) -> list[EmbeddingBagConfig]:
         return [
             EmbeddingBagConfig(
                 name=table,
                 embedding_dim=embedding_dim,
-                num_embeddings=int(self.table_rows[table]),
+                num_embeddings=self.table_rows[table],
                 feature_names=[f.name for f in features],
             )
             for table, features in self.schema.tables.items()
@@ -235,6 +233,7 @@ class _Chunk:
                 )  # fmt: skip
             ids = found.to_numpy(zero_copy_only=False).astype(np.int64)
         elif feature.ids == "hash":
+            assert rows is not None, feature.name  # a hashed feature's table has its rows (Schema)
             ids = hashed_rows(values, rows)
         else:
             if _is_text(values.type):

@@ -52,10 +52,7 @@ class CriteoNpyReader(CriteoSource):
         self.chunk_rows = chunk_rows
         self.require_labels = require_labels
         self._arrays = [_open(prefix) for prefix in self.prefixes]
-
-    @property
-    def num_samples(self) -> int:
-        return sum(len(labels) for _, _, labels in self._arrays)
+        self.num_samples: int = sum(len(labels) for _, _, labels in self._arrays)
 
     def raw_blocks(self) -> Iterator[SampleBlock]:
         return self.raw_range(0, None)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+import numpy.typing as npt
 
 #: Bytes of the header: room for any row count, so that it is rewritten in place at the end.
 HEADER_BYTES = 128
@@ -15,9 +16,9 @@ HEADER_BYTES = 128
 class NpyAppender:
     """An ``.npy`` file grown by appending rows; its header is rewritten with the row count at the end."""
 
-    def __init__(self, path: Path, dtype: np.dtype, row_shape: tuple[int, ...]) -> None:
+    def __init__(self, path: Path, dtype: npt.DTypeLike, row_shape: tuple[int, ...]) -> None:
         self.path, self.dtype, self.row_shape, self.rows = path, np.dtype(dtype), row_shape, 0
-        self.file = open(path, "wb")  # closed in close()
+        self.file: BinaryIO = open(path, "wb")  # closed in close()
         self._write_header()
 
     def append(self, array: np.ndarray) -> None:

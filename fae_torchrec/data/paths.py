@@ -44,4 +44,4 @@ def file_problem(path: str | os.PathLike) -> str | None:
     except OSError as error:
         if error.errno == errno.ENOENT and os.path.islink(path):
             return "a symbolic link to a missing file"
-        return _OPEN_ERRORS.get(error.errno, error.strerror or str(error))
+        return _OPEN_ERRORS.get(error.errno or 0, error.strerror or str(error))

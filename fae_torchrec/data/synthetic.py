@@ -126,7 +126,7 @@ class SyntheticCriteo(CriteoSource):
         if num_samples < 0:
             raise ValueError(f"num_samples must be non-negative, got {num_samples}")
         super().__init__(batch_size, scaled_table_sizes(scale, table_sizes))
-        self.num_samples = num_samples
+        self.num_samples: int = num_samples
         self.seed = seed
         exponents = _per_feature("exponent", exponent, np.float64)
         counts = _per_feature("ids_per_feature", ids_per_feature, np.int64)
@@ -226,7 +226,7 @@ class SyntheticCriteo(CriteoSource):
 
 def _per_feature(name: str, value: float | Sequence[float], dtype: type) -> np.ndarray:
     """One positive value per categorical feature, from one value or 26."""
-    values = np.asarray(value, dtype=dtype)
+    values: np.ndarray = np.asarray(value, dtype=dtype)
     if values.ndim > 1 or (values.ndim == 1 and len(values) != CAT_FEATURE_COUNT):
         raise ValueError(f"{name} must be one value or {CAT_FEATURE_COUNT}, got {value}")
     if np.any(values <= 0):

@@ -75,7 +75,7 @@ class Events:
     category: np.ndarray
     behavior: np.ndarray
     timestamp: np.ndarray
-    table_sizes: tuple[int, int, int]
+    table_sizes: tuple[int, ...]
 
     def __post_init__(self) -> None:
         sizes = checked_table_sizes(self.table_sizes)
@@ -184,11 +184,8 @@ class TaobaoSource(BlockSource):
         self.ts_length = ts_length
         self.table_sizes = events.table_sizes
         self.train, self.validation = tbsm_samples(events, ts_length, points_per_user, test_share, seed)
-
-    @property
-    def num_dense(self) -> int:
-        """One dense feature a step: its position in the history."""
-        return self.ts_length + 1
+        self.num_dense = self.ts_length + 1  # one dense feature a step: its position in the history
+        self.num_samples: int = len(self.train) + len(self.validation)
 
     @property
     def num_train(self) -> int:
@@ -204,10 +201,6 @@ class TaobaoSource(BlockSource):
     def raw_blocks(self) -> Iterator[SampleBlock]:
         """All samples, training then validation, in blocks of at most ``RAW_BLOCK_SIZE``."""
         return rebatch([self.train, self.validation], RAW_BLOCK_SIZE)
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.train) + len(self.validation)
 
     def split_masks(
         self, every: int | None, block_size: int, start: int, stop: int | None

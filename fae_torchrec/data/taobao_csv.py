@@ -25,7 +25,10 @@ from fae_torchrec.data.delimited import (
 from fae_torchrec.data.paths import as_paths
 from fae_torchrec.data.taobao import (
     BEHAVIORS,
+    POINTS_PER_USER,
     TABLES,
+    TEST_SHARE,
+    TS_LENGTH,
     Events,
     TaobaoSource,
 )
@@ -78,15 +81,21 @@ class TaobaoCsvReader(TaobaoSource):
     Args:
         paths: one file or several, read in order.
         batch_size: inputs per ``Batch`` (the last one may be smaller).
-        samples: ``ts_length``, ``points_per_user``, ``test_share``, ``seed``, as
-            :class:`TaobaoSource` takes them.
+        ts_length, points_per_user, test_share, seed: as :class:`TaobaoSource` takes them.
     """
 
     def __init__(
-        self, paths: str | os.PathLike | Sequence[str | os.PathLike], batch_size: int, **samples: float
+        self,
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        batch_size: int,
+        ts_length: int = TS_LENGTH,
+        points_per_user: int = POINTS_PER_USER,
+        test_share: float = TEST_SHARE,
+        seed: int = 0,
     ) -> None:
         self.paths = as_paths(paths)
-        super().__init__(read_user_behavior(self.paths), batch_size, **samples)
+        events = read_user_behavior(self.paths)
+        super().__init__(events, batch_size, ts_length, points_per_user, test_share, seed)
 
 
 def _read_file(path: str, chunk_bytes: int) -> Iterator[tuple[np.ndarray, ...]]:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 from torchrec.models.dlrm import DenseArch, InteractionArch
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.modules.mlp import MLP
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -40,7 +41,7 @@ class TBSM(nn.Module):
 
     def __init__(
         self,
-        embedding_bag_collection: nn.Module,
+        embedding_bag_collection: EmbeddingBagCollection,
         ts_length: int = 20,
         dense_in_features: int = 1,
         dense_arch_layer_sizes: Sequence[int] = (16,),

@@ -88,8 +88,9 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self._num_hot = num_hot.tolist()
         #: Per table, its cold rows (those of the cold part, or of a planned cold tier's host memory).
         self.num_cold = dict(zip(layout.names, (layout.num_rows - num_hot).tolist(), strict=True))
-        self.cold_slots = None if cold_slots is None else _checked_slots(cold_slots, self.num_cold)
-        cold_sizes = self.num_cold if cold_slots is None else self.cold_slots
+        slots = None if cold_slots is None else _checked_slots(cold_slots, self.num_cold)
+        self.cold_slots = slots
+        cold_sizes = self.num_cold if slots is None else slots
         sizes = {HOT: num_hot, COLD: np.array([cold_sizes.get(t, 0) for t in layout.names], dtype=np.int64)}
         #: Per part weight (its name in this module's state dict), its table.
         self.part_tables = {
@@ -303,12 +304,13 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         ids, is_hot = (features.values(), None) if part_ids else self._remap(features)
         if COLD not in parts:
             # a hot batch is checked by its part ids' minimum: no mask of them is made
-            all_hot = (len(ids) == 0 or bool(ids.min() >= 0)) if part_ids else bool(is_hot.all())
+            all_hot = (len(ids) == 0 or bool(ids.min() >= 0)) if is_hot is None else bool(is_hot.all())
             if self.cold is not None and not all_hot:
                 raise ValueError("a batch marked hot_only carries cold ids")
             if self.hot is None:
                 return {}
             return {HOT: self._part_input(HOT, ids, lengths, weights, features.length_per_key(), features)}
+        assert is_hot is not None  # ids without their part ids (those go by sign, above)
         # int32 and in place: this runs on every batch
         hot_through = torch.cumsum(is_hot, 0, dtype=torch.int32)  # hot ids up to and including each id
         num_hot = int(hot_through[-1]) if len(hot_through) else 0
@@ -557,7 +559,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
     def _bag_sizes(
         self,
         keys: tuple[str, ...],
-        inputs: list[tuple[tuple[str, ...], KeyedJaggedTensor]],
+        inputs: Sequence[tuple[Sequence[str], KeyedJaggedTensor]],
         values: torch.Tensor,
     ) -> torch.Tensor:
         """Per column of ``values`` (``keys`` order): the bag sizes over the parts' ``inputs`` (their

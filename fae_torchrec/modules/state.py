@@ -62,6 +62,8 @@ def gather_full_tensor(
         return local.detach().cpu().clone()
     if local is not None:
         size, dtype = local.size(), local.dtype
+    if size is None or dtype is None:
+        raise ValueError("a rank that holds no shard of a sharded tensor needs its size and dtype")
     shards = [] if local is None else local.local_shards()
     return assemble_full_tensor(size, dtype, [(_shard_index(shard), shard.tensor) for shard in shards])
 
@@ -119,6 +121,7 @@ def load_row_blocks(
     with torch.no_grad():
         for config, start, named in blocks:
             stop = start + len(next(iter(named.values())))
+            ranges: Sequence[tuple[str, int, torch.Tensor | slice]]
             if isinstance(module, FAEEmbeddingBagCollection):
                 ranges = module.row_ranges(config.name, start, stop)
             else:

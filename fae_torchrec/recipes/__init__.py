@@ -5,7 +5,7 @@ checkpoints and outputs (``loop``). A trainer of its own calls it without a comm
 
     from fae_torchrec.recipes import DLRM, recipe_config, train
 
-    metrics = train(DLRM, recipe_config(DLRM, num_samples=100_000, budget="1MiB", out="runs/mine"))
+    metrics = train(DLRM, recipe_config(DLRM, num_samples=20_000, budget="64KiB", out="runs/mine"))
 
 The command line is parsed before torch is imported, so that ``--help`` and a bad option answer at once;
 ``build``'s and ``loop``'s names are imported where first used."""

@@ -23,7 +23,7 @@ from torchrec.optim.keyed import CombinedOptimizer
 
 from fae_torchrec.collectives import on_rank_zero
 from fae_torchrec.modules import FAEEmbeddingBagCollection, load_initial_tables
-from fae_torchrec.recipes.config import RecipeConfig
+from fae_torchrec.recipes.config import RecipeConfig, required
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.recipes.options import order_seed
 from fae_torchrec.recipes.slots import SlotLayout, SlotSizing, slot_sizing
@@ -147,10 +147,12 @@ def _load_stats(
     world = dist.get_world_size() if dist.is_initialized() else 1
     run = {"world_size": world, "dim": args.dim, "tables": TableLayout.of(tables).describe()}
     if plan_file is not None:
-        run |= {"device": device.type, "optimizer": args.optimizer, "stats": file_digest(args.stats)}
+        stats_file = required(args.stats, "--stats")
+        where = "cpu" if device is None else device.type
+        run |= {"device": where, "optimizer": args.optimizer, "stats": file_digest(stats_file)}
         _check_plan(args, plan_file, run)
     try:  # counted at any dim: the counts do not depend on it
-        stats = AccessStats.load(args.stats).with_embedding_dim(args.dim)
+        stats = AccessStats.load(required(args.stats, "--stats")).with_embedding_dim(args.dim)
     except (ValueError, OSError) as error:
         raise ValueError(f"--stats {args.stats}: {getattr(error, 'strerror', None) or error}") from error
     stats = stats.for_tables(tables, f"--stats {args.stats}")
@@ -246,11 +248,12 @@ def build_training(
     load_initial_tables(dmp.module.get_submodule(family.sparse_path), tables, args.seed)
     cold_tier = None
     if sizing is not None:
-        cold_tier = PlannedColdTier(dmp, ahead=args.copy_ahead)
+        cold_tier = PlannedColdTier(dmp, ahead=args.chosen_copy_ahead)
         cold_tier.load_initial_tables(tables, args.seed)
     router = make_router(args, partition, world, rank, dmp, warmup=warmup, cold_tier=cold_tier)
     mode = args.baseline or "fae"
     num_train = len(partition.hot) + len(partition.cold)
+    assert data.validation is not None  # the recipe always holds some inputs out (--val-every, TBSM's split)
     logger.info(
         "%s: %d training inputs (%d hot, %.1f%%), %d validation inputs, %d ranks",
         mode, num_train, len(partition.hot), 100 * len(partition.hot) / num_train, len(data.validation),
@@ -316,6 +319,7 @@ def shard_model(
         )  # fmt: skip
     cold_slots = layout = None
     if slot_sizing is not None:
+        assert planner is not None and hot_set is not None  # a planned tier refuses --plan and baselines
         layout = slot_sizing(planner.cold_slot_budget(hot_set))
         cold_slots, planner.slot_copies = layout.slots, layout.copied_bytes
     sparse = (
@@ -330,6 +334,7 @@ def shard_model(
     if plan_file is not None:
         plan = plan_file.at(family.sparse_path)
     else:
+        assert planner is not None  # made above where there is no plan file
         try:
             plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
         except PlannerError as error:
@@ -357,7 +362,7 @@ def _plan_file(args: RecipeConfig, device: torch.device) -> PlanFile:
     prefetch); logs where it departs from the run's options without harm (the batch size it was priced
     for, the hot budget in place of ``--budget``, the plan's for the hot set and the re-plans)."""
     try:
-        plan_file = PlanFile.load(args.plan)
+        plan_file = PlanFile.load(required(args.plan, "--plan"))
     except (ValueError, OSError) as error:
         raise ValueError(f"--plan {args.plan}: {getattr(error, 'strerror', None) or error}") from error
     made_for = plan_file.made_for

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:  # the config is made before torch is imported (--help, bad options)
     from fae_torchrec.train.replan import ReplanPolicy
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +81,28 @@ class RecipeConfig:
     def options(self, names: Sequence[str]) -> dict:
         """The values of the options ``names``, by name."""
         return {name: getattr(self, name) for name in names}
+
+    @property
+    def chosen_pipeline(self) -> str:
+        """``pipeline`` as the built run has it (``Training.config``: its device's default filled in)."""
+        if self.pipeline is None:
+            raise ValueError("--pipeline: not chosen yet; build_training chooses it for the device")
+        return self.pipeline
+
+    @property
+    def chosen_copy_ahead(self) -> int:
+        """``copy_ahead`` as the built run with a planned cold tier has it (its device's default filled
+        in)."""
+        if self.copy_ahead is None:
+            raise ValueError("--copy-ahead: not chosen yet; build_training chooses it for the device")
+        return self.copy_ahead
+
+
+def required(value: T | None, option: str) -> T:
+    """``value`` of ``option``, which the run needs (a config of another model family has none)."""
+    if value is None:
+        raise ValueError(f"{option}: needs a value here")
+    return value
 
 
 #: Every option's name, in the order the config declares them.

@@ -98,8 +98,10 @@ def _tbsm(sparse: nn.Module, config: RecipeConfig, num_dense: int) -> nn.Module:
     from torchrec.models.dlrm import DLRMTrain
 
     from fae_torchrec.models import TBSM as TBSMModel
+    from fae_torchrec.recipes.config import required
 
-    return DLRMTrain(TBSMModel(sparse, ts_length=config.ts_length, dense_arch_layer_sizes=[config.dim]))
+    ts_length = required(config.ts_length, "--ts-length")
+    return DLRMTrain(TBSMModel(sparse, ts_length=ts_length, dense_arch_layer_sizes=[config.dim]))
 
 
 def _tbsm_source(config: RecipeConfig) -> BlockSource:

@@ -25,7 +25,7 @@ from torchrec.distributed.planner.types import PlannerError
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from fae_torchrec.collectives import on_rank_zero
+from fae_torchrec.collectives import all_gathered, on_rank_zero
 from fae_torchrec.logs import torchrec_quiet
 from fae_torchrec.recipes.build import Training, build_training, disk_bytes, init_distributed, kernels
 from fae_torchrec.recipes.config import RecipeConfig
@@ -207,7 +207,9 @@ def _start(
     training = build_training(args, rank, world, device, family, replanned, saved)
     args = training.config  # the device's and the plan file's choices filled in
     partition = training.data.partition
-    validation = validation_batches(training.data.validation, partition.keys, args.batch_size, world, rank)
+    held_out = training.data.validation
+    assert held_out is not None  # the recipe always holds some inputs out (--val-every, TBSM's split)
+    validation = validation_batches(held_out, partition.keys, args.batch_size, world, rank)
     replanning = None if args.baseline else Replanning(args, family, training, partition, device)
     progress = {
         "step": 0,
@@ -216,12 +218,13 @@ def _start(
     }
     if checkpoints is not None:
         checkpoints = checkpoints.for_plan(training.plan)
-    runner = StepRunner(args.pipeline, training.model, training.optimizer, device, fae=training.fae)
+    runner = StepRunner(args.chosen_pipeline, training.model, training.optimizer, device, fae=training.fae)
     state = RunState(
         args, rank, world, device, training, runner, validation, checkpoints, replanning, progress
     )
     if not args.resume:
         return state, 0, 0
+    assert checkpoints is not None  # --resume needs --checkpoint-dir
     position = checkpoints.load(training.model, training.optimizer, cold_tier=training.cold_tier)
     training.router.load_state_dict(position["router"])
     state.progress, state.offset = position["progress"], position["offset"]
@@ -245,7 +248,7 @@ def _next_epoch(state: RunState, epoch: int) -> None:
         if moved is not state.training:
             state.training = moved
             state.runner = StepRunner(
-                state.args.pipeline, moved.model, moved.optimizer, state.device, fae=True
+                state.args.chosen_pipeline, moved.model, moved.optimizer, state.device, fae=True
             )
 
 
@@ -309,6 +312,7 @@ def _train_segment(
 def _replan(state: RunState, epoch: int) -> bool:
     """Check whether to re-plan now (collective) and, on a re-plan, go on with the moved training, its
     steps counted from those done; whether it re-planned."""
+    assert state.replanning is not None  # checked where a run re-plans
     moved = state.replanning.check(
         state.step,
         state.training,
@@ -320,7 +324,9 @@ def _replan(state: RunState, epoch: int) -> bool:
     if moved is None:
         return False
     state.training, state.offset = moved, state.done
-    state.runner = StepRunner(state.args.pipeline, moved.model, moved.optimizer, state.device, fae=True)
+    state.runner = StepRunner(
+        state.args.chosen_pipeline, moved.model, moved.optimizer, state.device, fae=True
+    )
     if state.checkpoints is not None:  # the same run, of the new plan
         state.checkpoints = state.checkpoints.for_plan(moved.plan)
     return True
@@ -340,6 +346,7 @@ def _checkpoint(state: RunState, epoch: int) -> None:
     if training.slots is not None:  # what the resumed model's slots are planned from
         summary["cold_slots"] = dict(training.slots.slots)
         summary["slot_copies"] = dict(training.slots.copied_bytes)
+    assert state.checkpoints is not None  # saved where a run keeps checkpoints
     state.checkpoints.save(
         state.step, state.runner.paused(), training.optimizer, position, summary, cold_tier=training.cold_tier
     )
@@ -351,8 +358,8 @@ def _metrics(state: RunState, family: ModelFamily, partition: HotColdPartition) 
     all_steps = state.step_seconds["hot"] + state.step_seconds["cold"]
     num_train = len(partition.hot) + len(partition.cold)
     layout = TableLayout.of(training.tables)
-    peaks: list = [None] * state.world  # every rank's peak resident memory (GiB), in rank order
-    dist.all_gather_object(peaks, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20))
+    # every rank's peak resident memory (GiB), in rank order
+    peaks = all_gathered(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20))
     return {
         "model": family.name,
         "mode": training.mode,
@@ -397,7 +404,7 @@ def _tier_metrics(cold_tier: PlannedColdTier) -> dict:
     device (in) and back (out), and the milliseconds per cold step of its epochs' plans, its routing and
     its copies."""
     return {
-        "slots": dict(cold_tier.fae.cold_slots),
+        "slots": dict(cold_tier.fae.cold_slots or {}),
         "copy_ahead": cold_tier.ahead,
         "rows_in": cold_tier.rows_in,
         "rows_out": cold_tier.rows_out,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from fae_torchrec.arguments import (
@@ -90,13 +91,15 @@ def _checked(action: argparse.Action | None, value: object) -> object:
         if not isinstance(value, bool):
             raise ValueError(f"{flag}: True or False, got {value!r}")
         return value
-    words = list(value) if action.nargs == "+" else [value]
-    if action.nargs == "+" and (isinstance(value, str) or not words):
-        raise ValueError(f"{flag}: a list of one or more words, got {value!r}")
+    words = [value]
+    if action.nargs == "+":
+        if isinstance(value, str) or not isinstance(value, Iterable) or not (words := list(value)):
+            raise ValueError(f"{flag}: a list of one or more words, got {value!r}")
+    convert = action.type if callable(action.type) else None
     converted = []
     for word in words:
         try:
-            word = word if action.type is None else action.type(str(word))
+            word = word if convert is None else convert(str(word))
         except (argparse.ArgumentTypeError, TypeError, ValueError) as error:
             raise ValueError(f"{flag} {word}: {error}") from error
         if action.choices is not None and word not in action.choices:

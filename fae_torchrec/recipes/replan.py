@@ -74,7 +74,9 @@ class Replanning:
         self.args, self.family, self.device, self.full = args, family, device, full
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.out = Path(args.out)
-        hot_set = find_fae_module(training.model).hot_set()
+        fae = find_fae_module(training.model)
+        assert fae is not None  # an FAE run's (a baseline does not re-plan)
+        hot_set = fae.hot_set()
         hot_rows = np.array([len(ids) for ids in hot_set.hot_ids])
         capacity = np.maximum(CAPACITY_FACTOR * hot_rows, MIN_CAPACITY)
         held = max(MIN_HOLDOUT, round(WATCH_SAMPLE * args.batch_size * self.world * args.replan.window))
@@ -227,13 +229,14 @@ class Replanning:
         against ``decision``'s hot set into ``folder``, beside its statistics (collective); the former."""
         args = self.args
 
+        hot_set, recent, _ = decision.proposal()
+
         def save() -> None:
             folder.mkdir(parents=True, exist_ok=True)
-            decision.recent.save(folder / "stats.npz")
+            recent.save(folder / "stats.npz")
 
         on_rank_zero(save)  # a failure ends every rank's run
         rest = ~trained_inputs(partition.is_hot, trained)
-        hot_set = decision.hot_set
         remainder = repartition(partition, rest, hot_set, folder / "partition", args.balance, args.seed)
         everything = np.ones(len(self.full.is_hot), dtype=bool)
         self.full = repartition(self.full, everything, hot_set, folder / "full", args.balance, args.seed)
@@ -267,7 +270,7 @@ class Replanning:
         release_tables(model, training.optimizer, embedding, training.cold_tier)
         if training.cold_tier is not None:  # the new model gets a tier of its own
             training.cold_tier.close()
-        stats, hot_set = decision.recent, decision.hot_set
+        hot_set, stats, proposed = decision.proposal()
         self.last_move = {
             "state_bytes": state.nbytes(),
             "spilled_bytes": state.file_bytes(),
@@ -284,12 +287,12 @@ class Replanning:
             self.device, slot_sizing=sizing,
         )  # fmt: skip
         self.last_move["shard_seconds"] = clock.lap()
-        cold_tier = None if sizing is None else PlannedColdTier(dmp, ahead=args.copy_ahead)
+        cold_tier = None if sizing is None else PlannedColdTier(dmp, ahead=args.chosen_copy_ahead)
         load_unsplit_state(dmp, dense, embedding, state, cold_tier)
         state.remove()
         self.last_move["load_seconds"] = clock.lap()
         self.folder = folder
-        self.replanner.moved_to(hot_set, decision.proposed)
+        self.replanner.moved_to(hot_set, proposed)
         router = make_router(args, remainder, self.world, self.rank, dmp, warmup=0.0, cold_tier=cold_tier)
         return dataclasses.replace(
             training,
@@ -409,7 +412,7 @@ def _decision_record(step: int, decision: ReplanDecision) -> dict:
         "step": step, "measured": decision.measured.share, "planned": decision.planned.share,
         "drifted": decision.drifted, "replan": decision.replan,
     }  # fmt: skip
-    if decision.proposed is not None:
+    if decision.proposed is not None and decision.current is not None:
         record |= {
             "current": decision.current.share, "proposed": decision.proposed.share,
             "gained": decision.gained, "rows_moved": decision.rows_moved, "bytes_moved": decision.bytes_moved,

@@ -62,7 +62,7 @@ def slot_sizing(
         for p in partitions
     ]
     floors = [
-        min_cold_slots(router.partition, router.schedule(epoch), hot_set, args.copy_ahead)
+        min_cold_slots(router.partition, router.schedule(epoch), hot_set, args.chosen_copy_ahead)
         for router in routers
         for epoch in range(args.epochs)
     ]
@@ -78,7 +78,7 @@ def slot_sizing(
         optimizer = EMBEDDING_OPTIMIZERS[args.optimizer]
         row_bytes = dict(zip(layout.names, layout.row_bytes(optimizer), strict=True))
         # copies ahead: --copy-ahead steps early; no budget (CPU): the floors
-        allocation = allocate_slots(pools, row_bytes, budget or 0.0, floor, ahead=args.copy_ahead)
+        allocation = allocate_slots(pools, row_bytes, budget or 0.0, floor, ahead=args.chosen_copy_ahead)
         slots = allocation.slots
         cold_steps = max(len(bounds) - 1 for _, bounds in pools.values()) if pools else 0
         copied = {

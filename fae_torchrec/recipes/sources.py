@@ -27,7 +27,7 @@ from fae_torchrec.data.synthetic import SyntheticCriteo
 from fae_torchrec.data.synthetic_taobao import SyntheticTaobao
 from fae_torchrec.data.taobao import REFERENCE_TABLE_SIZES, TABLES, TaobaoSource
 from fae_torchrec.data.taobao_csv import TaobaoCsvReader
-from fae_torchrec.recipes.config import RecipeConfig
+from fae_torchrec.recipes.config import RecipeConfig, required
 
 #: What a source is opened from: a run's config, or the parsed options of a command (profile, plan).
 DataOptions = RecipeConfig | argparse.Namespace
@@ -51,7 +51,9 @@ def chosen_table_sizes(args: DataOptions) -> tuple[int, ...]:
     """Rows per table: ``--tables`` (or its default for ``--data``) times ``--scale``."""
     tables = args.tables or default_tables(args.data)
     try:
-        return table_sizes(tables, args.criteo_scale if args.scale is None else args.scale)
+        return table_sizes(
+            tables, required(args.criteo_scale if args.scale is None else args.scale, "--scale")
+        )
     except ValueError as error:
         option = "--tables" if tables not in TABLE_SETS else "--scale"
         raise ValueError(f"{option}: {error}") from error
@@ -78,15 +80,15 @@ def open_source(
     sizes = chosen_table_sizes(args)
     if kind == "synthetic":
         data = SyntheticCriteo(
-            args.num_samples,
+            required(args.num_samples, "--num-samples"),
             batch_size,
             scale=1.0,
             seed=args.seed,
-            ids_per_feature=args.ids_per_feature,
+            ids_per_feature=required(args.ids_per_feature, "--ids-per-feature"),
             table_sizes=sizes,
-            label_gap=args.label_gap,
-            days=args.days,
-            drift=args.drift,
+            label_gap=required(args.label_gap, "--label-gap"),
+            days=required(args.days, "--days"),
+            drift=required(args.drift, "--drift"),
         )
         return data, len(data)
     if kind == "criteo-tsv":
@@ -116,18 +118,15 @@ def open_taobao_source(args: DataOptions, batch_size: int) -> TaobaoSource:
     or ``--test-share 1``.
     """
     kind, paths = _kind_and_paths(args.data, TAOBAO_DATA_KINDS)
-    if args.test_share >= 1:
-        raise ValueError(f"--test-share: must be below 1 (some users must train), got {args.test_share}")
-    samples = {
-        "ts_length": args.ts_length,
-        "points_per_user": args.points_per_user,
-        "test_share": args.test_share,
-        "seed": args.seed,
-    }
+    test_share = required(args.test_share, "--test-share")
+    if test_share >= 1:
+        raise ValueError(f"--test-share: must be below 1 (some users must train), got {test_share}")
+    ts_length = required(args.ts_length, "--ts-length")
+    points_per_user = required(args.points_per_user, "--points-per-user")
     if kind == "taobao-csv":
         _refuse_table_options(args, "synthetic data only (taobao-csv's tables are its distinct ids)")
         _check_files(kind, paths)
-        return TaobaoCsvReader(paths, batch_size, **samples)
+        return TaobaoCsvReader(paths, batch_size, ts_length, points_per_user, test_share, args.seed)
     try:
         sizes = (
             REFERENCE_TABLE_SIZES
@@ -136,12 +135,15 @@ def open_taobao_source(args: DataOptions, batch_size: int) -> TaobaoSource:
         )
     except ValueError as error:
         raise ValueError(f"--tables: {error}") from error
-    scale = args.synthetic_scale if args.scale is None else args.scale
+    scale = required(args.synthetic_scale if args.scale is None else args.scale, "--scale")
     try:
         sizes = scaled_table_sizes(scale, sizes)
     except ValueError as error:
         raise ValueError(f"--scale: {error}") from error
-    return SyntheticTaobao(args.num_users, batch_size, table_sizes=sizes, **samples)
+    return SyntheticTaobao(
+        required(args.num_users, "--num-users"), batch_size, table_sizes=sizes, seed=args.seed,
+        ts_length=ts_length, points_per_user=points_per_user, test_share=test_share,
+    )  # fmt: skip
 
 
 def _kind_and_paths(data: Sequence[str], kinds: Sequence[str]) -> tuple[str, list[str]]:

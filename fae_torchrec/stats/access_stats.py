@@ -9,6 +9,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import torch
@@ -125,8 +126,7 @@ class AccessStats:
         """Write everything to one compressed npz file at exactly ``path`` (tables as JSON, seen rows
         and their counts, holdout)."""
         with open(path, "wb") as file:
-            np.savez_compressed(
-                file,
+            arrays: dict[str, Any] = dict(
                 tables=np.array(json.dumps(self.layout.describe())),
                 num_inputs=self.num_inputs,
                 num_sampled=self.num_sampled,
@@ -136,6 +136,7 @@ class AccessStats:
                 **{f"rows_{i}": r for i, r in enumerate(self.seen_rows)},
                 **{f"counts_{i}": c for i, c in enumerate(self.seen_counts)},
             )
+            np.savez_compressed(file, **arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike, tables: list[EmbeddingBagConfig] | None = None) -> AccessStats:

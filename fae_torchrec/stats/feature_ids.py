@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TypeAlias
 
 import numpy as np
 from torchrec.datasets.utils import Batch
@@ -56,7 +57,7 @@ class FeatureIds:
         strides = {s[0] if s else None for s in shapes.values()}
         if len(strides) != 1 or any(len(s) not in (1, 2) for s in shapes.values()):
             raise ValueError(f"id arrays must be (n,) or (n, m) with one n, got shapes {shapes}")
-        stride = strides.pop()
+        stride = next(iter(shapes.values()))[0]
         values, lengths = {}, {}
         for key, ids in arrays.items():
             ids = np.asarray(ids)
@@ -109,4 +110,4 @@ class FeatureIds:
 
 #: What the statistics read ids from: a TorchRec ``Batch``, a ``KeyedJaggedTensor``, id arrays by
 #: feature, or ``FeatureIds``.
-BatchLike = Batch | KeyedJaggedTensor | Mapping[str, np.ndarray] | FeatureIds
+BatchLike: TypeAlias = Batch | KeyedJaggedTensor | Mapping[str, np.ndarray] | FeatureIds

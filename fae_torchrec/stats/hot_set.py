@@ -215,9 +215,9 @@ class HotSet:
 
     def is_hot_row(self, rows: np.ndarray) -> np.ndarray:
         """For global rows (table offset + id, as a holdout stores them): whether each is hot."""
-        rows = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
-        tables = torch.from_numpy(np.asarray(self.layout.table_of_rows(rows.numpy()), dtype=np.int64))
-        return self.index.part_ids(rows - self.index.row_offsets[tables], tables)[1].numpy()
+        global_rows = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
+        tables = torch.from_numpy(np.asarray(self.layout.table_of_rows(global_rows.numpy()), dtype=np.int64))
+        return self.index.part_ids(global_rows - self.index.row_offsets[tables], tables)[1].numpy()
 
     def remap(self, table: str | int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For original ``ids`` of ``table``: whether each is hot, and its id in its part.

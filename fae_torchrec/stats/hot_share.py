@@ -120,8 +120,8 @@ def compare_hot_sets(holdout: Holdout, before: HotSet, after: HotSet) -> ShareCh
     old, new = hot_inputs(holdout, before), hot_inputs(holdout, after)
     gained, differ = int(np.count_nonzero(new & ~old)), int(np.count_nonzero(new != old))
     low = differ / n * (2 * float(wilson_interval(gained, differ)[1]) - 1) if differ else 0.0
-    shares = (measured_share(int(np.count_nonzero(hot)), n) for hot in (old, new))
-    return ShareChange(*shares, (2 * gained - differ) / n, low)
+    old_share, new_share = (measured_share(int(np.count_nonzero(hot)), n) for hot in (old, new))
+    return ShareChange(old_share, new_share, (2 * gained - differ) / n, low)
 
 
 def hot_share_curve(ranking: RowRanking, budgets: np.ndarray) -> ShareCurve:

@@ -17,10 +17,10 @@ def paged_zeros(size: int, dtype: np.dtype | type = np.int64) -> np.ndarray:
     """A writable zero-filled 1-D array whose memory the kernel provides page by page as it is
     written (a plain ``np.zeros`` where the platform has no anonymous private mappings)."""
     dtype = np.dtype(dtype)
-    flags = getattr(mmap, "MAP_PRIVATE", None), getattr(mmap, "MAP_ANONYMOUS", None)
-    if size == 0 or None in flags:
+    private, anonymous = getattr(mmap, "MAP_PRIVATE", None), getattr(mmap, "MAP_ANONYMOUS", None)
+    if size == 0 or private is None or anonymous is None:
         return np.zeros(size, dtype=dtype)
-    buffer = mmap.mmap(-1, size * dtype.itemsize, flags=flags[0] | flags[1])
+    buffer = mmap.mmap(-1, size * dtype.itemsize, flags=private | anonymous)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):  # where huge pages are the default, opt out of them too
         buffer.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(buffer, dtype=dtype)

@@ -39,7 +39,9 @@ def profile_draws(seed: int, first_input: int = 0) -> np.random.Generator:
     sampled where its draw is below the sample fraction (:meth:`AccessProfiler.update`), so that which
     inputs a profile sampled can be drawn again without it."""
     draws = generator(seed, "profile")
-    draws.bit_generator.advance(first_input)
+    bits = draws.bit_generator
+    assert isinstance(bits, np.random.PCG64)  # numpy's default, which can jump ahead
+    bits.advance(first_input)
     return draws
 
 
@@ -221,7 +223,7 @@ class _BottomK:
         if self.held >= 2 * self.k:
             self._cut()
 
-    def _cut(self) -> tuple[np.ndarray, np.ndarray]:
+    def _cut(self) -> tuple[np.ndarray, int]:
         """Cut back to the ``k`` smallest draws; return the kept serials' mask over all serials
         and the first serial it starts at."""
         keys, serials = np.concatenate(self.keys), np.concatenate(self.serials)

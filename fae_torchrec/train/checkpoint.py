@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan
 
-from fae_torchrec.collectives import raise_on_every_rank
+from fae_torchrec.collectives import all_gathered, raise_on_every_rank
 from fae_torchrec.torchrec_compat import ShardedTensor
 from fae_torchrec.train.cold_tier import PlannedColdTier, check_cold_tier
 
@@ -143,8 +143,7 @@ class Checkpoints:
 
     def held_steps(self) -> list[int]:
         """The steps any rank holds a checkpoint of (such as an earlier run's), oldest first."""
-        everyone: list = [None] * self.world_size
-        dist.all_gather_object(everyone, self._steps())
+        everyone = all_gathered(self._steps())
         return sorted(set().union(*everyone))
 
     def _write(
@@ -214,6 +213,7 @@ class Checkpoints:
             error = str(failure)
         try:
             raise_on_every_rank(error, CheckpointError)
+            assert reader is not None  # no rank failed: each opened its file
             state = reader.state
             with torch.no_grad():
                 _restore(model.state_dict(), state["model"], reader)
@@ -244,8 +244,7 @@ class Checkpoints:
     def _resumed(self) -> tuple[int, list[dict]]:
         """The newest step every rank holds, and every rank's manifest of it (collective)."""
         mine = {step: self._manifest(step) for step in self._steps()}
-        everyone: list = [None] * self.world_size
-        dist.all_gather_object(everyone, mine)
+        everyone = all_gathered(mine)
         step = self._common_step(everyone)
         return step, [held[step] for held in everyone]
 
@@ -363,9 +362,10 @@ def _write_atomically(path: Path, chunks: Iterable[bytes | np.ndarray]) -> tuple
     try:
         with open(temporary, "wb") as file:
             for chunk in chunks:
-                file.write(chunk)
-                digest.update(chunk)
-                size += memoryview(chunk).nbytes
+                view = memoryview(chunk) if isinstance(chunk, bytes) else chunk.data
+                file.write(view)
+                digest.update(view)
+                size += view.nbytes
             file.flush()
             os.fsync(file.fileno())
         temporary.replace(path)
@@ -502,7 +502,7 @@ class _Reader:
             direct = block.device.type == "cpu" and block.is_contiguous()
             target = block if direct else torch.empty(block.shape, dtype=block.dtype)
             view = _bytes_of(target.detach()).numpy()
-            if self._file.readinto(view) != len(view):
+            if self._file.readinto(view.data) != len(view):
                 raise CheckpointError(f"{self.path}: damaged, {name or 'a tensor'} ends early")
             if not direct:
                 block.copy_(target)

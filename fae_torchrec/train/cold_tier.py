@@ -40,10 +40,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.profiler import record_function
+from torchrec.distributed.types import ShardedModule
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fae_torchrec import trace
+from fae_torchrec.collectives import all_gathered
 from fae_torchrec.modules.fae_embedding_bag import (
     SLOT_KERNEL,
     SLOT_SHARDING_TYPES,
@@ -195,7 +197,9 @@ class PlannedColdTier:
         if ahead < 0:
             raise ValueError(f"ahead must be at least 0 cold steps, got {ahead}")
         self.fae, self.window, self.ahead = fae, window, ahead
-        self.groups = _slot_groups(fae)
+        #: Slots per cold table.
+        self.slots: dict[str, int] = fae.cold_slots
+        self.groups = _slot_groups(fae, fae.cold, self.slots)
         # every cold row as one key (its table's offset + its row): the groups' rows in ascending ranges
         starts = np.cumsum([0, *(fae.num_cold[t] for t in fae.cold_slots)])
         self._offsets = dict(zip(fae.cold_slots, starts[:-1].tolist(), strict=True))
@@ -206,7 +210,7 @@ class PlannedColdTier:
         # per slot key, the row key it held there (so that a stale slot is told from a held one)
         self._slot_of = np.zeros(starts[-1], dtype=np.int32)
         self._key_at = np.full(slot_starts[-1], -1, dtype=np.int64)
-        self._runs = _runs(fae, self.groups)
+        self._runs = _runs(fae.cold, self.groups)
         self._held = [group for run in self._runs for group in run.groups]  # the groups planned here
         # each rank plans the groups it holds and gathers the others' step rows over a process group of
         # the plans' own, from the planning thread alone: every rank plans the same epochs in one order
@@ -244,7 +248,7 @@ class PlannedColdTier:
     @property
     def keys(self) -> dict[str, str]:
         """The cold part's weights in the split module's state dict (its slot tables), by their table."""
-        return {f"{COLD}.embedding_bags.{part_table_name(t, COLD)}.weight": t for t in self.fae.cold_slots}
+        return {f"{COLD}.embedding_bags.{part_table_name(t, COLD)}.weight": t for t in self.slots}
 
     def load_ebc_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Set the cold rows this rank holds from weights in the original layout (a plain EBC's
@@ -397,8 +401,7 @@ class PlannedColdTier:
             len(cold_steps),
         )
         if self._planning_group is not None:
-            problems = [None] * dist.get_world_size(self._planning_group)
-            dist.all_gather_object(problems, problem, self._planning_group)
+            problems = all_gathered(problem, self._planning_group)
             problem = next((found for found in problems if found is not None), None)
         if problem is not None:
             raise ValueError(problem)
@@ -528,8 +531,8 @@ class PlannedColdTier:
         collective: every rank looks up as many batches). The held rows are written back first and
         copied into their slots again after (counted as copies)."""
         self.flush()
-        held = [(run, np.flatnonzero(run.held >= 0)) for run in self._runs]
-        held = [(run, slots, run.held[slots].copy()) for run, slots in held]
+        where = [(run, np.flatnonzero(run.held >= 0)) for run in self._runs]
+        held = [(run, slots, run.held[slots].copy()) for run, slots in where]
         self._evaluating = True
         try:
             yield
@@ -545,10 +548,7 @@ class PlannedColdTier:
         and each per-row optimizer state such as FBGEMM's ``momentum1``), full tensors keyed as the cold
         part's weights in the split module's state dict (:attr:`keys`)."""
         mine = {name: (tuple(t.shape[1:]), t.dtype) for run in self._runs for name, t in run.rows.items()}
-        everyone = [mine]
-        if dist.is_initialized() and dist.get_world_size() > 1:  # a rank may hold no group
-            everyone = [None] * dist.get_world_size()
-            dist.all_gather_object(everyone, mine)
+        everyone = all_gathered(mine)
         shapes = {name: held[name] for held in everyone for name in sorted(held)}
         return {
             name: {
@@ -633,10 +633,7 @@ class PlannedColdTier:
         mine: dict[str, list[np.ndarray]] = {}
         for feature, start, stop in zip(cold.keys(), ends[:-1], ends[1:], strict=True):
             mine.setdefault(self._features[feature], []).append(ids[start:stop])
-        everyone = [mine]
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            everyone = [None] * dist.get_world_size()
-            dist.all_gather_object(everyone, mine)
+        everyone = all_gathered(mine)
         rows_of = {}
         for group in self.groups:
             rows = np.unique(
@@ -716,15 +713,17 @@ def _with_values(features: KeyedJaggedTensor, values: np.ndarray) -> KeyedJagged
     )
 
 
-def _slot_groups(fae: FAEEmbeddingBagCollection) -> list[SlotGroup]:
+def _slot_groups(
+    fae: FAEEmbeddingBagCollection, cold: ShardedModule, slots: dict[str, int]
+) -> list[SlotGroup]:
     """The slot groups of every cold table: one per row-wise shard of its slot table in the sharding
     plan, each given the table's cold rows in proportion to its slots. ``ValueError`` for a slot table
     sharded otherwise or on another kernel than ``fused``."""
-    plan = getattr(fae.cold, "module_sharding_plan", None)
+    plan = getattr(cold, "module_sharding_plan", None)
     if plan is None:
         raise ValueError("the cold part is not sharded: shard the model with DistributedModelParallel first")
     groups = []
-    for table, num_slots in fae.cold_slots.items():
+    for table, num_slots in slots.items():
         sharding = plan[part_table_name(table, COLD)]
         if sharding.sharding_type not in SLOT_SHARDING_TYPES or sharding.compute_kernel != SLOT_KERNEL:
             raise ValueError(
@@ -741,12 +740,12 @@ def _slot_groups(fae: FAEEmbeddingBagCollection) -> list[SlotGroup]:
     return groups
 
 
-def _runs(fae: FAEEmbeddingBagCollection, groups: list[SlotGroup]) -> list[_Run]:
+def _runs(cold: ShardedModule, groups: list[SlotGroup]) -> list[_Run]:
     """This rank's slot groups in runs (``_Run``): the local shards of the slot tables' weights and
     per-row fused optimizer state, a group joining the run before it where each of its tensors starts
     where that run's ends, and host rows for each run (pinned on CUDA)."""
-    weights = fae.cold.state_dict()
-    optimizer_state = fae.cold.fused_optimizer.state_dict()["state"]
+    weights = cold.state_dict()
+    optimizer_state = cold.fused_optimizer.state_dict()["state"]
     local = []
     for group in groups:
         key = f"embedding_bags.{part_table_name(group.table, COLD)}.weight"
@@ -918,7 +917,9 @@ def cold_step_rows(
         rows = np.repeat(start - np.cumsum(np.r_[0, (stop - start)[:-1]]), stop - start) + np.arange(
             int((stop - start).sum())
         )
-        pieces.append((np.repeat(ordinal, stop - start), partition.part(part).part_ids[rows]))
+        part_ids = partition.part(part).part_ids
+        assert part_ids is not None  # a partition's parts hold them
+        pieces.append((np.repeat(ordinal, stop - start), part_ids[rows]))
     step = np.concatenate([p[0] for p in pieces]) if pieces else np.zeros(0, dtype=np.int64)
     ids = (
         np.concatenate([p[1] for p in pieces])

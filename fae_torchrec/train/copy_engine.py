@@ -61,6 +61,7 @@ class CopyEngine:
         """The current stream waits for the copies of ``step``'s rows (none on CPU)."""
         end = self._ready.pop(step, None)
         if end is not None:
+            assert self.stream is not None  # events are recorded on CUDA's side stream only
             torch.cuda.current_stream(self.stream.device).wait_event(end)
 
     def forget(self) -> None:
@@ -116,6 +117,7 @@ class CopyEngine:
     def settle(self) -> None:
         """Every write-back issued so far reaches the host rows (waiting for it on CUDA)."""
         if self.mapped:
+            assert self.stream is not None  # mapped copies run on CUDA's side stream
             self.stream.synchronize()
         while self._pending:
             self._pending[0][0].synchronize()
@@ -132,6 +134,7 @@ class CopyEngine:
         if rows not in self._aliases:
             if not rows.is_pinned():
                 raise ValueError("mapped copies need pinned host rows")
+            assert self.stream is not None  # mapped copies run on CUDA's side stream
             self._aliases[rows] = torch.as_tensor(_DeviceView(rows), device=self.stream.device)
         return self._aliases[rows]
 

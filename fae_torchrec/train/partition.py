@@ -125,8 +125,8 @@ class HotColdPartition:
             is_hot.append(hot)
         if not parts[HOT]:
             raise ValueError("no inputs to partition")
-        hot, cold = SampleBlock.concat(parts[HOT]), SampleBlock.concat(parts[COLD])
-        return cls(hot, cold, np.concatenate(is_hot), tuple(keys), hot_set.digest)
+        hot_part, cold_part = SampleBlock.concat(parts[HOT]), SampleBlock.concat(parts[COLD])
+        return cls(hot_part, cold_part, np.concatenate(is_hot), tuple(keys), hot_set.digest)
 
     @classmethod
     def write(
@@ -299,7 +299,9 @@ def finish_shares(
     for name, (dtype, shape, _) in wrote[0].files.items():
         rows = sum(share.files[name][2] for share in wrote)
         write_npy_header(Path(directory) / f"{name}.npy", dtype, (rows, *shape))
-    finish_partition(directory, keys, wrote[0].ids_per_feature, hot_set)
+    ids_per_feature = wrote[0].ids_per_feature
+    assert ids_per_feature is not None  # a writer that wrote inputs
+    finish_partition(directory, keys, ids_per_feature, hot_set)
 
 
 def finish_partition(
@@ -378,7 +380,8 @@ def _with_part_ids(
     """``block`` with its part ids, and which of its inputs go to the hot part: the entirely hot ones
     (no negative part id), label-balanced by ``balance``."""
     block = with_part_ids(block, hot_set, keys)
-    return block, balanced((block.part_ids >= 0).all(axis=1), block.labels, balance, rng)
+    assert block.part_ids is not None  # just made
+    return block, balanced(np.all(block.part_ids >= 0, axis=1), block.labels, balance, rng)
 
 
 def with_part_ids(block: SampleBlock, hot_set: HotSet, keys: Sequence[str]) -> SampleBlock:

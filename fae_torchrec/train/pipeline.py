@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from torch import nn
 from torchrec.datasets.utils import Batch
@@ -38,8 +39,13 @@ from fae_torchrec.torchrec_compat import (
 )
 from fae_torchrec.train.step import find_fae_module
 
+if TYPE_CHECKING:  # a mixin before TorchRec's pipeline, whose methods it extends
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist as _Pipeline
+else:
+    _Pipeline = object
 
-class _SkipsColdOnHotBatches:
+
+class _SkipsColdOnHotBatches(_Pipeline):
     """What both FAE pipelines add to TorchRec's: the cold module out of a hot batch's input
     distribution. The first batch starts every module's, hot or not (TorchRec creates a module's
     input distribution on its first batch; a hot batch's cold input is empty). With a look-ahead,

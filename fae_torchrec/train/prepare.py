@@ -36,7 +36,14 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from tqdm import tqdm
 
 from fae_torchrec import trace
-from fae_torchrec.collectives import on_every_rank, raise_on_every_rank, rank_and_world, where
+from fae_torchrec.collectives import (
+    all_gathered,
+    on_every_rank,
+    on_rank_zero,
+    raise_on_every_rank,
+    rank_and_world,
+    where,
+)
 from fae_torchrec.data.batches import BatchSource, spool_batches
 from fae_torchrec.data.block import SampleBlock, rebatch
 from fae_torchrec.data.npy_append import NpyRegion
@@ -138,10 +145,10 @@ def prepare_data(
         if not blocks:
             spools = _spool(source, tables, directory, num_batches, each_rank is not False, progress)
         try:
-            if spools:
-                source = on_every_rank(lambda: _read_spools(spools, tables))
+            read = on_every_rank(lambda: _read_spools(spools, tables)) if spools else source
+            assert isinstance(read, BlockSource)  # spooled, or one to begin with (_agree_on_source)
             return _profile_and_partition(
-                source, tables, directory, sample, batch_size, hot_budget, optimizer_class, stats,
+                read, tables, directory, sample, batch_size, hot_budget, optimizer_class, stats,
                 val_every, balance, seed, exclude_profiled, names, progress,
             )  # fmt: skip
         finally:  # the spools read by every rank, whether the partition was written or not
@@ -198,8 +205,7 @@ def _agree_on_source(source: object, num_batches: int | None, each_rank: bool | 
         )
     seen = [(isinstance(source, BlockSource) if reads else None, problem)]
     if dist.is_initialized():
-        seen = [None] * world_size
-        dist.all_gather_object(seen, (isinstance(source, BlockSource) if reads else None, problem))
+        seen = all_gathered((isinstance(source, BlockSource) if reads else None, problem))
     problems = [(r, found) for r, (_, found) in enumerate(seen) if found is not None]
     if problems:
         r, (kind, message) = problems[0]
@@ -260,6 +266,7 @@ def _open_on_every_rank(directory: Path) -> HotColdPartition:
             "shared one)"
         )
     raise_on_every_rank(problem)
+    assert partition is not None  # no rank had a problem: each opened it
     return partition
 
 
@@ -283,7 +290,8 @@ def repartition(
     ranges = [(first, stop if used[first:stop].any() else first) for first, stop in pairwise(bounds)]
 
     def read(first: int, stop: int | None) -> Iterator[tuple[SampleBlock, np.ndarray]]:
-        blocks = partition.inputs(chosen, block_size, first * block_size, min(stop * block_size, len(chosen)))
+        end = len(chosen) if stop is None else min(stop * block_size, len(chosen))
+        blocks = partition.inputs(chosen, block_size, first * block_size, end)
         return ((block, np.ones(len(block), dtype=bool)) for block in blocks)
 
     runs = _Runs(ranges, read, lambda first: int(np.count_nonzero(used[:first])))
@@ -313,8 +321,7 @@ def _shares(source: BlockSource) -> list[_Share]:
     world_size = rank_and_world()[1]
     sizes = [source.num_samples]
     if dist.is_initialized():
-        sizes = [None] * world_size
-        dist.all_gather_object(sizes, source.num_samples)
+        sizes = all_gathered(source.num_samples)
     size = sizes[0]
     if size is None or any(other != size for other in sizes):
         return [_Share(0, None)] + [_Share(0, 0)] * (world_size - 1)
@@ -359,7 +366,7 @@ class _Runs:
     them, the first of them block ``first_block(first)`` of all (the block a writer of everything
     numbers it, for the label balance's draws)."""
 
-    ranges: list[tuple[int, int | None]]
+    ranges: Sequence[tuple[int, int | None]]
     read: Callable[[int, int | None], Iterator[tuple[SampleBlock, np.ndarray]]]
     first_block: Callable[[int], int]
 
@@ -420,7 +427,7 @@ def _profile_and_partition(
     share = shares[rank_and_world()[0]]
     given = stats is not None
     mine: list[SampleBlock] = []  # this rank's validation inputs
-    if given:
+    if stats is not None:
         stats = stats.for_tables(tables, names["stats"])
         _check_count(stats, _training_inputs(source, val_every), names)
         on_every_rank(lambda: deque(_training(source, val_every, share, mine), maxlen=0))
@@ -445,6 +452,7 @@ def _profile_and_partition(
     )
     if problem is not None:
         raise problem
+    assert stats is not None and hot_set is not None  # made where there is no problem
     validation = held_out.share(directory)
     runs = _source_runs(source, val_every, shares, sample if exclude_profiled else None, seed)
     partition = _partition(runs, hot_set, source.feature_names, directory, balance, seed, progress)
@@ -488,8 +496,7 @@ class _Held:
             described = (len(mine), mine.ids_per_feature, fields_of(mine, _FIELDS))
         everyone = [described]
         if rank_and_world()[1] > 1:
-            everyone = [None] * dist.get_world_size()
-            dist.all_gather_object(everyone, described)
+            everyone = all_gathered(described)
         return cls(mine, everyone)
 
     @property
@@ -520,8 +527,10 @@ class _Held:
 
         on_every_rank(allocate)
         on_every_rank(write)
-        arrays = on_every_rank(lambda: [np.load(folder / f"{field}.npy", mmap_mode="r") for field in _FIELDS])
-        return SampleBlock(*arrays, ids_per_feature=ids_per_feature)
+        dense, ids, labels = on_every_rank(
+            lambda: [np.load(folder / f"{field}.npy", mmap_mode="r") for field in _FIELDS]
+        )
+        return SampleBlock(dense, ids, labels, ids_per_feature=ids_per_feature)
 
 
 def _partition(
@@ -555,7 +564,7 @@ def _partition(
 
         on_every_rank(write)
         return _open_on_every_rank(directory)
-    on_every_rank(lambda: rank == 0 and create_partition(directory))
+    on_rank_zero(lambda: create_partition(directory))
     place = _place(runs, writers, hot_set, keys, balance, seed)
     first, stop = runs.ranges[rank]
     blocks = selected(first, stop)
@@ -565,8 +574,7 @@ def _partition(
             progress and rank == 0,
         )
     )  # fmt: skip
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, written)
+    everyone = all_gathered(written)
     wrote = [(r, share.layout()) for r, share in enumerate(everyone) if share.ids_per_feature is not None]
     for r, layout in wrote[1:]:
         if layout != wrote[0][1]:
@@ -574,7 +582,7 @@ def _partition(
                 f"{where(r)} reads inputs of {layout} (files, ids per feature), where "
                 f"{where(wrote[0][0])} reads {wrote[0][1]}: every rank must read the same data"
             )
-    on_every_rank(lambda: rank == 0 and finish_shares(directory, everyone, keys, hot_set))
+    on_rank_zero(lambda: finish_shares(directory, everyone, keys, hot_set))
     return _open_on_every_rank(directory)
 
 
@@ -592,15 +600,16 @@ def _place(
     def count() -> dict[int, tuple[int, int]]:
         counts = {}
         for writer in counted_runs:
-            first, stop = max(cuts[rank], runs.ranges[writer][0]), min(cuts[rank + 1], runs.ranges[writer][1])
+            begin, end = runs.ranges[writer]
+            assert end is not None  # the last run alone reaches to the end of the data
+            first, stop = max(cuts[rank], begin), min(cuts[rank + 1], end)
             if first < stop:
                 counts[writer] = count_hot(
                     runs.read(first, stop), hot_set, keys, balance, seed, runs.first_block(first)
                 )
         return counts
 
-    everyone: list = [None] * world_size
-    dist.all_gather_object(everyone, on_every_rank(count))
+    everyone = all_gathered(on_every_rank(count))
     before = [counts[writer] for counts in everyone for writer in counts if writer < rank]
     hot, inputs = (sum(counted[i] for counted in before) for i in range(2))
     return PartitionShare(hot, inputs - hot, inputs)
@@ -671,14 +680,12 @@ def _join(profiler: AccessProfiler) -> None:
     as those rows and their counts; the others are summed whole."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
-    rank, world_size = rank_and_world()
+    rank = rank_and_world()[0]
     counted = [np.flatnonzero(counts) for counts in profiler.counts]
-    sizes: list = [None] * world_size
-    dist.all_gather_object(sizes, [len(rows) for rows in counted])
+    sizes = all_gathered([len(rows) for rows in counted])
     sparse = [2 * sum(held[t] for held in sizes) < len(c) for t, c in enumerate(profiler.counts)]
     mine = {t: (rows, profiler.counts[t][rows]) for t, rows in enumerate(counted) if sparse[t]}
-    everyone: list = [None] * world_size
-    dist.all_gather_object(everyone, mine)
+    everyone = all_gathered(mine)
     for other, theirs in enumerate(everyone):
         for t, (rows, values) in theirs.items() if other != rank else ():
             profiler.counts[t][rows] += values
@@ -688,10 +695,8 @@ def _join(profiler: AccessProfiler) -> None:
             summed = tensor.cuda() if dist.get_backend() == "nccl" else tensor
             dist.all_reduce(summed)
             tensor.copy_(summed)
-    draws: list = [None] * world_size
-    dist.all_gather_object(draws, profiler.holdout_draws())  # the holdout's inputs: those drawn least
-    shares: list = [None] * world_size
-    dist.all_gather_object(shares, profiler.share(profiler.holdout_below(draws)))
+    draws = all_gathered(profiler.holdout_draws())  # the holdout's inputs: those drawn least
+    shares = all_gathered(profiler.share(profiler.holdout_below(draws)))
     profiler.join(shares)
 
 

@@ -81,11 +81,17 @@ class ReplanDecision:
     replan: bool = False
     recent: AccessStats | None = None
 
+    def proposal(self) -> tuple[HotSet, AccessStats, ShareEstimate]:
+        """The proposed hot set, the recent counts it came from and its share: what a move takes."""
+        if self.hot_set is None or self.recent is None or self.proposed is None:
+            raise ValueError("the check proposed no hot set")
+        return self.hot_set, self.recent, self.proposed
+
     def __str__(self) -> str:
         text = f"hot-input share {self.measured} against the plan's {self.planned}"
         if self.drifted:
             text += ": clearly below"
-        if self.proposed is not None:
+        if self.proposed is not None and self.current is not None:
             text += (
                 f"; compared on {self.current.num_inputs} inputs: {100 * self.current.share:.1f}% hot now, "
                 f"{100 * self.proposed.share:.1f}% with the recent hot set ({100 * self.gained:.1f} points "

@@ -26,14 +26,16 @@ import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.optim.keyed import KeyedOptimizer
 
-from fae_torchrec.collectives import on_every_rank, on_rank_zero
+from fae_torchrec.collectives import all_gathered, on_every_rank, on_rank_zero
 from fae_torchrec.data.npy_append import HEADER_BYTES, allocate_npy
 from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection
 from fae_torchrec.modules.state import copy_rows, gather_full_tensor, load_full_tensor, load_row_blocks
@@ -118,7 +120,7 @@ class UnsplitState:
 
 
 def spill_unsplit_state(
-    model: nn.Module,
+    model: DistributedModelParallel,
     unfused_optimizer: KeyedOptimizer,
     embedding: EmbeddingOptimizer,
     folder: Path,
@@ -183,7 +185,7 @@ def _allocate_files(state: UnsplitState, num_rows: Mapping[str, int]) -> None:
 
 
 def release_tables(
-    model: nn.Module,
+    model: DistributedModelParallel,
     unfused_optimizer: KeyedOptimizer,
     embedding: EmbeddingOptimizer,
     cold_tier: PlannedColdTier | None = None,
@@ -210,7 +212,7 @@ def release_tables(
 
 
 def load_unsplit_state(
-    model: nn.Module,
+    model: DistributedModelParallel,
     unfused_optimizer: KeyedOptimizer,
     embedding: EmbeddingOptimizer,
     state: UnsplitState,
@@ -241,6 +243,7 @@ def load_unsplit_state(
 
     def copy(name: str, key: str, first: int, rows: torch.Tensor) -> None:
         if key in slots:
+            assert cold_tier is not None  # slots come from it
             cold_tier.set_rows(slots[key], first, rows, name)
         elif key in tensors[name]:
             copy_rows(tensors[name][key], first, rows)
@@ -316,10 +319,7 @@ def _file_shapes(
         for table, _, named in cold_tier.held_rows():
             for name, rows in named.items():
                 _prefer(mine, (name, table), (True, tuple(rows.shape[1:]), _dtype_name(rows)))
-    everyone = [mine]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine)
+    everyone = all_gathered(mine)
     agreed: dict[tuple[str, str], tuple[bool, tuple[int, ...], str]] = {}
     for held in everyone:
         for entry, described in held.items():
@@ -406,11 +406,12 @@ def _write_rows(
                 state.path_of(name, table), dtype, "r+", offset=HEADER_BYTES + low * row_bytes,
                 shape=(high - low, *shape),
             )  # fmt: skip
-            region[(ids[start:stop] - low, *columns)] = values[start:stop]
+            where: tuple[Any, ...] = (ids[start:stop] - low, *columns)
+            region[where] = values[start:stop]
             del region
 
 
-def _gather_fused_state(model: nn.Module, prefix: str) -> dict[tuple[str, str], torch.Tensor]:
+def _gather_fused_state(model: DistributedModelParallel, prefix: str) -> dict[tuple[str, str], torch.Tensor]:
     """The fused optimizer's state of every table outside the FAE module (``prefix``), full tensors by
     (parameter, key), on every rank (a collective). A rank's ``state_dict`` lists only the tables it holds
     shards of, so the ranks first share which entries exist, and then assemble each one in the same order."""
@@ -421,8 +422,7 @@ def _gather_fused_state(model: nn.Module, prefix: str) -> dict[tuple[str, str], 
         for key, value in entries.items()
     }
     described = {name: (tuple(value.size()), value.dtype) for name, value in local.items()}
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, described)
+    everyone = all_gathered(described)
     entries = dict(sorted(kv for held in everyone for kv in held.items()))
     return {
         name: gather_full_tensor(local.get(name), torch.Size(size), dtype)

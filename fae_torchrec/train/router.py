@@ -205,6 +205,7 @@ class BatchRouter:
         """The ``Batch`` of the part ids of ``spans`` (remapped when the partition was written: split by
         sign; the original ids are left unread), its sparse features split for the parts."""
         batch = SampleBlock.concat([span.as_part_ids() for span in spans]).to_batch(self.partition.keys)
+        assert self.split is not None  # routed here only where there is a split module (_route)
         features = self.split(batch.sparse_features, hot, self.partition.hot_set_digest)
         if self.cold_tier is not None and not hot:
             features = self.cold_tier.route(features)

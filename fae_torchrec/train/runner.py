@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterator
+from typing import cast
 
 import torch
 from torch import nn
@@ -72,6 +73,8 @@ class StepRunner:
             yield step, loss, time.perf_counter() - routed_at, routed_at - started
 
     def _pipelined(self, routed: Iterator[RoutedBatch]) -> Iterator[TrainedStep]:
+        pipeline = self.pipeline
+        assert pipeline is not None  # called where there is one
         taken: deque[RoutedBatch] = deque()  # read by the pipeline, not yet trained
         routing = [0.0]
 
@@ -90,12 +93,13 @@ class StepRunner:
             before, started = routing[0], time.perf_counter()
             try:
                 with record_function(trace.STEP):
-                    output = self.pipeline.progress(source)
+                    output = pipeline.progress(source)
             except StopIteration:
                 return
             _synchronize(self.device)
             spent = routing[0] - before
-            yield taken.popleft(), float(output[0]), time.perf_counter() - started - spent, spent
+            loss = cast(tuple, output)[0]  # a train module's (loss, (loss, logits, labels))
+            yield taken.popleft(), float(loss), time.perf_counter() - started - spent, spent
 
 
 def steps_to_pause(step: int, left: int, *every: int) -> int:

@@ -219,9 +219,9 @@ def _block_streams(
     full = num_inputs // round_size
     per_block = np.zeros(len(starts), dtype=np.int64)  # hot inputs per block, a chunk of blocks at a time
     chunk = round_size * max(1, COUNT_CHUNK // round_size)  # (``is_hot`` may be memory-mapped)
-    for first in range(0, full * round_size, chunk):
-        rows = np.asarray(is_hot[first : min(first + chunk, full * round_size)]).reshape(-1, round_size)
-        per_block[first // round_size : first // round_size + len(rows)] = np.count_nonzero(rows, axis=1)
+    for begin in range(0, full * round_size, chunk):
+        rows = np.asarray(is_hot[begin : min(begin + chunk, full * round_size)]).reshape(-1, round_size)
+        per_block[begin // round_size : begin // round_size + len(rows)] = np.count_nonzero(rows, axis=1)
     per_block[full:] = np.count_nonzero(is_hot[full * round_size :])
     hot_before = np.concatenate([[0], np.cumsum(per_block)])  # hot inputs before each block's start
     # the short last block among the others: the inputs the last (remainder) step takes vary by epoch

@@ -214,8 +214,9 @@ class _Slots:
 
     @classmethod
     def empty(cls, num_slots: int, num_rows: int) -> _Slots:
-        unset = [np.full(num_slots, -1, dtype=np.int64) for _ in range(4)]
-        return cls(*unset, np.full(num_rows, -1, dtype=np.int64), np.arange(num_slots, dtype=np.int64))
+        row, next_use, last_use, rank = (np.full(num_slots, -1, dtype=np.int64) for _ in range(4))
+        row_slot = np.full(num_rows, -1, dtype=np.int64)
+        return cls(row, next_use, last_use, rank, row_slot, np.arange(num_slots, dtype=np.int64))
 
     def evict(
         self, s: int, need: int, ahead: int, horizon: int, n: int
@@ -305,10 +306,10 @@ def _by_row(rows: np.ndarray, step: np.ndarray, n: int) -> tuple[np.ndarray, np.
     return dense, ordered[new], following
 
 
-def _rank(next_use: np.ndarray, last_use: np.ndarray | int, n: int) -> np.ndarray:
+def _rank(next_use: np.ndarray | int, last_use: np.ndarray | int, n: int) -> np.ndarray:
     """Eviction order of resident rows, first out largest: farthest next use, then least recently used
     (``n - last_use`` is below the ``n + 2`` between next uses)."""
-    return next_use * (n + 2) + (n - last_use)
+    return np.asarray(next_use * (n + 2) + (n - last_use))
 
 
 def _farthest(
