@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from enum import StrEnum
 
 from fae_torchrec.arguments import fraction, non_negative_int, positive_float, positive_int, share
 
@@ -24,14 +25,53 @@ TEST_SHARE = 0.3
 OPTIMIZER_NAMES = ("sgd", "adagrad", "rowwise_adagrad", "adam")
 #: FBGEMM's cache replacement policies by their command-line names (``CacheAlgorithm.LRU``, ``.LFU``).
 CACHE_ALGORITHM_NAMES = ("lru", "lfu")
-#: The orders of hot and cold steps (``fae_torchrec.train.schedule``); those that follow the data's own
-#: order (the stream orders) take a warm-up.
-ORDERS = ("stream", "time", "shuffled", "phases", "adaptive")
-STREAM_ORDERS = ("stream", "time")
-#: ``StepRunner``'s kinds: TorchRec's train pipeline, its prefetch pipeline (CUDA), or a plain loop.
-PIPELINES = ("sparse", "prefetch", "none")
-#: FAE's cold tiers: TorchRec/FBGEMM's UVM caches, or host rows in slots filled by the epoch's plan.
-COLD_TIERS = ("caching", "planned")
+
+
+class Order(StrEnum):
+    """The orders of hot and cold steps (``fae_torchrec.train.schedule``)."""
+
+    STREAM = "stream"
+    TIME = "time"
+    SHUFFLED = "shuffled"
+    PHASES = "phases"
+    ADAPTIVE = "adaptive"
+
+
+ORDERS = tuple(Order)
+#: The orders that follow the data's own order: they take a warm-up.
+STREAM_ORDERS = (Order.STREAM, Order.TIME)
+
+
+class Pipeline(StrEnum):
+    """``StepRunner``'s kinds: TorchRec's train pipeline, its prefetch pipeline (CUDA), or a plain loop."""
+
+    SPARSE = "sparse"
+    PREFETCH = "prefetch"
+    NONE = "none"
+
+
+PIPELINES = tuple(Pipeline)
+
+
+class ColdTier(StrEnum):
+    """FAE's cold tiers: TorchRec/FBGEMM's UVM caches, or host rows in slots filled by the epoch's plan."""
+
+    CACHING = "caching"
+    PLANNED = "planned"
+
+
+COLD_TIERS = tuple(ColdTier)
+
+
+class Baseline(StrEnum):
+    """The baselines ``--baseline`` names, each planned by its ``planner.baseline`` planner."""
+
+    TORCHREC = "torchrec"
+    SCALEUP = "scaleup"
+    HBM = "hbm"
+
+
+BASELINES = tuple(Baseline)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -185,7 +185,7 @@ def fae_constraints(
     for t, config in enumerate(stats.tables):
         base = user.get(config.name, ParameterConstraints())
         cold_cache = merged_cache_params(cache_params or CacheParams(), base.cache_params)
-        per_part = {}
+        per_part: dict[str, tuple[float, CacheParams | None, str]] = {}
         if len(hot_set.hot_ids[t]):
             per_part[HOT] = (pooling.expected_hot[t], base.cache_params, HOT)
         if len(hot_set.hot_ids[t]) < config.num_embeddings:

@@ -550,7 +550,8 @@ class FAEShardingPlanner(ShardingPlanner):
         pooling: StepPooling,
         sizing: Sizing,
     ) -> FAEPlanReport:
-        cold_step = {HOT: pooling.cold_step_hot, COLD: pooling.cold_step_cold}
+        cold_step: dict[str, np.ndarray] = {HOT: pooling.cold_step_hot, COLD: pooling.cold_step_cold}
+        hot_step: dict[str, np.ndarray] = {HOT: pooling.hot_step}
         config = sizing[1].get("config")
         return FAEPlanReport.from_options(
             options,
@@ -560,7 +561,7 @@ class FAEShardingPlanner(ShardingPlanner):
             hot_input_share=pooling.hot_input_share,
             load_factors=sizing[0],
             torchrec_config=config.name if config else None,
-            hot_step=self._price(enumerator, options, fae_path, {HOT: pooling.hot_step}),
+            hot_step=self._price(enumerator, options, fae_path, hot_step),
             cold_step=self._price(enumerator, options, fae_path, cold_step),
             cold_step_in_hbm=self._price(enumerator, in_hbm(options), fae_path, cold_step, transfers=False),
             pooling=pooling,
@@ -571,7 +572,7 @@ class FAEShardingPlanner(ShardingPlanner):
         enumerator: OrderedEnumerator,
         options: list[ShardingOption],
         fae_path: str,
-        pooling: dict[str, np.ndarray],
+        pooling: Mapping[str, np.ndarray],
         *,
         transfers: bool = True,
     ) -> float:

@@ -8,9 +8,11 @@ import re
 
 import pytest
 
+from fae_torchrec.command_line import Baseline, ColdTier, Order, Pipeline
 from fae_torchrec.recipes import DLRM, TBSM, main, parse_args, recipe_config, train
 from fae_torchrec.recipes.config import OPTION_NAMES
 from fae_torchrec.recipes.options import option_names
+from fae_torchrec.train.replan import ReplanMode
 
 #: Tiny synthetic data: 3,600 training inputs, small tables, small batches, a small hot set.
 DATA = {"num_samples": 4000, "scale": 0.001, "batch_size": 64, "budget": "8KiB"}
@@ -30,6 +32,19 @@ def test_the_config_holds_every_option_of_both_command_lines_and_their_defaults(
     assert recipe_config(TBSM, order="shuffled").warmup == 0.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         given.batch_size = 1
+
+
+def test_modes_are_enums_whether_given_as_text_or_as_values():
+    """The steps' order, the pipeline, the cold tier, the baseline and the re-plan mode come out as their
+    enums (``StrEnum``: each also equals its name, as JSON and the command line write it)."""
+    typed = parse_args(
+        DLRM, ["--order", "time", "--pipeline", "none", "--baseline", "hbm", "--replan", "auto"]
+    )
+    given = recipe_config(DLRM, order=Order.TIME, pipeline="none", baseline="hbm", replan=["auto"])
+    assert typed == given
+    assert (given.order, given.pipeline, given.baseline) == (Order.TIME, Pipeline.NONE, Baseline.HBM)
+    assert given.cold_tier is ColdTier.CACHING and given.replan.mode is ReplanMode.AUTO
+    assert given.order == "time" and json.dumps([given.order, given.replan.mode]) == '["time", "auto"]'
 
 
 @pytest.mark.parametrize(

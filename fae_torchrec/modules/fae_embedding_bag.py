@@ -102,7 +102,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self.hot = self._make_part(HOT, sizes[HOT], device)
         self.cold = self._make_part(COLD, sizes[COLD], device)
         features = layout.features
-        self._part_keys = {
+        self._part_keys: dict[str, list[int]] = {
             part: [
                 features.index(f)
                 for c, n in zip(tables, sizes[part], strict=True)
@@ -111,7 +111,9 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             ]
             for part in sizes
         }
-        self._part_key_names = {part: [features[i] for i in keys] for part, keys in self._part_keys.items()}
+        self._part_key_names: dict[str, list[str]] = {
+            part: [features[i] for i in keys] for part, keys in self._part_keys.items()
+        }
         self._dims = {f: c.embedding_dim for c in tables for f in c.feature_names}
         self._mean_features = {f for c in tables if c.pooling == PoolingType.MEAN for f in c.feature_names}
         self._register_index(hot_set, layout)
@@ -324,12 +326,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         ordered = torch.empty_like(ids).scatter_(0, place, ids)
         if weights is not None:
             weights = torch.empty_like(weights).scatter_(0, place, weights)
-        if len(lengths) == len(ids) and (len(lengths) == 0 or bool(lengths.min() >= 1)):
-            hot_lengths = is_hot.to(lengths.dtype)  # every bag holds one id
-        else:  # ids kept per bag: differences of the running count at the bags' ends
-            kept = torch.cat([hot_through.new_zeros(1), hot_through]).to(lengths.dtype)
-            ends = torch.cumsum(lengths, 0)
-            hot_lengths = kept[ends] - kept[ends - lengths]
+        hot_lengths = _hot_lengths(is_hot, lengths, hot_through)
         cold_ids = ordered[num_hot:]
         hot_weights, cold_weights = (
             (None, None) if weights is None else (weights[:num_hot], weights[num_hot:])
@@ -353,15 +350,10 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
                 f"a split by the sign of part ids runs on the host, before the batch moves to its device; "
                 f"these ids are on {features.values().device}"
             )
-        ids, lengths = features.values().numpy(), features.lengths().numpy()
+        ids, lengths = features.values().numpy(), features.lengths()
         weights = features.weights_or_none()
         is_hot = ids >= 0
-        if len(lengths) == len(ids) and (len(lengths) == 0 or lengths.min() >= 1):
-            hot_lengths = is_hot.astype(lengths.dtype)  # every bag holds one id
-        else:  # ids kept per bag: differences of the running count at the bags' ends
-            kept = np.concatenate([[0], np.cumsum(is_hot)])
-            ends = np.cumsum(lengths)
-            hot_lengths = (kept[ends] - kept[ends - lengths]).astype(lengths.dtype)
+        hot_lengths = _hot_lengths(torch.from_numpy(is_hot), lengths)
         cold_ids = ids[~is_hot]
         np.invert(cold_ids, out=cold_ids)  # a cold id c is stored as ~c
         hot_weights = cold_weights = None
@@ -370,8 +362,8 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         return self._part_inputs(
             parts,
             features,
-            (torch.from_numpy(ids[is_hot]), torch.from_numpy(hot_lengths), hot_weights),
-            (torch.from_numpy(cold_ids), torch.from_numpy(lengths - hot_lengths), cold_weights),
+            (torch.from_numpy(ids[is_hot]), hot_lengths, hot_weights),
+            (torch.from_numpy(cold_ids), lengths - hot_lengths, cold_weights),
         )
 
     def _part_inputs(
@@ -387,7 +379,10 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         # needs them, and finding them from the lengths there costs more than the whole split here
         hot_per_feature = hot[1].view(len(self._layout.features), -1).sum(1).tolist()
         cold_per_feature = [n - h for n, h in zip(features.length_per_key(), hot_per_feature, strict=True)]
-        pieces = {HOT: (*hot, hot_per_feature), COLD: (*cold, cold_per_feature)}
+        pieces: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[int]]] = {
+            HOT: (*hot, hot_per_feature),
+            COLD: (*cold, cold_per_feature),
+        }
         return {
             part: self._part_input(part, *pieces[part], features)
             for part in parts
@@ -597,6 +592,21 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
 
     def is_weighted(self) -> bool:
         return self._is_weighted
+
+
+def _hot_lengths(
+    is_hot: torch.Tensor, lengths: torch.Tensor, hot_through: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Each bag's hot ids, from the mask ``is_hot`` over the ids of bags of ``lengths``: the mask itself
+    where every bag holds one id, else the differences of the running count of hot ids
+    (``hot_through``, where the caller has it) at the bags' ends."""
+    if len(lengths) == len(is_hot) and (len(lengths) == 0 or bool(lengths.min() >= 1)):
+        return is_hot.to(lengths.dtype)
+    if hot_through is None:
+        hot_through = torch.cumsum(is_hot, 0, dtype=torch.int32)
+    kept = torch.cat([hot_through.new_zeros(1), hot_through]).to(lengths.dtype)
+    ends = torch.cumsum(lengths, 0)
+    return kept[ends] - kept[ends - lengths]
 
 
 def _checked_slots(cold_slots: Mapping[str, int], num_cold: Mapping[str, int]) -> dict[str, int]:

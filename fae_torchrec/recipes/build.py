@@ -22,6 +22,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.keyed import CombinedOptimizer
 
 from fae_torchrec.collectives import on_rank_zero
+from fae_torchrec.command_line import ColdTier, Pipeline
 from fae_torchrec.modules import FAEEmbeddingBagCollection, load_initial_tables
 from fae_torchrec.recipes.config import RecipeConfig, required
 from fae_torchrec.recipes.family import ModelFamily
@@ -238,7 +239,7 @@ def build_training(
     plan_file = plan_file if replanned is None else None
     warmup = args.warmup if replanned is None else 0.0
     sizing = None
-    if hot_set is not None and args.cold_tier == "planned":
+    if hot_set is not None and args.cold_tier == ColdTier.PLANNED:
         # a resumed run's slots as the run that saved sized them (its --epochs may differ)
         sizing = slot_sizing(args, [partition], data.validation, hot_set, world, warmup, saved_slots)
     plan, dmp, dense, slots = shard_model(
@@ -272,18 +273,20 @@ def _resolve_device_options(args: RecipeConfig, device: torch.device) -> RecipeC
         raise ValueError(
             "--optimizer adam: FBGEMM has no fused Adam on CPU; use it on GPU, or another optimizer"
         )
-    if args.pipeline == "prefetch" and device.type != "cuda":
+    if args.pipeline == Pipeline.PREFETCH and device.type != "cuda":
         raise ValueError(
             "--pipeline prefetch: TorchRec's prefetch pipeline runs on CUDA only; use --pipeline sparse here"
         )
-    prefetching = device.type == "cuda" and args.cold_tier != "planned"  # a planned tier has no cache
+    prefetching = device.type == "cuda" and args.cold_tier != ColdTier.PLANNED  # a planned tier has no cache
     if args.hbm_cap is not None and device.type == "cpu":
         logger.warning("--hbm-cap %s ignored: there is no device memory to cap on CPU", args.hbm_cap)
     copy_ahead = args.copy_ahead
-    if args.cold_tier == "planned" and copy_ahead is None:
+    if args.cold_tier == ColdTier.PLANNED and copy_ahead is None:
         copy_ahead = int(device.type == "cuda")
     return replace(
-        args, pipeline=args.pipeline or ("prefetch" if prefetching else "sparse"), copy_ahead=copy_ahead
+        args,
+        pipeline=args.pipeline or (Pipeline.PREFETCH if prefetching else Pipeline.SPARSE),
+        copy_ahead=copy_ahead,
     )
 
 
@@ -314,7 +317,7 @@ def shard_model(
     planner = None
     if plan_file is None:
         planner = _planner(
-            mode, world, device, hbm_cap, stats, args.batch_size, budget, args.pipeline == "prefetch",
+            mode, world, device, hbm_cap, stats, args.batch_size, budget, args.pipeline == Pipeline.PREFETCH,
             optimizer_class=EMBEDDING_OPTIMIZERS[args.optimizer],
         )  # fmt: skip
     cold_slots = layout = None
@@ -367,7 +370,7 @@ def _plan_file(args: RecipeConfig, device: torch.device) -> PlanFile:
         raise ValueError(f"--plan {args.plan}: {getattr(error, 'strerror', None) or error}") from error
     made_for = plan_file.made_for
     if device.type == "cuda":  # FBGEMM's caches of a plan made for another pipeline
-        _check_plan(args, plan_file, {"prefetch_pipeline": args.pipeline == "prefetch"})
+        _check_plan(args, plan_file, {"prefetch_pipeline": args.pipeline == Pipeline.PREFETCH})
     if made_for["batch_size"] != args.batch_size:
         logger.warning(
             "--plan %s: priced for batch size %d, this run has --batch-size %d",

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, TypeVar
 
+from fae_torchrec.command_line import Baseline, ColdTier, Order, Pipeline
+
 if TYPE_CHECKING:  # the config is made before torch is imported (--help, bad options)
     from fae_torchrec.train.replan import ReplanPolicy
 
@@ -45,7 +47,7 @@ class RecipeConfig:
     test_share: float | None = None
     synthetic_scale: float | None = None
     # what is trained and how it is planned
-    baseline: str | None
+    baseline: Baseline | None
     hbm_cap: str | None
     dim: int
     batch_size: int
@@ -56,12 +58,12 @@ class RecipeConfig:
     stats: str | None
     plan: str | None
     # steps and where cold rows live
-    order: str
+    order: Order
     order_seed: int | None
     balance: float
     warmup: float
-    pipeline: str | None
-    cold_tier: str
+    pipeline: Pipeline | None
+    cold_tier: ColdTier
     copy_ahead: int | None
     # optimizers, evaluation and re-planning
     optimizer: str
@@ -83,7 +85,7 @@ class RecipeConfig:
         return {name: getattr(self, name) for name in names}
 
     @property
-    def chosen_pipeline(self) -> str:
+    def chosen_pipeline(self) -> Pipeline:
         """``pipeline`` as the built run has it (``Training.config``: its device's default filled in)."""
         if self.pipeline is None:
             raise ValueError("--pipeline: not chosen yet; build_training chooses it for the device")

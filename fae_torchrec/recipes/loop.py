@@ -42,6 +42,7 @@ from fae_torchrec.train.cold_tier import PlannedColdTier
 from fae_torchrec.train.evaluation import evaluate, validation_batches
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.train.partition import HotColdPartition
+from fae_torchrec.train.replan import ReplanMode
 from fae_torchrec.train.router import RoutedBatch
 from fae_torchrec.train.runner import StepRunner, steps_to_pause
 from fae_torchrec.train.schedule import Step
@@ -394,7 +395,7 @@ def _metrics(state: RunState, family: ModelFamily, partition: HotColdPartition) 
 
 def _pauses(args: RecipeConfig) -> tuple[int, int, int]:
     """Steps between evaluations, between checkpoints and between re-plan checks (0: none)."""
-    checks = 0 if args.baseline or args.replan.mode == "never" else args.replan.every
+    checks = 0 if args.baseline or args.replan.mode == ReplanMode.NEVER else args.replan.every
     return args.eval_every, args.checkpoint_every if args.checkpoint_dir else 0, checks
 
 

@@ -18,12 +18,17 @@ from fae_torchrec.arguments import (
     unwritable_directory,
 )
 from fae_torchrec.command_line import (
+    BASELINES,
     COLD_TIERS,
     OPTIMIZER_NAMES,
     ORDERS,
     PIPELINES,
     STREAM_ORDERS,
+    Baseline,
+    ColdTier,
     HelpFormatter,
+    Order,
+    Pipeline,
 )
 from fae_torchrec.recipes.config import RecipeConfig
 from fae_torchrec.recipes.curves import compared_run
@@ -34,8 +39,9 @@ if TYPE_CHECKING:  # imported when the options are checked, after --help
 
 logger = logging.getLogger("fae_torchrec.recipes")
 
-#: The baselines ``--baseline`` names, each planned by its ``planner.baseline`` planner.
-BASELINES = ("torchrec", "scaleup", "hbm")
+
+#: The options whose values the config holds as their enums.
+_ENUMS = {"order": Order, "pipeline": Pipeline, "cold_tier": ColdTier, "baseline": Baseline}
 
 
 def build_parser(family: ModelFamily) -> argparse.ArgumentParser:
@@ -112,6 +118,8 @@ def _resolved(family: ModelFamily, options: dict) -> RecipeConfig:
     """The config of ``options`` (every option's value, as parsed): ``--warmup``'s default by
     ``--order``, ``--replan``'s words as a policy, the combinations checked. Raises ``ValueError``
     naming the option."""
+    for name, kind in _ENUMS.items():
+        options[name] = None if options[name] is None else kind(options[name])
     if options["warmup"] is None:
         options["warmup"] = family.warmup if options["order"] in STREAM_ORDERS else 0.0
     if isinstance(options["replan"], list):
@@ -289,12 +297,12 @@ def order_seed(args: RecipeConfig) -> int:
 
 def replan_policy(words: list[str], window: int) -> ReplanPolicy:
     """``--replan``'s words as a policy: ``never``, ``auto`` or ``every N``."""
-    from fae_torchrec.train.replan import ReplanPolicy
+    from fae_torchrec.train.replan import ReplanMode, ReplanPolicy
 
     if words in (["never"], ["auto"]):
-        return ReplanPolicy(words[0], every=window, window=window)
+        return ReplanPolicy(ReplanMode(words[0]), every=window, window=window)
     if len(words) == 2 and words[0] == "every" and words[1].isdigit() and int(words[1]) > 0:
-        return ReplanPolicy("every", every=int(words[1]), window=window)
+        return ReplanPolicy(ReplanMode.EVERY, every=int(words[1]), window=window)
     raise ValueError("expected never, auto or every N (N a positive number of steps)")
 
 
@@ -307,11 +315,11 @@ def _invalid_combination(args: RecipeConfig) -> str | None:
         return "--plan needs --stats, the statistics file the plan was made from"
     if args.plan and args.baseline:
         return "--plan: a plan of FAE's split tables; a --baseline plans its unsplit tables itself"
-    if args.cold_tier == "planned":
+    if args.cold_tier == ColdTier.PLANNED:
         refused = (
             ("--baseline", args.baseline, "TorchRec's unsplit tables have no cold part"),
             ("--plan", args.plan, "a plan file holds caches for the cold part, not slots; let the run plan"),
-            ("--pipeline prefetch", args.pipeline == "prefetch", "there is no cache to prefetch into"),
+            ("--pipeline prefetch", args.pipeline == Pipeline.PREFETCH, "there is no cache to prefetch into"),
         )
         for option, given, why in refused:
             if given:

@@ -37,7 +37,7 @@ from fae_torchrec.train.cold_tier import PlannedColdTier
 from fae_torchrec.train.optimizers import EMBEDDING_OPTIMIZERS
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.prepare import repartition
-from fae_torchrec.train.replan import ReplanDecision, Replanner
+from fae_torchrec.train.replan import ReplanDecision, ReplanMode, Replanner
 from fae_torchrec.train.resplit import load_unsplit_state, release_tables, spill_unsplit_state
 from fae_torchrec.train.schedule import Step, trained_inputs
 from fae_torchrec.train.step import find_fae_module
@@ -148,7 +148,7 @@ class Replanning:
         ``training.router``: decide when due, and on a re-plan return the training moved to the new
         hot set (``model`` is the paused model)."""
         policy = self.args.replan
-        if policy.mode == "never" or step_index % policy.every:
+        if policy.mode == ReplanMode.NEVER or step_index % policy.every:
             return None
         self.flush()  # the window holds every step trained so far, alike on every rank
         if not self.replanner.due(step_index):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cached_property
 
 import numpy as np
@@ -14,10 +15,17 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from fae_torchrec.stats.feature_ids import BatchLike, FeatureIds
 from fae_torchrec.tables import TableLayout
 
-#: The two parts every row, table and input falls into: names of the split module's EBCs, of the
-#: partition's files and of the planner's parts.
-HOT, COLD = "hot", "cold"
-PARTS = (HOT, COLD)
+
+class Part(StrEnum):
+    """The two parts every row, table and input falls into: names of the split module's EBCs, of the
+    partition's files and of the planner's parts."""
+
+    HOT = "hot"
+    COLD = "cold"
+
+
+HOT, COLD = Part.HOT, Part.COLD
+PARTS = tuple(Part)
 #: The warning of a budget that makes every input hot (``profile``, the training recipe).
 EVERYTHING_HOT = (
     "every input is hot (the hot set holds every row, or the hot-input share is 100%%): FAE then trains "

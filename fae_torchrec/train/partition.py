@@ -65,7 +65,8 @@ class HotColdPartition:
             )
 
     def part(self, name: str) -> SampleBlock:
-        return {HOT: self.hot, COLD: self.cold}[name]
+        parts: dict[str, SampleBlock] = {HOT: self.hot, COLD: self.cold}
+        return parts[name]
 
     def take_ids(self, spans: Sequence[tuple[str, int, int]], positions: np.ndarray) -> np.ndarray:
         """The original ids (one input per row) of the inputs at ``positions`` (sorted) among those

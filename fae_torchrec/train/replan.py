@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 import torch
@@ -33,8 +34,16 @@ from fae_torchrec.stats.hot_share import ShareEstimate, clearly_below, compare_h
 from fae_torchrec.stats.recent import RecentAccessCounts
 from fae_torchrec.train.schedule import Step
 
-#: The re-plan policies (see the module docstring).
-REPLAN_MODES = ("never", "auto", "every")
+
+class ReplanMode(StrEnum):
+    """The re-plan policies (see the module docstring)."""
+
+    NEVER = "never"
+    AUTO = "auto"
+    EVERY = "every"
+
+
+REPLAN_MODES = tuple(ReplanMode)
 
 
 @dataclass(frozen=True)
@@ -43,14 +52,15 @@ class ReplanPolicy:
     between checks (``auto``); ``window``: steps the measured share spans; ``margin``: the share's fall
     beyond chance that counts as drift (and the least gain in share worth a move)."""
 
-    mode: str = "never"
+    mode: ReplanMode = ReplanMode.NEVER
     every: int = 100
     window: int = 100
     margin: float = 0.02
 
     def __post_init__(self) -> None:
         if self.mode not in REPLAN_MODES:
-            raise ValueError(f"re-plan mode {self.mode!r}: expected one of {', '.join(REPLAN_MODES)}")
+            raise ValueError(f"re-plan mode '{self.mode}': expected one of {', '.join(REPLAN_MODES)}")
+        object.__setattr__(self, "mode", ReplanMode(self.mode))  # a mode given by its name
         if self.every <= 0 or self.window <= 0 or not 0 <= self.margin < 1:
             raise ValueError(
                 f"re-plan every {self.every} steps over a window of {self.window}, margin {self.margin}: "
@@ -140,9 +150,9 @@ class Replanner:
     def due(self, step: int) -> bool:
         """Whether step ``step`` (counted from 1) is a check (``auto``, once the window is full) or a
         re-plan (``every``)."""
-        if self.policy.mode == "never" or step % self.policy.every:
+        if self.policy.mode == ReplanMode.NEVER or step % self.policy.every:
             return False
-        return self.policy.mode == "every" or len(self._window) == self.policy.window
+        return self.policy.mode == ReplanMode.EVERY or len(self._window) == self.policy.window
 
     def decide(
         self,
@@ -159,7 +169,7 @@ class Replanner:
         the recent held-out inputs."""
         measured = self.measured()
         drifted = clearly_below(measured, self.planned, self.policy.margin)
-        if self.policy.mode == "auto" and not drifted:
+        if self.policy.mode == ReplanMode.AUTO and not drifted:
             return ReplanDecision(measured, self.planned, drifted)
         recent = self.counts.stats()
         proposed_set = recent.hot_set(self.budget, self.optimizer_class)
@@ -174,7 +184,7 @@ class Replanner:
         gained = max(0.0, change.low)
         gain = remaining_inputs * gained * (cold_step_seconds - hot_step_seconds) / inputs_per_step
         changed = bool(rows.sum())
-        if self.policy.mode == "every":
+        if self.policy.mode == ReplanMode.EVERY:
             replan = changed and gained > 0
         else:
             replan = changed and gained > self.policy.margin and gain > cost_seconds

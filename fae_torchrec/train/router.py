@@ -12,6 +12,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fae_torchrec import trace
+from fae_torchrec.command_line import Order
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.modules.split_features import SplitFeatures
 from fae_torchrec.train.cold_tier import PlannedColdTier
@@ -123,7 +124,7 @@ class BatchRouter:
         if self.cold_tier is not None:
             cold_done = (
                 self._position.get("cold_done", 0)
-                if self.order == "adaptive"
+                if self.order == Order.ADAPTIVE
                 else sum(not step.hot for step in steps[:start_step])
             )
             cold_steps = [step for step in steps if not step.hot]

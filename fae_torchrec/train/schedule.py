@@ -50,7 +50,7 @@ from fae_torchrec.checks import check_share
 
 # ORDERS: the step orders; STREAM_ORDERS: those that read the data in blocks, each block's inputs sorted
 # into the hot and cold streams
-from fae_torchrec.command_line import ORDERS, STREAM_ORDERS
+from fae_torchrec.command_line import ORDERS, STREAM_ORDERS, Order
 from fae_torchrec.seeds import generator
 from fae_torchrec.stats.hot_set import COLD, HOT
 
@@ -87,7 +87,7 @@ def make_schedule(
     in its order, are entirely hot (``HotColdPartition.is_hot``); each part keeps the data's order.
     ``warmup`` is the share of the first epoch's blocks that train in cold steps only (stream order)."""
     if order not in ORDERS:
-        raise ValueError(f"unknown order {order!r}; choose from {ORDERS}")
+        raise ValueError(f"unknown order '{order}'; choose from {', '.join(ORDERS)}")
     if batch_size <= 0 or world_size <= 0:
         raise ValueError(f"batch size and world size must be positive, got {batch_size} and {world_size}")
     check_warmup(warmup, order)
@@ -96,7 +96,7 @@ def make_schedule(
     rng = generator(seed, "schedule", epoch)
     if order in STREAM_ORDERS:
         hot_stream, cold_stream = _block_streams(
-            is_hot, round_size, rng if order == "stream" else None, warmup if epoch == 0 else 0.0
+            is_hot, round_size, rng if order == Order.STREAM else None, warmup if epoch == 0 else 0.0
         )
     else:
         num_hot = int(np.count_nonzero(is_hot))
@@ -137,11 +137,11 @@ def make_schedule(
 def _ordered(order: str, hot: list[Step], cold: list[Step], rng: np.random.Generator) -> list[Step]:
     """The ``hot`` and ``cold`` steps in ``order`` (``phases``, ``shuffled`` or ``adaptive``), random
     draws from ``rng``."""
-    if order == "phases":
+    if order == Order.PHASES:
         return cold + hot
     hot = [hot[i] for i in rng.permutation(len(hot))]
     cold = [cold[i] for i in rng.permutation(len(cold))]
-    if order == "adaptive":
+    if order == Order.ADAPTIVE:
         kinds = interleave(len(hot), len(cold), initial_run(len(hot)))
     else:
         kinds = rng.permutation(np.array([True] * len(hot) + [False] * len(cold), dtype=bool)).tolist()
@@ -167,7 +167,7 @@ def check_warmup(warmup: float, order: str) -> None:
     """Raise ``ValueError`` unless ``warmup`` is a share in [0, 1], and 0 for orders but ``stream``."""
     check_share(warmup, "warm-up (of the first epoch)")
     if warmup and order not in STREAM_ORDERS:
-        raise ValueError(f"a warm-up is part of the stream and time orders, not of the {order!r} order")
+        raise ValueError(f"a warm-up is part of the stream and time orders, not of the '{order}' order")
 
 
 def initial_run(hot_steps: int) -> int:
