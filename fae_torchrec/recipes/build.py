@@ -147,13 +147,13 @@ def _load_stats(
     Raises ``ValueError`` naming the option when the statistics are of other tables."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     run = {"world_size": world, "dim": args.dim, "tables": TableLayout.of(tables).describe()}
+    stats_file = required(args.stats, "--stats")
     if plan_file is not None:
-        stats_file = required(args.stats, "--stats")
         where = "cpu" if device is None else device.type
         run |= {"device": where, "optimizer": args.optimizer, "stats": file_digest(stats_file)}
         _check_plan(args, plan_file, run)
     try:  # counted at any dim: the counts do not depend on it
-        stats = AccessStats.load(required(args.stats, "--stats")).with_embedding_dim(args.dim)
+        stats = AccessStats.load(stats_file).with_embedding_dim(args.dim)
     except (ValueError, OSError) as error:
         raise ValueError(f"--stats {args.stats}: {getattr(error, 'strerror', None) or error}") from error
     stats = stats.for_tables(tables, f"--stats {args.stats}")

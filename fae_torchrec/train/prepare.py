@@ -203,9 +203,7 @@ def _agree_on_source(source: object, num_batches: int | None, each_rank: bool | 
             f"the {type(source).__name__} is endless (its num_batches is None): give prepare_data "
             "num_batches=, the number of its batches to profile and train on",
         )
-    seen = [(isinstance(source, BlockSource) if reads else None, problem)]
-    if dist.is_initialized():
-        seen = all_gathered((isinstance(source, BlockSource) if reads else None, problem))
+    seen = all_gathered((isinstance(source, BlockSource) if reads else None, problem))
     problems = [(r, found) for r, (_, found) in enumerate(seen) if found is not None]
     if problems:
         r, (kind, message) = problems[0]
@@ -319,9 +317,7 @@ def _shares(source: BlockSource) -> list[_Share]:
     source knows the same size before it is read, else all of it for rank 0 (a text file's lines are
     not counted before they are read)."""
     world_size = rank_and_world()[1]
-    sizes = [source.num_samples]
-    if dist.is_initialized():
-        sizes = all_gathered(source.num_samples)
+    sizes = all_gathered(source.num_samples)
     size = sizes[0]
     if size is None or any(other != size for other in sizes):
         return [_Share(0, None)] + [_Share(0, 0)] * (world_size - 1)
@@ -494,10 +490,7 @@ class _Held:
         described = None
         if mine is not None:
             described = (len(mine), mine.ids_per_feature, fields_of(mine, _FIELDS))
-        everyone = [described]
-        if rank_and_world()[1] > 1:
-            everyone = all_gathered(described)
-        return cls(mine, everyone)
+        return cls(mine, all_gathered(described))
 
     @property
     def empty(self) -> bool:
