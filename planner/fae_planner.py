@@ -4,8 +4,10 @@ The planner works on models whose embedding bags are a ``FAEEmbeddingBagCollecti
 tables it writes ``ParameterConstraints`` (HBM kernels for hot rows, ``fused_uvm_caching`` with cache
 statistics for cold rows, planned for TorchRec's prefetch pipeline unless told otherwise; CPU kernels on a
 CPU topology), sizes the cold caches from the device memory TorchRec's storage reservation leaves, and
-lets TorchRec's enumerator, proposers, partitioner and perf model do the rest; with no hot rows TorchRec's
-own configurations (``planner.torchrec_configs``) are candidates too.
+lets TorchRec's enumerator, proposers, partitioner and perf model do the rest: one run of TorchRec's planner
+per hot set, whose ``SizingProposer`` tries smaller caches where larger ones do not place
+(``planner.sizing_proposer``); with no hot rows TorchRec's own configurations
+(``planner.torchrec_configs``) are candidates too.
 
 ``choose_hot_set`` is FAE's knob: without a budget it tries budgets from none up to the bytes of the
 rows seen in the sample (a row never seen is never hot), within the device memory, plus the whole model
@@ -28,8 +30,9 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from copy import deepcopy
-from dataclasses import replace
-from typing import Any, TypeAlias
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import TypeAlias
 
 import numpy as np
 import torch
@@ -37,10 +40,18 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.planners import to_sharding_plan
 from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer
 from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
-from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, ShardingOption, Topology
+from torchrec.distributed.planner.types import (
+    Enumerator,
+    ParameterConstraints,
+    PlannerError,
+    Proposer,
+    ShardingOption,
+    Topology,
+)
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan, ShardingPlanner
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -50,6 +61,7 @@ from fae_torchrec.stats import COLD, HOT, AccessStats, HotSet
 from fae_torchrec.torchrec_compat import best_plan
 from fae_torchrec.units import format_bytes
 from planner.cache_sizing import ColdCacheSizing, smallest_load_factors
+from planner.cache_statistics import AccessCacheStatistics
 from planner.constraints import (
     StepPooling,
     check_cache_params,
@@ -59,7 +71,8 @@ from planner.constraints import (
     step_pooling,
 )
 from planner.enumerator import OrderedEnumerator
-from planner.report import FAEPlanReport, RankTotals, in_hbm, part_paths
+from planner.report import FAEPlanReport, RankTotals, expected_step, in_hbm, part_paths
+from planner.sizing_proposer import SearchSpace, Sizing, SizingProposer, SizingSearch, cold_sizing_search
 from planner.slot_copies import SlotCopyEstimator
 from planner.torchrec_configs import TorchRecConfig, offloaded_tables, plan_with_sharding, torchrec_configs
 
@@ -72,11 +85,15 @@ CACHE_SHARE = 0.9
 #: Shares of that cache budget the caches are sized from when TorchRec cannot place the caches sized from
 #: all of it (its storage estimates add buffers that the sizing does not count); a bounded number of plans.
 SMALLER_CACHE_SHARES = (0.75, 0.5, 0.25, 0.125, 0.0625, 0.03125)
-#: A plan's cold sizing: load factors by table, and the kernel options of ``fae_constraints`` (booleans)
-#: or, for a TorchRec configuration's plan, that configuration (``config``).
-Sizing: TypeAlias = tuple[dict[str, float], dict[str, Any]]
 #: What the knob's plan at one budget came to: its report and sizing, or TorchRec's error.
 BudgetOutcome: TypeAlias = tuple[FAEPlanReport, Sizing] | PlannerError
+#: The work of the knob's plan at one budget: the seconds of each run of TorchRec's planner, the cold
+#: sizings tried and whether each placed.
+BudgetWork: TypeAlias = tuple[list[float], list[tuple[Sizing, bool]]]
+#: A plan of one sizing: TorchRec's plan, its sharding options, the enumerator that priced them.
+TorchRecPlan: TypeAlias = tuple[ShardingPlan, list[ShardingOption], Enumerator]
+#: A candidate plan of a hot set: TorchRec's plan of one sizing, and that sizing.
+Candidate: TypeAlias = tuple[ShardingPlan, list[ShardingOption], Enumerator, Sizing]
 
 
 def default_reservation() -> HeuristicalStorageReservation:
@@ -102,32 +119,62 @@ def _start_worker(planner: FAEShardingPlanner) -> None:
     torch.set_num_threads(1)
 
 
-def _plan_in_worker(budget: float) -> tuple[list[float], BudgetOutcome]:
+def _plan_in_worker(budget: float) -> tuple[BudgetWork, BudgetOutcome]:
     """The inherited planner's plan at ``budget`` (nothing of the planner is pickled per task)."""
     assert _worker_planner is not None  # set by _start_worker
     return _worker_planner._plan_budget(budget)
 
 
-def place_largest(sizings: list[dict[str, float]], place: Callable[[dict[str, float]], bool]) -> bool:
-    """Whether ``place`` places one of ``sizings`` (ordered from the largest caches to the smallest),
-    the largest it places: tried first, then the smallest, then by bisection between them, so at
-    most ``2 + log2(len(sizings))`` runs of TorchRec's planner, where trying each in turn took one
-    per sizing (at 128 GPUs x 64 MiB none of them places, and a failed run takes 5 to 15 s). Assumes
-    that TorchRec places smaller caches wherever it places larger ones."""
-    if not sizings:
-        return False
-    if place(sizings[0]):
-        return True
-    if len(sizings) == 1 or not place(sizings[-1]):
-        return False
-    failed, placed = 0, len(sizings) - 1
-    while placed - failed > 1:
-        middle = (failed + placed) // 2
-        if place(sizings[middle]):
-            placed = middle
-        else:
-            failed = middle
-    return True
+def _placed(
+    failures: list[PlannerError], plan: Callable[[], TorchRecPlan], sizing: Sizing
+) -> list[Candidate]:
+    """``plan()`` as a candidate of ``sizing``, or none where TorchRec raises (kept in ``failures``)."""
+    try:
+        return [(*plan(), sizing)]
+    except PlannerError as error:
+        failures.append(error)
+        return []
+
+
+def _part_poolings(pooling: StepPooling) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Per part, its pooling in a hot step (the hot part only) and in a cold step (both parts)."""
+    return {HOT: pooling.hot_step}, {HOT: pooling.cold_step_hot, COLD: pooling.cold_step_cold}
+
+
+@dataclass
+class ColdSetting:
+    """What the plans of one hot set start from: its steps' pooling, its cold caches' statistics, the
+    device memory TorchRec's reservation leaves and the cold parts' share of it, FAE's ranking of its
+    cold rows, and what ``fae_constraints`` needs besides a sizing."""
+
+    stats: AccessStats
+    hot_set: HotSet
+    compute_device: str
+    user: dict[str, ParameterConstraints] | None
+    cache_params: CacheParams
+    pooling: StepPooling
+    caches: dict[str, AccessCacheStatistics]
+    memory: np.ndarray
+    cache_budget: float
+    cold: ColdCacheSizing
+    #: The plans (or errors) of TorchRec's configurations with TorchRec's choice of sharding types.
+    unconstrained: dict[TorchRecConfig, tuple | PlannerError] = field(default_factory=dict)
+
+    def constraints(
+        self, load_factors: dict[str, float], cache_params: CacheParams | None = None, **options: bool
+    ) -> dict[str, ParameterConstraints]:
+        """``fae_constraints`` of the cold sizing ``load_factors`` with kernel ``options``."""
+        sized = {name: (load_factors.get(name), cache) for name, cache in self.caches.items()}
+        return fae_constraints(
+            self.stats,
+            self.hot_set,
+            self.compute_device,
+            sized,
+            self.user,
+            pooling=self.pooling,
+            cache_params=cache_params or self.cache_params,
+            **options,
+        )
 
 
 class FAEShardingPlanner(ShardingPlanner):
@@ -192,8 +239,12 @@ class FAEShardingPlanner(ShardingPlanner):
             check_cache_params(merged, f"table {name} (its constraints over the planner's cache_params)")
         self.report: FAEPlanReport | None = None
         #: Seconds of each run of TorchRec's planner so far, failed ones included (the knob runs it
-        #: once or more per budget): where planning time goes.
+        #: once per budget, and without hot rows once or twice per TorchRec configuration): where
+        #: planning time goes.
         self.torchrec_runs: list[float] = []
+        #: The cold sizings FAE's search has tried so far (``SizingProposer``), and whether TorchRec
+        #: placed each: those ``fits`` rules out take no proposal.
+        self.sizings_tried: list[tuple[Sizing, bool]] = []
         self._ranking = stats.ranking(optimizer_class)
         #: The last hot set sized (the knob's choice, or ``plan``'s) and the cold sizing of its plan (load
         #: factors, kernel options), which ``plan`` tries first for that hot set.
@@ -220,8 +271,9 @@ class FAEShardingPlanner(ShardingPlanner):
             budgets.append(float(self._ranking.total_bytes))  # the whole model fits: every row hot
         best: tuple[float, HotSet] | None = None
         failure: PlannerError | None = None
-        for budget, (runs, outcome) in zip(budgets, self._plan_budgets(budgets), strict=True):
+        for budget, ((runs, sizings), outcome) in zip(budgets, self._plan_budgets(budgets), strict=True):
             self.torchrec_runs += runs
+            self.sizings_tried += sizings
             if isinstance(outcome, PlannerError):
                 logger.info("hot budget %s: no plan fits", format_bytes(budget))
                 failure = failure or outcome
@@ -241,7 +293,7 @@ class FAEShardingPlanner(ShardingPlanner):
             raise PlannerError(str(failure).split("\n")[0], failure.error_type)
         return best[1]
 
-    def _plan_budgets(self, budgets: list[float]) -> Iterator[tuple[list[float], BudgetOutcome]]:
+    def _plan_budgets(self, budgets: list[float]) -> Iterator[tuple[BudgetWork, BudgetOutcome]]:
         """``_plan_budget`` of each budget, in order, as each is done: here, or in ``processes``
         forked workers, which share this planner's statistics instead of copying them (hundreds of MiB
         at Kaggle sizes) and this process's logging and warning filters. A worker plans meta modules
@@ -257,19 +309,19 @@ class FAEShardingPlanner(ShardingPlanner):
         ) as pool:
             yield from pool.map(_plan_in_worker, budgets)
 
-    def _plan_budget(self, budget: float) -> tuple[list[float], BudgetOutcome]:
-        """The seconds of the runs of TorchRec's planner that the knob's plan at ``budget`` makes
-        (taken out of ``torchrec_runs`` again) and what the plan came to."""
+    def _plan_budget(self, budget: float) -> tuple[BudgetWork, BudgetOutcome]:
+        """The work of the knob's plan at ``budget`` (taken out of ``torchrec_runs`` and
+        ``sizings_tried`` again) and what the plan came to."""
         hot_set = self._ranking.hot_set(int(budget))
-        start = len(self.torchrec_runs)
+        start, tried = len(self.torchrec_runs), len(self.sizings_tried)
         try:
             _, report, sizing = self._plan(self.meta_module(hot_set), hot_set, get_default_sharders())
             outcome: BudgetOutcome = (report, sizing)
         except PlannerError as error:
             outcome = error
-        runs = self.torchrec_runs[start:]
-        del self.torchrec_runs[start:]
-        return runs, outcome
+        runs, sizings = self.torchrec_runs[start:], self.sizings_tried[tried:]
+        del self.torchrec_runs[start:], self.sizings_tried[tried:]
+        return (runs, sizings), outcome
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
         """The sharding plan of ``module`` (containing one ``FAEEmbeddingBagCollection``)."""
@@ -323,10 +375,26 @@ class FAEShardingPlanner(ShardingPlanner):
         taken = self._smallest_storage(module, get_default_sharders(), constraints)
         return max(float(self.device_memory(module).sum()) - taken, 0.0)
 
-    def _cache_budget(self, memory: np.ndarray, hot_set: HotSet) -> float:
-        """The device memory the cold parts may take: ``CACHE_SHARE`` of what the hot rows leave of
-        ``memory`` (``device_memory``)."""
-        return CACHE_SHARE * max(float(memory.sum()) - hot_set.hot_bytes(self.optimizer_class), 0.0)
+    def _cold_setting(self, module: nn.Module, hot_set: HotSet) -> ColdSetting:
+        """What the plans of ``module`` split by ``hot_set`` start from; the cold parts may take
+        ``CACHE_SHARE`` of what the hot rows leave of ``device_memory``."""
+        world = self.topology.world_size
+        pooling = step_pooling(self.stats, hot_set)
+        caches = cold_cache_statistics(self.stats, hot_set, self.batch_size * world, pooling)
+        memory = self.device_memory(module)
+        left = max(float(memory.sum()) - hot_set.hot_bytes(self.optimizer_class), 0.0)
+        return ColdSetting(
+            self.stats,
+            hot_set,
+            self.topology.compute_device,
+            self.constraints,
+            self.cache_params,
+            pooling,
+            caches,
+            memory,
+            CACHE_SHARE * left,
+            ColdCacheSizing(self.stats, hot_set, caches, self.optimizer_class),
+        )
 
     def collective_plan(
         self,
@@ -364,96 +432,149 @@ class FAEShardingPlanner(ShardingPlanner):
         With ``slots`` the cold parts are a planned cold tier's slot tables (``cold_slots``), planned
         as they are, whole rows on the ``fused`` kernel (``fae_constraints``).
 
-        The cold parts go whole into HBM where the cache budget pays for them, else into caches sized
-        from the whole budget; where TorchRec places neither, into the largest of the smaller caches
-        (``_smaller_sizings``) that it places, and they may also live in UVM without a cache
-        (``fused_uvm``), in a plan of its own. Without hot rows TorchRec's own configurations are
-        candidates too (``_torchrec_configs``: on CUDA its default and scale-up planners, with every
-        sharding choice of ``planner.torchrec_configs``, for the cold caches' pipeline). Of the plans
-        placed, the one TorchRec's perf model prices fastest is kept: so the knob, which always tries
+        Else FAE's cold sizings (``cold_sizing_search``: whole cold parts in HBM, caches from the whole
+        budget, the largest smaller caches that place, ``fused_uvm``) are searched in one run of TorchRec's
+        planner (``SizingProposer``), and without hot rows TorchRec's own configurations are candidates
+        too (``_torchrec_configs``: on CUDA its default and scale-up planners, with every sharding choice
+        of ``planner.torchrec_configs``, for the cold caches' pipeline). Of the plans placed, the one
+        TorchRec's perf model prices fastest for FAE's steps is kept: so the knob, which always tries
         the empty hot set, finds a plan wherever TorchRec's planner does, and never predicts a slower
         one than those configurations; the report names the configuration where it keeps one.
 
         A ``known`` sizing (the knob's, for the hot set it chose) is planned alone when TorchRec places
         it: ``plan`` then repeats none of the knob's search (the model's dense part only takes memory).
         """
-        world = self.topology.world_size
-        pooling = step_pooling(self.stats, hot_set)
-        caches = cold_cache_statistics(self.stats, hot_set, self.batch_size * world, pooling)
-        memory = self.device_memory(module)
-        cache_budget = self._cache_budget(memory, hot_set)
-        device = self.topology.compute_device
-        candidates: list[tuple[ShardingPlan, list[ShardingOption], OrderedEnumerator, Sizing]] = []
+        setting = self._cold_setting(module, hot_set)
         failures: list[PlannerError] = []
-
-        def constraints(
-            load_factors: dict[str, float], cache_params: CacheParams | None = None, **options: bool
-        ) -> dict[str, ParameterConstraints]:
-            sized = {name: (load_factors.get(name), cache) for name, cache in caches.items()}
-            return fae_constraints(
-                self.stats,
-                hot_set,
-                device,
-                sized,
-                self.constraints,
-                pooling=pooling,
-                cache_params=cache_params or self.cache_params,
-                **options,
-            )
-
-        cold = ColdCacheSizing(self.stats, hot_set, caches, self.optimizer_class)
-        unplaced: list[dict[str, float]] = []  # the sizings TorchRec did not place
-        unconstrained: dict[TorchRecConfig, tuple | PlannerError] = {}  # configurations as given
-
-        def place(
-            load_factors: dict[str, float], config: TorchRecConfig | None = None, **options: bool
-        ) -> bool:
-            """Whether TorchRec places the parts with these cold sizes (the plan becomes a candidate).
-            A sizing (no kernel options) that asks at least as much as one it did not place
-            (``ColdCacheSizing.asks_at_least``) is not planned. With a TorchRec ``config`` the parts are
-            planned as that configuration plans the unsplit tables (``load_factors`` unused)."""
-            sized = not options and config is None
-            if sized and any(cold.asks_at_least(load_factors, other) for other in unplaced):
-                return False
-            try:
-                if config is None:
-                    copied = self._slot_copies() if options.get("slots") else None
-                    planned = self._torchrec_plan(
-                        module, sharders, constraints(load_factors, **options), copied=copied
-                    )
-                else:
-                    planned = self._plan_config(module, sharders, config, caches, constraints, unconstrained)
-            except PlannerError as error:
-                failures.append(error)
-                if sized:
-                    unplaced.append(load_factors)
-                return False
-            sizing: Sizing = ({}, {"config": config}) if config else (load_factors, options)
-            candidates.append((*planned, sizing))
-            return True
-
-        whole = self._load_factors(cold, cache_budget, whole_parts=True)
-        full = self._load_factors(cold, cache_budget, whole_parts=False)
-        if slots:
-            place({}, slots=True)
-        elif not (known and place(known[0], **known[1])):
-            if not (place(whole) or (full != whole and place(full))):
-                place_largest(self._smaller_sizings(cold, cache_budget, full), place)
-                place(full, uncached=True)
-            for config in self._torchrec_configs() if not hot_set.total_hot else ():
-                place({}, config)
+        candidates = self._candidates(module, sharders, setting, known, slots, failures)
         if not candidates:
-            failure = failures[-1]
-            smallest = constraints({}, slots=True) if slots else constraints(full, uncached=True)
-            needed = self._smallest_storage(module, sharders, smallest)
-            raise PlannerError(
-                self._too_small_message(needed, float(memory.sum()), failure), failure.error_type
-            ) from failure
-        planned = [
-            (plan, self._report(options, enumerator, fae_path, hot_set, pooling, sized), sized)
-            for plan, options, enumerator, sized in candidates
+            raise self._no_plan(module, sharders, setting, slots, failures[-1]) from failures[-1]
+        steps = [
+            self._steps(options, enumerator, fae_path, setting.pooling)
+            for _, options, enumerator, _ in candidates
         ]
-        return min(planned, key=lambda planned: planned[1].step)
+        share = setting.pooling.hot_input_share
+        best = min(range(len(candidates)), key=lambda i: expected_step(share, *steps[i]))
+        plan, options, enumerator, sized = candidates[best]
+        report = self._report(options, enumerator, fae_path, hot_set, setting.pooling, sized, steps[best])
+        return plan, report, sized
+
+    def _candidates(
+        self,
+        module: nn.Module,
+        sharders: list,
+        setting: ColdSetting,
+        known: Sizing | None,
+        slots: bool,
+        failures: list[PlannerError],
+    ) -> list[Candidate]:
+        """The plans ``_plan`` chooses from: of a planned cold tier's slot tables, or of FAE's cold
+        sizings and, without hot rows, of TorchRec's configurations; the ``known`` sizing's alone where
+        it places. TorchRec's errors go to ``failures``."""
+        if slots:
+            constraints = setting.constraints({}, slots=True)
+            plan = partial(self._torchrec_plan, module, sharders, constraints, copied=self._slot_copies())
+            return _placed(failures, plan, ({}, {"slots": True}))
+        config = known[1].get("config") if known else None
+        if config is not None:  # the knob kept a TorchRec configuration's plan
+            plan = partial(self._plan_config, module, sharders, config, setting)
+            candidates = _placed(failures, plan, ({}, {"config": config}))
+            if candidates:
+                return candidates
+            known = None
+        candidates = self._sized_plans(module, sharders, setting, known, failures)
+        if known is not None and candidates and candidates[0][3] is known:
+            return candidates
+        for config in self._torchrec_configs() if not setting.hot_set.total_hot else ():
+            plan = partial(self._plan_config, module, sharders, config, setting)
+            candidates += _placed(failures, plan, ({}, {"config": config}))
+        return candidates
+
+    def _no_plan(
+        self, module: nn.Module, sharders: list, setting: ColdSetting, slots: bool, failure: PlannerError
+    ) -> PlannerError:
+        """The error where nothing places: how much device memory the smallest plan needs against what
+        the devices offer, or TorchRec's last ``failure`` where that is not the reason."""
+        full = self._load_factors(setting.cold, setting.cache_budget, whole_parts=False)
+        smallest = setting.constraints({}, slots=True) if slots else setting.constraints(full, uncached=True)
+        needed = self._smallest_storage(module, sharders, smallest)
+        message = self._too_small_message(needed, float(setting.memory.sum()), failure)
+        return PlannerError(message, failure.error_type)
+
+    def _sized_plans(
+        self,
+        module: nn.Module,
+        sharders: list,
+        setting: ColdSetting,
+        known: Sizing | None,
+        failures: list[PlannerError],
+    ) -> list[Candidate]:
+        """The best plan of each cold sizing TorchRec places, by TorchRec's rating: FAE's search of
+        sizings run by a ``SizingProposer`` inside one run of TorchRec's planner."""
+        search = self._sizing_search(setting, known)
+        first = next(search)
+        constraints = setting.constraints(first[0], **first[1])
+
+        def enumerator(sizing: Sizing, storage_only: bool = False) -> OrderedEnumerator:
+            return self._enumerator(setting.constraints(sizing[0], **sizing[1]), storage_only=storage_only)
+
+        def search_space(sizing: Sizing) -> SearchSpace:
+            priced = enumerator(sizing)
+            return priced.enumerate(module, sharders), priced
+
+        try:  # the planner's own reservation, which raises where nothing is left
+            capacity = default_reservation().reserve(
+                self.topology, self.batch_size, module, sharders, constraints
+            )
+        except PlannerError as error:
+            failures.append(error)
+            return []
+        proposer = SizingProposer(
+            search,
+            first,
+            lambda sizing: enumerator(sizing, storage_only=True).enumerate(module, sharders),
+            search_space,
+            capacity,
+        )
+        try:
+            self._torchrec_plan(
+                module, sharders, constraints, proposer=proposer, enumerator=enumerator(first, True)
+            )
+        except PlannerError as error:
+            failures.append(error)
+        self.sizings_tried += proposer.tried
+        return [
+            (to_sharding_plan(placed.plan, self.topology), placed.plan, placed.enumerator, placed.sizing)
+            for placed in proposer.placed
+        ]
+
+    def _sizing_search(self, setting: ColdSetting, known: Sizing | None) -> SizingSearch:
+        """``cold_sizing_search`` over the sizings of ``setting``'s cache budget."""
+        cold, budget = setting.cold, setting.cache_budget
+        full = self._load_factors(cold, budget, whole_parts=False)
+        whole = self._load_factors(cold, budget, whole_parts=True)
+        smaller = self._smaller_sizings(cold, budget, full)
+        return cold_sizing_search(known, whole, full, smaller, cold.asks_at_least)
+
+    def _enumerator(
+        self,
+        constraints: dict[str, ParameterConstraints],
+        copied: dict[str, float] | None = None,
+        storage_only: bool = False,
+    ) -> OrderedEnumerator:
+        """The enumerator of a run of TorchRec's planner with ``constraints``: TorchRec's estimators,
+        and with ``copied``, slot tables' copies per cold step priced by ``SlotCopyEstimator``; with
+        ``storage_only``, TorchRec's storage estimator alone (the options' perf stays unset)."""
+        estimators = None
+        if storage_only:
+            estimators = [EmbeddingStorageEstimator(self.topology, constraints)]
+        elif copied:  # TorchRec's own estimators, then the copies on the perfs they set
+            estimators = [
+                EmbeddingPerfEstimator(self.topology, constraints),
+                EmbeddingStorageEstimator(self.topology, constraints),
+                SlotCopyEstimator(self.topology, constraints, copied),
+            ]
+        return OrderedEnumerator(self.topology, self.batch_size, constraints, estimator=estimators)
 
     def _torchrec_plan(
         self,
@@ -462,26 +583,23 @@ class FAEShardingPlanner(ShardingPlanner):
         constraints: dict[str, ParameterConstraints],
         scaleup: bool = False,
         copied: dict[str, float] | None = None,
-    ) -> tuple[ShardingPlan, list[ShardingOption], OrderedEnumerator]:
+        proposer: Proposer | None = None,
+        enumerator: Enumerator | None = None,
+    ) -> TorchRecPlan:
         """TorchRec's ``EmbeddingShardingPlanner`` run with ``constraints`` (and with ``scaleup``, its
-        ``EmbeddingOffloadScaleupProposer`` growing the caches; with ``copied``, slot tables' copies per
-        cold step priced by ``SlotCopyEstimator``): the plan, its sharding options and the enumerator
-        that priced them. Raises TorchRec's ``PlannerError``."""
-        estimators = None
-        if copied:  # TorchRec's own estimators, then the copies on the perfs they set
-            estimators = [
-                EmbeddingPerfEstimator(self.topology, constraints),
-                EmbeddingStorageEstimator(self.topology, constraints),
-                SlotCopyEstimator(self.topology, constraints, copied),
-            ]
-        enumerator = OrderedEnumerator(self.topology, self.batch_size, constraints, estimator=estimators)
+        ``EmbeddingOffloadScaleupProposer`` growing the caches; with ``copied``, see ``_enumerator``; with
+        ``proposer`` and ``enumerator``, those): the plan, its sharding options and the enumerator that
+        priced them. Raises TorchRec's ``PlannerError``."""
+        enumerator = enumerator or self._enumerator(constraints, copied)
+        if scaleup:
+            proposer = EmbeddingOffloadScaleupProposer()
         planner = EmbeddingShardingPlanner(
             topology=self.topology,
             batch_size=self.batch_size,
             constraints=constraints,
             enumerator=enumerator,
             storage_reservation=default_reservation(),
-            proposer=[EmbeddingOffloadScaleupProposer()] if scaleup else None,
+            proposer=proposer,
             stats=[],
             debug=False,
         )
@@ -501,29 +619,25 @@ class FAEShardingPlanner(ShardingPlanner):
         return torchrec_configs(bool(self.cache_params.prefetch_pipeline), self.cache_params.algorithm)
 
     def _plan_config(
-        self,
-        module: nn.Module,
-        sharders: list,
-        config: TorchRecConfig,
-        caches: dict,
-        constraints: Callable[..., dict[str, ParameterConstraints]],
-        unconstrained: dict[TorchRecConfig, tuple | PlannerError],
-    ) -> tuple[ShardingPlan, list[ShardingOption], OrderedEnumerator]:
+        self, module: nn.Module, sharders: list, config: TorchRecConfig, setting: ColdSetting
+    ) -> TorchRecPlan:
         """The parts planned as TorchRec's ``config`` plans the unsplit tables: its default planner's
         own choice of kernels, sharding types and caches, or its scale-up caches (the smallest caches,
         grown by ``EmbeddingOffloadScaleupProposer``, as ``planner.baseline.scaleup_planner`` plans
-        them), with the configuration's ``CacheParams`` and sharding types. ``unconstrained`` keeps the
-        plans (or errors) made with TorchRec's choice of sharding types, for the configurations that
-        start from one."""
+        them), with the configuration's ``CacheParams`` and sharding types. ``setting.unconstrained``
+        keeps the plans (or errors) made with TorchRec's choice of sharding types, for the
+        configurations that start from one."""
         scaleup = config.planner == "scale-up"
         # the configuration's algorithm and pipeline over the planner's other cache settings
         params = replace(
             self.cache_params, algorithm=config.algorithm, prefetch_pipeline=config.prefetch_pipeline
         )
         if scaleup:
-            given = constraints(self._with_user_load_factors(smallest_load_factors(caches)), params)
+            smallest = self._with_user_load_factors(smallest_load_factors(setting.caches))
+            given = setting.constraints(smallest, params)
         else:
-            given = constraints({}, params, torchrec_choice=True)
+            given = setting.constraints({}, params, torchrec_choice=True)
+        unconstrained = setting.unconstrained
         try:
             planned = plan_with_sharding(
                 config.sharding,
@@ -544,14 +658,15 @@ class FAEShardingPlanner(ShardingPlanner):
     def _report(
         self,
         options: list[ShardingOption],
-        enumerator: OrderedEnumerator,
+        enumerator: Enumerator,
         fae_path: str,
         hot_set: HotSet,
         pooling: StepPooling,
         sizing: Sizing,
+        steps: tuple[float, float],
     ) -> FAEPlanReport:
-        cold_step: dict[str, np.ndarray] = {HOT: pooling.cold_step_hot, COLD: pooling.cold_step_cold}
-        hot_step: dict[str, np.ndarray] = {HOT: pooling.hot_step}
+        """The report of a plan whose hot and cold ``steps`` (``_steps``) are priced."""
+        _, cold_step = _part_poolings(pooling)
         config = sizing[1].get("config")
         return FAEPlanReport.from_options(
             options,
@@ -561,15 +676,26 @@ class FAEShardingPlanner(ShardingPlanner):
             hot_input_share=pooling.hot_input_share,
             load_factors=sizing[0],
             torchrec_config=config.name if config else None,
-            hot_step=self._price(enumerator, options, fae_path, hot_step),
-            cold_step=self._price(enumerator, options, fae_path, cold_step),
+            hot_step=steps[0],
+            cold_step=steps[1],
             cold_step_in_hbm=self._price(enumerator, in_hbm(options), fae_path, cold_step, transfers=False),
             pooling=pooling,
         )
 
+    def _steps(
+        self, options: list[ShardingOption], enumerator: Enumerator, fae_path: str, pooling: StepPooling
+    ) -> tuple[float, float]:
+        """The plan's predicted hot step (the hot part at the pooling of entirely-hot batches, no cold
+        part) and cold step (both parts at the pooling of the other inputs' batches)."""
+        hot_step, cold_step = _part_poolings(pooling)
+        return (
+            self._price(enumerator, options, fae_path, hot_step),
+            self._price(enumerator, options, fae_path, cold_step),
+        )
+
     def _price(
         self,
-        enumerator: OrderedEnumerator,
+        enumerator: Enumerator,
         options: list[ShardingOption],
         fae_path: str,
         pooling: Mapping[str, np.ndarray],

@@ -55,6 +55,11 @@ class RankTotals:
         return cls(tuple(perf.tolist()), tuple(hbm.tolist()), tuple(ddr.tolist()), tuple(comms.tolist()))
 
 
+def expected_step(hot_input_share: float, hot_step: float, cold_step: float) -> float:
+    """A plan's expected step time: hot steps skip the cold part, weighted by the hot-input share."""
+    return hot_input_share * hot_step + (1.0 - hot_input_share) * cold_step
+
+
 @dataclass(frozen=True)
 class FAEPlanReport:
     """Predicted figures of one plan (times in TorchRec perf-model units, ms)."""
@@ -83,7 +88,7 @@ class FAEPlanReport:
     @property
     def step(self) -> float:
         """Expected step time: hot steps skip the cold part, weighted by the hot-input share."""
-        return self.hot_input_share * self.hot_step + (1.0 - self.hot_input_share) * self.cold_step
+        return expected_step(self.hot_input_share, self.hot_step, self.cold_step)
 
     @property
     def hot_rows(self) -> dict[str, int]:

@@ -192,9 +192,6 @@ def test_the_library_takes_no_command_line(graph):
 
 #: The longest a library function may be, in lines from its ``def`` to its end, docstring included.
 LONGEST = 60
-#: Functions still longer, to be taken apart (issue 50: the budget search as a TorchRec proposer); none may
-#: join them, and each leaves once it is short.
-STILL_LONG = {"planner.fae_planner.FAEShardingPlanner._plan"}
 
 
 def _long_functions(name: str, source: str) -> set[str]:
@@ -219,7 +216,7 @@ def test_no_library_function_is_longer_than_60_lines(graph):
     modules = _modules()
     library = [m for m in graph if m.split(".")[0] in ("fae_torchrec", "planner")]
     found = set().union(*(_long_functions(m, modules[m].read_text()) for m in library))
-    assert found == STILL_LONG
+    assert found == set()
     assert _long_functions("m", "class A:\n    def f(self):\n" + "        x = 1\n" * 60) == {"m.A.f"}
     assert _long_functions("m", "def f():\n" + "    x = 1\n" * 59) == set()
 

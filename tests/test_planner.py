@@ -1,7 +1,6 @@
 """Dry-run FAE plans for CUDA topologies (planned on this CPU-only machine) and planner errors."""
 
 import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,7 +23,8 @@ from planner.baseline import default_planner, dry_run, hbm_planner, scaleup_plan
 from planner.cache_sizing import smallest_load_factors
 from planner.cache_statistics import AccessCacheStatistics
 from planner.constraints import cold_cache_statistics
-from planner.fae_planner import CACHE_SHARE, place_largest
+from planner.fae_planner import CACHE_SHARE
+from planner.sizing_proposer import cold_sizing_search, largest_placed, try_sizing
 from planner.topology import make_topology
 
 GIB = 1 << 30
@@ -329,6 +329,7 @@ def test_the_knob_plans_its_budgets_in_worker_processes_as_it_does_here(tbsm_sta
     assert all(map(np.array_equal, chosen[0].hot_ids, chosen[1].hot_ids))
     assert workers.report.placements == here.report.placements and workers.report.step == here.report.step
     assert len(workers.torchrec_runs) == len(here.torchrec_runs) > 4
+    assert workers.sizings_tried == here.sizings_tried
     workers.plan(workers.meta_module(chosen[1]), get_default_sharders())
     assert len(workers.torchrec_runs) == len(here.torchrec_runs) + 1
     tiny = Topology(world_size=1, compute_device="cuda", hbm_cap=1 << 20)  # no budget places
@@ -343,58 +344,118 @@ def test_the_knob_plans_its_budgets_in_worker_processes_as_it_does_here(tbsm_sta
         FAEShardingPlanner(topology, tbsm_stats, processes=0)
 
 
+def _drive(search, places):
+    """Run a sizing search, answering each sizing with ``places(sizing)``: the sizings it yields and
+    what it returns."""
+    tried = []
+    try:
+        sizing = next(search)
+        while True:
+            tried.append(sizing)
+            sizing = search.send(places(sizing))
+    except StopIteration as stop:
+        return tried, stop.value
+
+
 @pytest.mark.parametrize("count", [1, 2, 3, 6, 7])
-def test_place_largest_finds_the_largest_sizing_that_places_in_few_runs(count):
-    """For every threshold (sizings from ``largest`` on place, none above it), ``place_largest``
-    places that one and no larger, in at most 2 + log2(count) runs (trying each in turn took up to
+def test_largest_placed_finds_the_largest_sizing_that_places_in_few_tries(count):
+    """For every threshold (sizings from ``largest`` on place, none above it), ``largest_placed``
+    places that one and no larger, in at most 2 + log2(count) tries (trying each in turn took up to
     ``count``)."""
+    sizings = [({"i": float(i)}, {}) for i in range(count)]
     for largest in range(count + 1):  # count: none places
-        tried = []
+        unplaced = []
 
-        def place(sizing, largest=largest, tried=tried):
-            tried.append(sizing["i"])
-            return sizing["i"] >= largest
+        def place(sizing, unplaced=unplaced):
+            return try_sizing(sizing, unplaced, lambda mine, other: False)
 
-        placed = place_largest([{"i": i} for i in range(count)], place)
+        tried, placed = _drive(
+            largest_placed(sizings, place), lambda s, largest=largest: s[0]["i"] >= largest
+        )
+        indices = [int(s[0]["i"]) for s in tried]
         assert placed == (largest < count)
-        assert placed == (largest in tried), tried  # the largest that places was placed
-        assert len(tried) == len(set(tried)) <= 2 + math.ceil(math.log2(count)), tried
+        assert placed == (largest in indices), indices  # the largest that places was tried
+        assert len(indices) == len(set(indices)) <= 2 + math.ceil(math.log2(count)), indices
+
+
+def test_the_sizing_search_tries_smaller_caches_only_where_larger_ones_do_not_place():
+    """``cold_sizing_search``: a known sizing alone where it places; else whole parts, then full caches,
+    then the largest smaller caches that place and the uncached sizing; a sizing asking at least what an
+    unplaced one asked is not tried."""
+    whole, full, smaller = {"t": 1.0}, {"t": 0.8}, [{"t": 0.6}, {"t": 0.4}, {"t": 0.2}]
+
+    def at_least(mine, other):
+        return mine["t"] >= other["t"]
+
+    def search(known=None):
+        return cold_sizing_search(known, whole, full, smaller, at_least)
+
+    assert _drive(search(({"t": 0.5}, {})), lambda s: True)[0] == [({"t": 0.5}, {})]
+    assert _drive(search(), lambda s: True)[0] == [(whole, {})]
+    assert _drive(search(), lambda s: s[0] != whole)[0] == [(whole, {}), (full, {})]
+    tried, _ = _drive(search(({"t": 0.9}, {})), lambda s: s[0]["t"] <= 0.4 or s[1] == {"uncached": True})
+    # the known 0.9 fails, so whole (asking more) is not tried; full is, and fails
+    assert tried == [
+        ({"t": 0.9}, {}),
+        (full, {}),
+        ({"t": 0.6}, {}),
+        ({"t": 0.2}, {}),
+        ({"t": 0.4}, {}),
+        (full, {"uncached": True}),
+    ]
 
 
 def test_no_cache_sizing_that_asks_more_than_an_unplaced_one_is_planned():
     """At 16 GPUs the global batch of 32,768 inputs reads nearly every cold row of these small tables,
     so no cache may be smaller than almost its whole part: TorchRec cannot place the cold parts whole
     in HBM, and every cache sizing asks more of each table (the part's rows, and the cache's
-    bookkeeping), so none is planned. The skipped sizing does fail in TorchRec's planner."""
+    bookkeeping), so none is tried. The skipped sizing does fail in TorchRec's planner."""
     data = SyntheticCriteo(50_000, batch_size=1 << 16, scale=0.01, seed=0)
     stats = AccessProfiler(data.table_configs(), 0.05, seed=0, holdout_size=2000).profile(data)
-    runs = []
-
-    class Recording(FAEShardingPlanner):
-        def _torchrec_plan(self, module, sharders, constraints, scaleup=False, copied=None):
-            runs.append((constraints, False))
-            planned = super()._torchrec_plan(module, sharders, constraints, scaleup, copied)
-            runs[-1] = (constraints, True)
-            return planned
-
     topology = Topology(world_size=16, compute_device="cuda", hbm_cap=16 << 20)
-    planner = Recording(topology, stats, batch_size=2048, hot_budget_bytes=0)
-    module = planner.meta_module(planner.choose_hot_set())
+    planner = FAEShardingPlanner(topology, stats, batch_size=2048, hot_budget_bytes=0)
+    hot_set = planner.choose_hot_set()
+    module = planner.meta_module(hot_set)
     plan = planner.plan(module, get_default_sharders())
-    kernels = [{tuple(c.compute_kernels or ()) for c in constraints.values()} for constraints, _ in runs]
-    caching, uvm = EmbeddingComputeKernel.FUSED_UVM_CACHING.value, EmbeddingComputeKernel.FUSED_UVM.value
-    # in HBM whole (fails), then in UVM with or without a cache (places), then TorchRec's own
-    # configurations: its default planner places, its scale-up caches (whose smallest caches, one global
-    # batch's rows, do not place) do not; then plan places the fastest of them in one run
-    assert [placed for _, placed in runs[:2]] == [False, True] and runs[-1][1]
-    assert kernels[:2] == [{("fused", "dense")}, {(caching, uvm)}], kernels
+    # in HBM whole (fails), then in UVM with or without a cache (places); then plan places that in one
+    # run, TorchRec's default planner's configuration or FAE's
+    (whole, whole_placed), (uncached, uncached_placed), *_ = planner.sizings_tried
+    assert set(whole[0].values()) == {1.0} and not whole_placed
+    assert uncached[1] == {"uncached": True} and uncached_placed
     assert planner.report.torchrec_config is None or planner.report.torchrec_config.startswith("default")
-    assert sum(not placed for _, placed in runs[2:-1]) >= 1, runs
     assert plan.plan["cold"]
-    # the full sizing (every cold part cached at the load factors of the uncached run) that was skipped
-    full = {name: replace(c, compute_kernels=[caching]) for name, c in runs[1][0].items()}
+    # the full sizing (every cold part cached at the uncached sizing's load factors), not tried, fails
+    full = planner._cold_setting(module, hot_set).constraints(uncached[0])
     with pytest.raises(PlannerError):
         planner._torchrec_plan(module, get_default_sharders(), full)
+
+
+def test_the_sizings_searched_in_one_run_plan_as_each_alone():
+    """The search in one run of TorchRec's planner (``SizingProposer``) keeps, for each sizing that
+    places, the plan TorchRec's planner makes of that sizing alone, and each sizing it answers "not
+    placed" (ruled out by storage, ``fits``, or by partitioning its proposals) fails alone as well.
+    At 8 GPUs x 4 MiB whole parts and full caches do not place, and the bisection among smaller caches
+    both places and fails."""
+    data = SyntheticCriteo(50_000, batch_size=1 << 16, scale=0.01, seed=0)
+    stats = AccessProfiler(data.table_configs(), 0.05, seed=0, holdout_size=2000).profile(data)
+    topology = Topology(world_size=8, compute_device="cuda", hbm_cap=4 << 20)
+    planner = FAEShardingPlanner(topology, stats, batch_size=512, hot_budget_bytes=0)
+    hot_set = planner.choose_hot_set()
+    module, sharders = planner.meta_module(hot_set), get_default_sharders()
+    setting = planner._cold_setting(module, hot_set)
+    candidates = planner._sized_plans(module, sharders, setting, None, [])
+    assert len(planner.torchrec_runs) == 1
+    tried = planner.sizings_tried
+    assert [placed for _, placed in tried].count(False) >= 3 and [p for _, p in tried].count(True) >= 2, tried
+    placed_plans = {id(sizing): plan for plan, _, _, sizing in candidates}
+    for sizing, placed in tried:
+        constraints = setting.constraints(sizing[0], **sizing[1])
+        if placed:
+            alone, _, _ = planner._torchrec_plan(module, sharders, constraints)
+            assert str(alone) == str(placed_plans[id(sizing)])
+        else:
+            with pytest.raises(PlannerError):
+                planner._torchrec_plan(module, sharders, constraints)
 
 
 @pytest.mark.parametrize(
