@@ -23,8 +23,8 @@ from planner.baseline import default_planner, dry_run, hbm_planner, scaleup_plan
 from planner.cache_sizing import smallest_load_factors
 from planner.cache_statistics import AccessCacheStatistics
 from planner.constraints import cold_cache_statistics
-from planner.fae_planner import CACHE_SHARE
-from planner.sizing_proposer import cold_sizing_search, largest_placed, try_sizing
+from planner.fae_planner import CACHE_SHARE, default_reservation
+from planner.sizing_proposer import cold_sizing_search, fits, largest_placed, try_sizing
 from planner.topology import make_topology
 
 GIB = 1 << 30
@@ -435,7 +435,8 @@ def test_the_sizings_searched_in_one_run_plan_as_each_alone():
     places, the plan TorchRec's planner makes of that sizing alone, and each sizing it answers "not
     placed" (ruled out by storage, ``fits``, or by partitioning its proposals) fails alone as well.
     At 8 GPUs x 4 MiB whole parts and full caches do not place, and the bisection among smaller caches
-    both places and fails."""
+    both places and fails; TorchRec's storage estimates alone rule out some of those that fail, never
+    one that places."""
     data = SyntheticCriteo(50_000, batch_size=1 << 16, scale=0.01, seed=0)
     stats = AccessProfiler(data.table_configs(), 0.05, seed=0, holdout_size=2000).profile(data)
     topology = Topology(world_size=8, compute_device="cuda", hbm_cap=4 << 20)
@@ -448,14 +449,22 @@ def test_the_sizings_searched_in_one_run_plan_as_each_alone():
     tried = planner.sizings_tried
     assert [placed for _, placed in tried].count(False) >= 3 and [p for _, p in tried].count(True) >= 2, tried
     placed_plans = {id(sizing): plan for plan, _, _, sizing in candidates}
+    capacity = default_reservation().reserve(
+        topology, 512, module, sharders, setting.constraints(*tried[0][0])
+    )
+    ruled_out = []
     for sizing, placed in tried:
         constraints = setting.constraints(sizing[0], **sizing[1])
+        storage = planner._enumerator(constraints, storage_only=True).enumerate(module, sharders)
+        ruled_out.append(not fits(storage, capacity))
+        assert not (placed and ruled_out[-1]), sizing
         if placed:
             alone, _, _ = planner._torchrec_plan(module, sharders, constraints)
             assert str(alone) == str(placed_plans[id(sizing)])
         else:
             with pytest.raises(PlannerError):
                 planner._torchrec_plan(module, sharders, constraints)
+    assert any(ruled_out), tried
 
 
 @pytest.mark.parametrize(
