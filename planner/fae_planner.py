@@ -72,7 +72,14 @@ from planner.constraints import (
 )
 from planner.enumerator import OrderedEnumerator
 from planner.report import FAEPlanReport, RankTotals, expected_step, in_hbm, part_paths
-from planner.sizing_proposer import SearchSpace, Sizing, SizingProposer, SizingSearch, cold_sizing_search
+from planner.sizing_proposer import (
+    SearchSpace,
+    Sizing,
+    SizingProposer,
+    SizingSearch,
+    cold_sizing_search,
+    least_storage,
+)
 from planner.slot_copies import SlotCopyEstimator
 from planner.torchrec_configs import TorchRecConfig, offloaded_tables, plan_with_sharding, torchrec_configs
 
@@ -772,14 +779,10 @@ class FAEShardingPlanner(ShardingPlanner):
 
     def _smallest_storage(self, module: nn.Module, sharders: list, constraints: dict) -> float:
         """Device memory the plan needs at least: per table, its option using the least of it
-        (TorchRec's own storage estimates), summed."""
-        enumerator = OrderedEnumerator(self.topology, self.batch_size, constraints)
-        kind = "hbm" if self.topology.compute_device == "cuda" else "ddr"
-        smallest: dict[str, float] = {}
-        for option in enumerator.enumerate(module, sharders):
-            total = float(sum(getattr(shard.storage, kind) for shard in option.shards))
-            smallest[option.fqn] = min(smallest.get(option.fqn, total), total)
-        return sum(smallest.values())
+        (TorchRec's own storage estimates, without its perf estimates), summed."""
+        options = self._enumerator(constraints, storage_only=True).enumerate(module, sharders)
+        kind = 0 if self.topology.compute_device == "cuda" else 1  # HBM, or DDR on a CPU topology
+        return float(sum(least[kind] for least in least_storage(options).values()))
 
     @staticmethod
     def _too_small_message(needed: float, memory: float, error: PlannerError) -> str:

@@ -200,21 +200,32 @@ class SizingProposer(Proposer):
         self._inner[0].feedback(partitionable, plan, perf_rating, storage_constraint)
 
 
+def least_storage(
+    options: list[ShardingOption], largest_shard: tuple[int, int] | None = None
+) -> dict[str, tuple[int, int]]:
+    """Per table (``fqn``), the least HBM and the least DDR of its options, by TorchRec's storage
+    estimates of their shards; with ``largest_shard`` (HBM, DDR), of the options whose shards each fit
+    that, and tables with no such option left out."""
+    least: dict[str, tuple[int, int]] = {}
+    for option in options:
+        storages = [shard.storage for shard in option.shards]
+        assert all(s is not None for s in storages)  # the enumerator estimated them
+        if largest_shard and (
+            max(s.hbm for s in storages) > largest_shard[0] or max(s.ddr for s in storages) > largest_shard[1]
+        ):
+            continue
+        total = (sum(s.hbm for s in storages), sum(s.ddr for s in storages))
+        best = least.get(option.fqn)
+        least[option.fqn] = total if best is None else (min(best[0], total[0]), min(best[1], total[1]))
+    return least
+
+
 def fits(options: list[ShardingOption], capacity: Topology) -> bool:
     """Whether some plan of the search space ``options`` may fit ``capacity``, by TorchRec's storage
     estimates: each table has an option whose shards each fit a device, and the least such options of
     all tables together fit the devices' total. Where not, every proposal fails to partition."""
     devices = [device.storage for device in capacity.devices]
-    largest = max(s.hbm for s in devices), max(s.ddr for s in devices)
-    least: dict[str, tuple[int, int]] = {}
-    for option in options:
-        storages = [shard.storage for shard in option.shards]
-        assert all(s is not None for s in storages)  # the enumerator estimated them
-        if max(s.hbm for s in storages) > largest[0] or max(s.ddr for s in storages) > largest[1]:
-            continue
-        total = (sum(s.hbm for s in storages), sum(s.ddr for s in storages))
-        best = least.get(option.fqn)
-        least[option.fqn] = total if best is None else (min(best[0], total[0]), min(best[1], total[1]))
+    least = least_storage(options, (max(s.hbm for s in devices), max(s.ddr for s in devices)))
     if len(least) < len({option.fqn for option in options}):
         return False
     return sum(h for h, _ in least.values()) <= sum(s.hbm for s in devices) and sum(

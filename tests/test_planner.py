@@ -450,7 +450,7 @@ def test_the_sizings_searched_in_one_run_plan_as_each_alone():
     assert [placed for _, placed in tried].count(False) >= 3 and [p for _, p in tried].count(True) >= 2, tried
     placed_plans = {id(sizing): plan for plan, _, _, sizing in candidates}
     capacity = default_reservation().reserve(
-        topology, 512, module, sharders, setting.constraints(*tried[0][0])
+        topology, 512, module, sharders, setting.constraints(tried[0][0][0], **tried[0][0][1])
     )
     ruled_out = []
     for sizing, placed in tried:
