@@ -95,7 +95,7 @@ def test_the_knob_chooses_a_budget_that_beats_no_hot_rows(kaggle_stats):
     stats = _stats_at_dim(kaggle_stats, 16)
     topology = Topology(world_size=4, compute_device="cuda", hbm_cap=GIB // 4)
     planner = FAEShardingPlanner(
-        topology, stats, batch_size=2048, num_candidates=3, cache_params=PLAIN_CACHES
+        topology, stats, batch_size=2048, num_candidates=2, cache_params=PLAIN_CACHES
     )
     hot_set = planner.choose_hot_set()
     chosen = planner.report

@@ -340,29 +340,28 @@ def test_replanning_from_a_small_profile_and_a_resume_after_a_replan(tmp_path, c
     recent counts' hot set,
     with its rows and their optimizer state, where it makes more of the inputs left to train hot, and
     trains more hot steps than the profile's plan; the epoch after a re-plan reads the data partitioned
-    anew. A run checkpointed every 45 steps trains as one that is not; resumed from its checkpoint at
-    step 180 (in the second epoch, saved with the watching's state after the re-plans), it checks at step
-    200 as the straight run did and ends with its history. With ``--cold-tier planned`` the cold rows move
-    out of and into the tier's host rows, and its checkpoints hold them."""
+    anew. The run saves a checkpoint every 45 steps; resumed from the one at step 180 (in the second
+    epoch, saved with the watching's state after the re-plans), it checks at step 200 as the first run did
+    and ends with its history (that checkpoints leave training as it is: ``test_checkpoint``). With
+    ``--cold-tier planned`` the cold rows move out of and into the tier's host rows, and its checkpoints
+    hold them."""
     common = ["--num-samples", "60000", "--sample", "0.002", "--days", "4", "--drift", "0.01", "--order",
               "time", "--epochs", "2", "--replan", "every", "20", "--replan-window", "20",
-              "--cold-tier", cold_tier]  # fmt: skip
+              "--cold-tier", cold_tier, "--checkpoint-dir", str(tmp_path / "ck"),
+              "--checkpoint-every", "45"]  # fmt: skip
     launcher = (sys.executable,)
-    straight = _run(tmp_path / "straight", *common, launcher=launcher)
-    replans = [d["step"] for d in straight["replans"]]
-    assert straight["checks"] == 10 and replans and min(replans) < 105, replans
-    is_hot = HotColdPartition.open(tmp_path / "straight" / "out" / "partition-fae").is_hot
+    first = _run(tmp_path / "saved", *common, launcher=launcher, outputs=[tmp_path / "ck"])
+    replans = [d["step"] for d in first["replans"]]
+    assert first["checks"] == 10 and replans and min(replans) < 105, replans
+    is_hot = HotColdPartition.open(tmp_path / "saved" / "out" / "partition-fae").is_hot
     planned = 2 * sum(step.hot for step in make_schedule(is_hot, 512, order="time"))
-    assert straight["hot_steps"] > planned, (straight["hot_steps"], planned)
-    assert straight["watch_share_of_step"] < 0.05 and straight["watch_thread_ms_per_step"] > 0
-    assert all(b > 0 for b in straight["watch_bytes_per_table"]) and straight["planned_hot_share"] > 0
-    checkpointed = [*common, "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "45"]
-    saved = _run(tmp_path / "saved", *checkpointed, launcher=launcher, outputs=[tmp_path / "ck"])
-    assert saved["history"] == straight["history"]
+    assert first["hot_steps"] > planned, (first["hot_steps"], planned)
+    assert first["watch_share_of_step"] < 0.05 and first["watch_thread_ms_per_step"] > 0
+    assert all(b > 0 for b in first["watch_bytes_per_table"]) and first["planned_hot_share"] > 0
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-000000180"]
-    resumed = _run(tmp_path / "saved", *checkpointed, "--resume", launcher=launcher)
-    assert resumed["history"] == straight["history"]
-    assert resumed["final_auc"] == straight["final_auc"]
+    resumed = _run(tmp_path / "saved", *common, "--resume", launcher=launcher)
+    assert resumed["history"] == first["history"]
+    assert resumed["final_auc"] == first["final_auc"]
     assert [d["step"] for d in resumed["replans"]] == replans and resumed["checks"] == 10
 
 
