@@ -40,12 +40,14 @@ def _rows(out: str, start: str, end: str, dim: int) -> list[list[str]]:
     return [line.split("|") for line in section.splitlines() if re.match(rf"\s*{dim}\s+[12]\s", line)]
 
 
-def _check_traffic_and_steps(out: str, dim: int, figures: Path, model: str) -> list[list[str]]:
-    """Check bench_traffic's traffic and step rows of two points at ``dim``, its decisions, sweeps and
-    figures; return the convergence rows (split at ``|``)."""
+def _check_traffic_and_steps(
+    out: str, dim: int, figures: Path, model: str, world_sizes: tuple[int, ...]
+) -> list[list[str]]:
+    """Check bench_traffic's traffic and step rows of its points at ``dim`` (one per world size of
+    ``world_sizes``), its decisions, sweeps and figures; return the convergence rows (split at ``|``)."""
     traffic = _rows(out, "traffic: GiB moved", "step models", dim)
     steps = _rows(out, "step models", "FAE pp against", dim)
-    assert len(traffic) == 2 and len(steps) == 3 * len(traffic), out
+    assert len(traffic) == len(world_sizes) and len(steps) == 3 * len(traffic), out
     for row in traffic:
         for fae in row[1:4]:  # FAE pp, FAE, FAE hot: hot budget, estimated and measured hot-input shares
             estimated, measured = (float(x.rstrip("%")) for x in fae.split()[-2:])
@@ -71,14 +73,15 @@ def _check_traffic_and_steps(out: str, dim: int, figures: Path, model: str) -> l
                 re.M,
             )
     table = _rows(out, "decision:", "sweep:", dim)
-    assert len(table) == 8 and all(len(r) == (5 if model == "dlrm" else 4) for r in table), table
+    assert len(table) == 4 * len(world_sizes), table  # FAE pp, FAE hot, FAE la and FAE at each point
+    assert all(len(r) == (5 if model == "dlrm" else 4) for r in table), table
     for cell in (c.strip() for r in table for c in r[1:]):  # a win is FAE's only with hot rows
         assert re.fullmatch(r"\d\.\d\d (win|level|lose) (layout|offload)", cell) or re.fullmatch(
             r"\d\.\d\d (level|lose) (default|scale-up|no hot rows).*", cell
         ), cell
     assert re.search(r"^ +0\.10 \( *3\.15 GB/s\) \| FAE pp: win", out, re.M), "a tenth of PCIe Gen4"
     assert re.search(r"^ +100 us \| FAE pp Gen4: win", out, re.M), "100 us of cache machinery a step"
-    assert len(_rows(out, "break-even:", "whole step:", dim)) == 2
+    assert len(_rows(out, "break-even:", "whole step:", dim)) == len(world_sizes)
     for cells in re.findall(r"^  Gen[45] +\d+ +[12] .*\|((?: +(?:-|\d+\.\d\d)){5})$", out, re.M):
         assert any(c != "-" for c in cells.split()), "a ceiling only where TorchRec's best is transfer-bound"
     assert "\nceiling: TorchRec's best step / (c)'s" in out
@@ -88,7 +91,7 @@ def _check_traffic_and_steps(out: str, dim: int, figures: Path, model: str) -> l
         assert (figures / picture).read_bytes()[:4] == b"\x89PNG"
     saved = json.loads((figures / "traffic_points.json").read_text())
     assert saved["model"] == model
-    assert [(p["dim"], p["world_size"]) for p in saved["points"]] == [(dim, 1), (dim, 2)]
+    assert [(p["dim"], p["world_size"]) for p in saved["points"]] == [(dim, w) for w in world_sizes]
     for point in saved["points"]:
         assert set(point["fae"]) == {"FAE pp", "FAE", "FAE hot"}
         assert max(n for name, n in point["caches"].items() if not name.startswith("FAE")) >= 1
@@ -100,10 +103,11 @@ def _check_traffic_and_steps(out: str, dim: int, figures: Path, model: str) -> l
 
 @pytest.mark.benchmark
 def test_bench_traffic_prints_every_comparison_and_draws_the_curves(tmp_path):
+    """DLRM's layout at one point (TBSM's test plans two, each half of this one's time)."""
     out = _run(
         "bench_traffic.py",
         "--num-samples", "100k", "--warmup", "50k", "--epoch", "200k", "--scale", "0.1", "--dims", "128",
-        "--world-sizes", "1", "2", "--caps", "128MiB", "--sampling", "2", "--belady-sampling", "4",
+        "--world-sizes", "1", "--caps", "128MiB", "--sampling", "2", "--belady-sampling", "4",
         "--convergence-lengths", "50k", "200k", "--convergence-points", "128:1:128MiB",
         "--knob-candidates", "2", "--out", str(tmp_path),
     )  # fmt: skip
@@ -112,7 +116,7 @@ def test_bench_traffic_prints_every_comparison_and_draws_the_curves(tmp_path):
     assert sampled and abs(int(sampled[1].replace(",", "")) - 10_000) < 1_000, (
         "5% of the epoch, not of the replay"
     )
-    convergence = _check_traffic_and_steps(out, 128, tmp_path, "dlrm")
+    convergence = _check_traffic_and_steps(out, 128, tmp_path, "dlrm", (1,))
     assert [r[0].split()[4] for r in convergence] == ["50,000", "100,000", "200,000"]
     assert len({tuple(r[0].split()[5:]) for r in convergence}) == 1, "the same hot budgets at every length"
     assert "doubling the default 100,000 inputs to 200,000" in out
@@ -136,7 +140,7 @@ def test_bench_traffic_replays_tbsm_inputs_the_profile_did_not_read(tmp_path):
     assert profile, out
     sampled, trained = (int(x.replace(",", "")) for x in profile.groups())
     assert abs(sampled / trained - 0.2) < 0.01, "FAE's TBSM profile: 20% of the training inputs"
-    convergence = _check_traffic_and_steps(out, 16, tmp_path, "tbsm")
+    convergence = _check_traffic_and_steps(out, 16, tmp_path, "tbsm", (1, 2))
     assert [r[0].split()[4] for r in convergence] == ["5,000", "10,000", "20,000"]
     assert "doubling the default 10,000 inputs to 20,000" in out
 
