@@ -10,7 +10,8 @@ PYTEST_ARGS ?=
 # "not benchmark"), so that the two workers share one start and one tail. Line coverage is left out (it more
 # than doubles the in-process planner tests, past CI's 20 minutes): `make test PYTEST_ARGS=--cov` measures it.
 # pytest workers: three keep both cores busy while tests wait on imports, files or their other rank
-# (the whole of `make test` took 16m16s here with three, 18m10s with two).
+# (the whole of `make test` took 16m16s here with three, 18m10s with two; on a slower day 21m07s with
+# three, 23m02s with four).
 TEST_WORKERS ?= 3
 
 .PHONY: train test lint clean
