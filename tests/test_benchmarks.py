@@ -103,7 +103,7 @@ def _check_traffic_and_steps(
 
 @pytest.mark.benchmark
 def test_bench_traffic_prints_every_comparison_and_draws_the_curves(tmp_path):
-    """DLRM's layout at one point (TBSM's test plans two, each half of this one's time)."""
+    """DLRM's layout at one point, 1 GPU (the TBSM test below plans two: 1 and 2 GPUs)."""
     out = _run(
         "bench_traffic.py",
         "--num-samples", "100k", "--warmup", "50k", "--epoch", "200k", "--scale", "0.1", "--dims", "128",

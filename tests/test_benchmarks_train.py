@@ -128,26 +128,24 @@ def test_bench_interleaved_trains_both_models_in_one_process_in_turns(tmp_path):
     the warm-up, the last one left out."""
     out = _script("benchmarks/bench_interleaved.py", *TINY, "--world-sizes", "2", "--stretch", "2",
                   "--epochs", "1", "--out", str(tmp_path), "--figures", str(tmp_path))  # fmt: skip
-    for world_size in (2,):
-        stretches = json.loads((tmp_path / f"ws{world_size}" / "stretches.json").read_text())
-        fae, baseline = stretches["fae"], stretches["torchrec"]
-        assert len(fae) == len(baseline) > 4
-        assert all(row[4] == 2 for row in fae[:-1] + baseline[:-1]), "full stretches but the last"
-        assert min(fae[-1][4], baseline[-1][4]) < 2, "the run ends when a model has trained every step"
-        assert sum(row[3] for row in fae) > 0 and sum(row[3] for row in baseline) == 0  # hot steps
-        assert all(row[0] > 0 and row[1] > 0 for row in fae[:-1] + baseline[:-1])
-        counted = re.search(rf"^world size {world_size}: (\d+) pairs of 2-step stretches counted", out, re.M)
-        assert counted and int(counted[1]) == len(fae) - 3, out  # 2 warm-up pairs and the last
-        assert re.search(
-            r"per pair: mean [\d.]+x \(SE [\d.]+\), median [\d.]+x, \d+ of \d+ at least 1.0x", out
-        ), out
-        # the end-to-end ratio: each model's inputs over its step and routing seconds, counted pairs
-        rate = {mode: np.asarray(rows[2:-1]) for mode, rows in stretches.items()}
-        rate = {mode: rows[:, 0].sum() / rows[:, 1:3].sum() for mode, rows in rate.items()}
-        routed = re.search(
-            rf"^world size {world_size}:(?:.*\n)*?.*with routing included ([\d.]+)x", out, re.M
-        )
-        assert routed and float(routed[1]) == pytest.approx(rate["fae"] / rate["torchrec"], abs=6e-4), out
+    world_size = 2
+    stretches = json.loads((tmp_path / f"ws{world_size}" / "stretches.json").read_text())
+    fae, baseline = stretches["fae"], stretches["torchrec"]
+    assert len(fae) == len(baseline) > 4
+    assert all(row[4] == 2 for row in fae[:-1] + baseline[:-1]), "full stretches but the last"
+    assert min(fae[-1][4], baseline[-1][4]) < 2, "the run ends when a model has trained every step"
+    assert sum(row[3] for row in fae) > 0 and sum(row[3] for row in baseline) == 0  # hot steps
+    assert all(row[0] > 0 and row[1] > 0 for row in fae[:-1] + baseline[:-1])
+    counted = re.search(rf"^world size {world_size}: (\d+) pairs of 2-step stretches counted", out, re.M)
+    assert counted and int(counted[1]) == len(fae) - 3, out  # 2 warm-up pairs and the last
+    assert re.search(
+        r"per pair: mean [\d.]+x \(SE [\d.]+\), median [\d.]+x, \d+ of \d+ at least 1.0x", out
+    ), out
+    # the end-to-end ratio: each model's inputs over its step and routing seconds, counted pairs
+    rate = {mode: np.asarray(rows[2:-1]) for mode, rows in stretches.items()}
+    rate = {mode: rows[:, 0].sum() / rows[:, 1:3].sum() for mode, rows in rate.items()}
+    routed = re.search(rf"^world size {world_size}:(?:.*\n)*?.*with routing included ([\d.]+)x", out, re.M)
+    assert routed and float(routed[1]) == pytest.approx(rate["fae"] / rate["torchrec"], abs=6e-4), out
     assert (tmp_path / "bench_interleaved.png").read_bytes()[:4] == b"\x89PNG"
 
 
