@@ -1,5 +1,7 @@
 """``evaluate``: AUC and log loss over every rank's validation batches, on real gloo ranks."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -8,6 +10,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fae_torchrec import evaluate
+from fae_torchrec.train.evaluation import roc_auc
 from tests.distributed import run_on_ranks
 
 
@@ -50,3 +53,14 @@ def _evaluate_on_ranks(rank: int, world_size: int) -> None:
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_evaluate_covers_every_rank(tmp_path, world_size):
     run_on_ranks(_evaluate_on_ranks, world_size, tmp_path)
+
+
+def test_roc_auc_is_torchmetrics_exact_auroc_with_ties_and_nan_for_one_class():
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 2, (5000,), generator=generator)
+    scores = (labels + 2 * torch.rand(5000, generator=generator)).round(decimals=1)  # many ties
+    expected = float(binary_auroc(scores, labels, thresholds=None))
+    assert 0.6 < expected < 0.9
+    assert roc_auc(scores, labels) == pytest.approx(expected, abs=1e-6)  # torchmetrics sums in float32
+    assert roc_auc(torch.tensor([0.1, 0.2, 0.2, 0.9]), torch.tensor([0, 1, 0, 1])) == 0.875
+    assert math.isnan(roc_auc(scores, torch.ones_like(labels)))

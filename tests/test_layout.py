@@ -290,7 +290,7 @@ def test_public_names_import_from_where_the_docs_say(module):
 def test_the_top_level_api_is_lean_and_importing_it_configures_nothing():
     """At most 20 names at the top of ``fae_torchrec`` and ``planner`` (the rest in their stages'
     packages); importing them, the command line and the recipe changes no plotting backend and writes
-    nothing (torchmetrics, which TorchRec imports, loads pyplot itself)."""
+    nothing."""
     probe = (
         "import matplotlib\n"
         "matplotlib.use('svg')\n"
