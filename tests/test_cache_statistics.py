@@ -5,7 +5,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from planner.cache_statistics import AccessCacheStatistics
+from planner.cache_statistics import AccessCacheStatistics, _row_probabilities
 
 
 def _lru_miss_rate(stream: np.ndarray, capacity: int) -> float:
@@ -75,3 +75,25 @@ def test_counts_must_be_non_negative_integers():
     for bad in (np.array([1.5, 2.0]), np.array([3, -1])):
         with pytest.raises(ValueError, match="non-negative integers"):
             AccessCacheStatistics.from_counts(bad, lookups_per_batch=1)
+
+
+def _bisected_miss_rate(probability, multiplicity, cache_rows):
+    """Che's miss rate by plain bisection of ``sum m (1 - exp(-p T)) = C`` on log T: the reference."""
+    low, high = -40.0, 60.0
+    for _ in range(80):
+        middle = (low + high) / 2
+        filled = multiplicity @ -np.expm1(-probability * np.exp(middle))
+        low, high = (middle, high) if filled < cache_rows else (low, middle)
+    return 1.0 - (multiplicity * probability) @ -np.expm1(-probability * np.exp(low))
+
+
+@pytest.mark.parametrize("rows", [3, 10_000, 40_000_000])
+def test_the_miss_rate_curve_solves_ches_equation_for_every_load_factor(rows):
+    """Every tabulated point, from caches of a few rows to nearly the whole table (where the time is
+    largest), is the miss rate a bisection finds; tables of millions of rows with few seen included."""
+    seen = np.bincount(np.minimum(np.random.default_rng(rows).zipf(1.2, 50_000), rows) - 1)
+    stats = AccessCacheStatistics.from_seen(seen[seen > 0], rows, lookups_per_batch=100)
+    probability, multiplicity = _row_probabilities(seen[seen > 0], rows)
+    for load_factor, miss in zip(stats.load_factors[1:-1], stats.miss_rates[1:-1], strict=True):
+        expected = _bisected_miss_rate(probability, multiplicity, load_factor * rows)
+        assert miss == pytest.approx(max(expected, 0.0), abs=1e-9), load_factor
