@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import bench_cli, bench_published
+from benchmarks import bench_cli, bench_published, bench_traffic
 from benchmarks.bench_hot_share import budget_ladder
 from benchmarks.common.calibration import Calibration, Estimate
 from benchmarks.common.id_stream import taobao_stream
@@ -109,7 +109,7 @@ def test_bench_traffic_prints_every_comparison_and_draws_the_curves(tmp_path):
         "--num-samples", "100k", "--warmup", "50k", "--epoch", "200k", "--scale", "0.1", "--dims", "128",
         "--world-sizes", "1", "--caps", "128MiB", "--sampling", "2", "--belady-sampling", "4",
         "--convergence-lengths", "50k", "200k", "--convergence-points", "128:1:128MiB",
-        "--knob-candidates", "2", "--out", str(tmp_path),
+        "--knob-candidates", "1", "--out", str(tmp_path),
     )  # fmt: skip
     assert out.count("disjoint (checked)") == 1, "the profile reads other inputs than the replay"
     sampled = re.search(r"profile: ([\d,]+) sampled inputs \([\d.]+% of an epoch of 200,000\)", out)
@@ -294,6 +294,13 @@ def test_standard_error_of_a_mean():
     assert np.isnan(standard_error([2.0]))
 
 
+def test_bench_traffic_needs_a_knob_candidate(capsys):
+    with pytest.raises(SystemExit) as exited:
+        bench_traffic.parse_args(["--knob-candidates", "0"])
+    assert exited.value.code == 2
+    assert "argument --knob-candidates: must be a positive integer, got 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("script", ["bench_hot_share.py", "bench_traffic.py"])
 def test_bad_data_exits_with_status_2_and_says_why(script):
     run = subprocess.run(
@@ -379,20 +386,18 @@ def test_bench_calibrate_needs_a_gpu_and_bench_traffic_takes_its_figures(tmp_pat
     assert "collectives: not measured (world size 1)" in out
     for name in ("FAE pp", "FAE hot", "FAE la", "FAE"):
         assert re.search(rf"^  {name} against TorchRec's best \(calibrated\): win +\d+, level", out, re.M)
-    for text, message in (
-        ('{"device": "a GPU"}', "not a calibration"),
-        (
-            '{"device": "a GPU", "effective_gbps": 6.3, "machinery_us": 20.0}',
-            "effective_gbps is the older format",
-        ),
+    calibration.write_text('{"device": "a GPU"}')
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_traffic.py"), "--points", points,
+         "--calibration", str(calibration)],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 2 and f"--calibration {calibration}: not a calibration" in bad.stderr
+    calibration.write_text('{"device": "a GPU", "effective_gbps": 6.3, "machinery_us": 20.0}')
+    with pytest.raises(
+        ValueError, match=f"^{re.escape(str(calibration))}: effective_gbps is the older format"
     ):
-        calibration.write_text(text)
-        bad = subprocess.run(
-            [sys.executable, str(ROOT / "benchmarks" / "bench_traffic.py"), "--points", points,
-             "--calibration", str(calibration)],
-            cwd=ROOT, capture_output=True, text=True,
-        )  # fmt: skip
-        assert bad.returncode == 2 and f"--calibration {calibration}: {message}" in bad.stderr
+        Calibration.load(calibration)  # refused as the file above is, by its own name
 
 
 def test_uniform_uvm_closed_form_matches_the_replay_of_uniform_ids():
@@ -506,7 +511,7 @@ def test_bench_slot_plan_prices_the_planned_slots_against_caches_and_by_the_step
     out = _run(
         "bench_slot_plan.py", "--num-samples", "20k", "--warmup", "10k", "--epoch", "100k", "--scale", "0.05",
         "--points", "16:2:3MiB", "--batch-size", "256", "--sampling", "1", "--windows", "4",
-        "--aheads", "0", "1", "--host-ms", "0.5", "--knob-candidates", "2",
+        "--aheads", "0", "1", "--host-ms", "0.5", "--knob-candidates", "1",
     )  # fmt: skip
     # every step cold, the tables' floors (a step's rows each) ask more than the device memory holds
     unfit = re.findall(r"\| tier, no hot: ([\d,]+) slots, more than d's ([\d,]+) rows$", out, re.M)
