@@ -973,7 +973,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--belady-sampling", type=int, default=default["sampling"], help="Belady replays 1/N of the rows"
     )
-    parser.add_argument("--knob-candidates", type=positive_int, default=4, help="hot budgets FAE's knob tries")
+    parser.add_argument(
+        "--knob-candidates", type=positive_int, default=4, help="hot budgets FAE's knob tries"
+    )
     add_dense_options(parser)
     parser.add_argument(
         "--calibration",
