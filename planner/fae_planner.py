@@ -350,10 +350,13 @@ class FAEShardingPlanner(ShardingPlanner):
         """The cold sizing of ``hot_set`` as the knob plans it (on its meta module, without the model's
         dense part), kept for the next call: ``plan`` starts from it whether ``choose_hot_set`` ran before
         or not, so the plan of a model does not depend on the order of the calls. None where no sizing
-        places."""
+        places, and on a CPU topology, where no cache is sized (the plan's own search is the one the meta
+        module's would be, a run of TorchRec's planner less)."""
         chosen = self._chosen
         if chosen and all(map(np.array_equal, chosen[0].hot_ids, hot_set.hot_ids)):
             return chosen[1]
+        if self.topology.compute_device != "cuda":
+            return None
         try:
             _, _, sizing = self._plan(self.meta_module(hot_set), hot_set, get_default_sharders())
         except PlannerError:

@@ -313,6 +313,20 @@ def test_plan_is_the_same_in_any_call_order_and_repeats_none_of_the_knobs_search
     assert fresh.report.step == pytest.approx(knob.report.step, rel=1e-9)
 
 
+def test_a_cpu_topology_plans_in_one_run_as_it_does_after_the_knob(tbsm_stats):
+    """A CPU topology sizes no cache, so ``plan`` runs TorchRec's planner once, with no run on the meta
+    module before, and gives the plan it gives after the knob chose the same hot set."""
+    topology = Topology(world_size=2, compute_device="cpu")
+    knob = FAEShardingPlanner(topology, tbsm_stats, batch_size=256, num_candidates=2)
+    hot_set = knob.choose_hot_set()
+    assert hot_set.total_hot > 0
+    after_knob = plan_layout(knob.plan(knob.meta_module(hot_set), get_default_sharders()))
+    fresh = FAEShardingPlanner(topology, tbsm_stats, batch_size=256)
+    assert plan_layout(fresh.plan(fresh.meta_module(hot_set), get_default_sharders())) == after_knob
+    assert len(fresh.torchrec_runs) == 1
+    assert fresh.report.step == pytest.approx(knob.report.step, rel=1e-9)
+
+
 def test_the_knob_plans_its_budgets_in_worker_processes_as_it_does_here(tbsm_stats):
     """``processes=2``: budgets planned in two worker processes give the hot set, report and runs of
     TorchRec's planner that planning them here one after another gives, ``plan`` still reuses the
