@@ -19,7 +19,7 @@ from tests.distributed import run_launched
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Small data for the example (one input in 10 is held out for validation).
-TINY = ["--num-samples", "41000", "--scale", "0.01", "--batch-size", "256"]
+TINY = ["--num-samples", "16000", "--scale", "0.01", "--batch-size", "256"]
 
 
 def _script(path: str, *args: str) -> str:
