@@ -216,12 +216,12 @@ def test_bench_columnar_measures_the_peak_memory_of_profiling_each_file(tmp_path
 @pytest.mark.benchmark
 def test_bench_planning_times_both_planners_side_by_side():
     out = _run("bench_planning.py", "--world-sizes", "2", "4", "--scale", "0.01", "--num-samples", "100k",
-               "--candidates", "2")  # fmt: skip
+               "--candidates", "1")  # fmt: skip
     rows = [line.split("|") for line in out.splitlines() if re.match(r"\s+[24] \|", line)]
     assert [int(r[0]) for r in rows] == [2, 4], out
     for _, fae, torchrec, ratio in rows:
         wall, _, runs, in_runs = (float(x) for x in fae.split())
-        assert runs >= 3, "the knob runs TorchRec's planner for none and two budgets at least"
+        assert runs >= 2, "the knob runs TorchRec's planner for none and one budget at least"
         assert 0 < in_runs <= wall and float(torchrec.split()[0]) > 0 and ratio.strip().endswith("x")
 
 
