@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # than doubles the in-process planner tests, past CI's 20 minutes): `make test PYTEST_ARGS=--cov` measures it.
 # pytest workers: three keep both cores busy while tests wait on imports, files or their other rank
 # (the whole of `make test` took 16m16s here with three, 18m10s with two; on a slower day 21m07s with
-# three, 23m02s with four).
+# three, 23m02s with four). This machine's speed varies by about 20% between runs: compare commits in turns.
 TEST_WORKERS ?= 3
 
 .PHONY: train test lint clean
