@@ -110,6 +110,19 @@ def _files(directory: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(directory.iterdir()) if path.is_file()}
 
 
+def _contents(directory: Path) -> dict[str, object]:
+    """What a partition holds, however many files hold it: its arrays (read whole) and description."""
+    partition = HotColdPartition.open(directory)
+    described = json.loads((directory / "partition.json").read_text())
+    described.pop("shares", None)
+    arrays = {
+        f"{part}_{field}": np.asarray(getattr(partition.part(part), field)).tobytes()
+        for part in ("hot", "cold")
+        for field in ("dense", "ids", "labels", "part_ids")
+    }
+    return arrays | {"is_hot": np.asarray(partition.is_hot).tobytes(), "described": described}
+
+
 def _same_as_one_process(rank: int, world_size: int, tmp_path: Path) -> None:
     for name, (source, options) in _sources(tmp_path / "data").items():
         assert not any(share.empty for share in _shares(source)), name  # every rank writes its share
@@ -132,19 +145,22 @@ def _same_as_one_process(rank: int, world_size: int, tmp_path: Path) -> None:
             )
         for field in ("dense", "ids", "labels") if one.validation else ():
             np.testing.assert_array_equal(getattr(ours.validation, field), getattr(one.validation, field))
-        assert _files(tmp_path / f"{name}-{world_size}") == _files(tmp_path / f"{name}-1"), name
+        assert _contents(tmp_path / f"{name}-{world_size}") == _contents(tmp_path / f"{name}-1"), name
+        shares = json.loads((tmp_path / f"{name}-{world_size}" / "partition.json").read_text())["shares"]
+        assert shares == [f"share-{r}" for r in range(world_size)], "each rank wrote files of its own"
         chosen, hot_set = pickle.loads((tmp_path / f"{name}-again.pkl").read_bytes())
         repartition(ours.partition, chosen, hot_set, tmp_path / f"{name}-again-{world_size}", **AGAIN)
-        assert _files(tmp_path / f"{name}-again-{world_size}") == _files(tmp_path / f"{name}-again-1"), name
+        assert _contents(tmp_path / f"{name}-again-{world_size}") == _contents(
+            tmp_path / f"{name}-again-1"
+        ), name
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_rank_profiles_and_partitions_its_share_as_one_process_would(tmp_path, world_size):
     """Two or three ranks, each profiling and partitioning its share of the data, make what one process
-    makes of all of it: the same counts, holdout, validation set, hot set, and partition files byte for
-    byte (label balance and inputs kept out of training included); and so does a re-partition of a
-    part of the inputs against another hot set. At 3 ranks the hot-input count that tells each rank
-    where its rows go is cut across the ranks' shares (each counts a third of the first two)."""
+    makes of all of it: the same counts, holdout, validation set, hot set, and partition arrays byte for
+    byte (label balance and inputs kept out of training included), each rank's share in files of its
+    own; and so does a re-partition of a part of the inputs against another hot set."""
     (tmp_path / "data").mkdir()
     _write_days(tmp_path / "data")
     for name, (source, options) in _sources(tmp_path / "data").items():
@@ -158,6 +174,44 @@ def test_every_rank_profiles_and_partitions_its_share_as_one_process_would(tmp_p
         repartition(one.partition, chosen, hot_set, tmp_path / f"{name}-again-1", **AGAIN)
         (tmp_path / f"{name}-again.pkl").write_bytes(pickle.dumps((chosen, hot_set)))
     run_on_ranks(_same_as_one_process, world_size, tmp_path, tmp_path)
+
+
+def _prepare_small(rank: int, world_size: int, directory: Path) -> None:
+    data = SyntheticCriteo(20_000, batch_size=1024, scale=0.0005, seed=3)  # a share for each of 2 ranks
+    prepared = prepare_data(data, data.table_configs(8), directory, sample=0.2, batch_size=BATCH,
+                            hot_budget=8 << 10, val_every=5)  # fmt: skip
+    assert len(prepared.validation) == 4000
+
+
+def _listed(directory: Path) -> set[str]:
+    return {str(path.relative_to(directory)) for path in directory.rglob("*")}
+
+
+def test_a_partition_written_again_by_another_number_of_ranks_leaves_none_of_the_earlier_files(tmp_path):
+    """Each rank's share of a partition, and of the validation inputs, lies in files of its own; a
+    partition written again, by one rank or several, replaces every file of the one before."""
+    directory = tmp_path / "partition"
+    _prepare_small(0, 1, directory)
+    one = _listed(directory)
+    assert "hot_ids.npy" in one and not any(name.startswith(("share-", "validation")) for name in one)
+    before = _contents(directory)
+    run_on_ranks(_prepare_small, 2, tmp_path, directory)
+    two = _listed(directory)
+    assert not any(name.endswith(".npy") and "/" not in name for name in two), "one process's files gone"
+    for share in ("share-0", "share-1"):
+        assert {f"{share}/hot_ids.npy", f"validation/{share}/ids.npy"} <= two
+    assert _contents(directory) == before
+    _prepare_small(0, 1, directory)
+    assert _listed(directory) == one and _contents(directory) == before
+
+
+def test_a_partition_whose_shares_disagree_is_refused_as_damaged(tmp_path):
+    directory = tmp_path / "partition"
+    run_on_ranks(_prepare_small, 2, tmp_path, directory)
+    labels = directory / "share-1" / "cold_labels.npy"
+    np.save(labels, np.load(labels).astype(np.float64))
+    with pytest.raises(ValueError, match=r"partition: damaged partition: rows of float64 \(\) cannot follow"):
+        HotColdPartition.open(directory)
 
 
 def test_a_holdout_bound_that_does_not_hold_profiles_again_without_it(tmp_path, monkeypatch):

@@ -34,38 +34,12 @@ class NpyAppender:
         _write_header(self.file, self.path, self.dtype, (self.rows, *self.row_shape))
 
 
-class NpyRegion(NpyAppender):
-    """Rows written into an ``.npy`` file that :func:`allocate_npy` made, from row ``start`` on: one
-    writer's share of a file that several processes write at once."""
-
-    def __init__(self, path: Path, dtype: np.dtype, row_shape: tuple[int, ...], start: int) -> None:
-        self.path, self.dtype, self.row_shape, self.rows = path, np.dtype(dtype), row_shape, 0
-        self.file = open(path, "r+b")  # closed in close()
-        self.file.seek(HEADER_BYTES + start * self.dtype.itemsize * int(np.prod(row_shape)))
-
-    def close(self) -> None:
-        self.file.close()
-
-
 def allocate_npy(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
-    """An ``.npy`` file of ``shape`` whose rows ``NpyRegion`` writers fill (the header as
-    :class:`NpyAppender` writes it, so that the bytes are those it would have written)."""
+    """An ``.npy`` file of ``shape`` for writers to fill in place (the header as :class:`NpyAppender`
+    writes it, so that the bytes are those it would have written)."""
     with open(path, "wb") as file:
         _write_header(file, path, np.dtype(dtype), shape)
         file.truncate(HEADER_BYTES + np.dtype(dtype).itemsize * int(np.prod(shape)))
-
-
-def reserve_npy(path: Path) -> None:
-    """An ``.npy`` file of a header's bytes, for ``NpyRegion`` writers to fill where the rows are not known
-    before they are written; :func:`write_npy_header` writes its header once they are."""
-    with open(path, "wb") as file:
-        file.truncate(HEADER_BYTES)
-
-
-def write_npy_header(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
-    """The header of the ``.npy`` file ``path`` (:func:`reserve_npy`'s, filled), of ``shape``."""
-    with open(path, "r+b") as file:
-        _write_header(file, path, np.dtype(dtype), shape)
 
 
 def _write_header(file: BinaryIO, path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:

@@ -25,13 +25,19 @@ HOLDOUT_MARGIN = 8.0
 @dataclass(frozen=True)
 class ProfiledShare:
     """What a profiler of one share of the data saw, less its counts (which add up): its inputs, those
-    it sampled, and its holdout's candidates: their draws, rows, and which of them each row is of."""
+    it sampled, and its holdout's candidates: their draws, rows, and which of them each row is of (both
+    in the narrowest unsigned dtype that holds them: a share goes to every rank)."""
 
     num_inputs: int
     num_sampled: int
     draws: np.ndarray
     rows: np.ndarray
     owners: np.ndarray
+
+
+def _compact(values: np.ndarray) -> np.ndarray:
+    """Non-negative integers in the narrowest dtype that holds them: what a share sends other ranks."""
+    return values.astype(np.min_scalar_type(int(values.max()))) if len(values) else values
 
 
 def profile_draws(seed: int, first_input: int = 0) -> np.random.Generator:
@@ -156,7 +162,7 @@ class AccessProfiler:
             positions = np.cumsum(kept) - 1
             rows, owners = rows[kept[owners]], positions[owners[kept[owners]]]
             draws = draws[kept]
-        return ProfiledShare(self.num_inputs, self.num_sampled, draws, rows, owners)
+        return ProfiledShare(self.num_inputs, self.num_sampled, draws, _compact(rows), _compact(owners))
 
     def join(self, shares: Sequence[ProfiledShare]) -> None:
         """Become the profiler of all ``shares`` (consecutive shares of the data, in its order, this
@@ -165,7 +171,7 @@ class AccessProfiler:
         holdout = _BottomK(self._holdout.k, self._holdout.bound)
         for share in shares:
             if len(share.draws):
-                holdout.add(share.draws, share.rows, share.owners)
+                holdout.add(share.draws, share.rows.astype(np.int64), share.owners.astype(np.int64))
         self._holdout = holdout
         self.num_inputs = sum(share.num_inputs for share in shares)
         self.num_sampled = sum(share.num_sampled for share in shares)

@@ -6,7 +6,9 @@ training splits its batches by sign, with no lookup in the hot set (FAE's offlin
 lives in memory or in a directory of ``.npy`` files (``hot_dense.npy``, ``hot_ids.npy``,
 ``hot_part_ids.npy``, ``hot_labels.npy``, the same for ``cold``, and ``is_hot.npy``, which inputs of the
 data went to the hot part), written chunk by chunk while the data streams past, and read back
-memory-mapped.
+memory-mapped. Where several ranks write a partition at once, each writes its share of the data into
+files of its own (``share-R``, rank ``R``'s), and the partition reads them one after another
+(``RowChain``): no writer waits for the others to count where its rows go.
 
 Label balance: entirely-hot inputs are not a random sample of the data; they click more often than the
 rest (TBSM, whose negatives are random, mostly cold, items) or less (Criteo), so every hot step is a
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,13 +33,16 @@ from tqdm import tqdm
 
 from fae_torchrec.checks import check_share
 from fae_torchrec.data.block import SampleBlock
-from fae_torchrec.data.npy_append import NpyAppender, NpyRegion, allocate_npy, reserve_npy, write_npy_header
+from fae_torchrec.data.npy_append import NpyAppender
+from fae_torchrec.data.row_chain import chain_rows
 from fae_torchrec.seeds import generator
 from fae_torchrec.stats.hot_set import COLD, HOT, PARTS, HotSet
 
 _FIELDS = ("dense", "ids", "labels", "part_ids")
-#: Per field of a part, its dtype and the shape of a row.
-FieldLayout = dict[str, tuple[np.dtype, tuple[int, ...]]]
+#: The files of a partition (or of one writer's share of it), without ``.npy``.
+_FILES = ("is_hot", *(f"{part}_{field}" for part in PARTS for field in _FIELDS))
+#: The folder of rank ``R``'s share of a partition that several ranks wrote.
+SHARE = "share-{}"
 
 
 @dataclass(frozen=True)
@@ -145,24 +151,16 @@ class HotColdPartition:
         """Partition to ``directory`` block by block (memory stays one block), then open it
         (``balance`` and ``seed`` as in :meth:`of`; ``progress`` draws a bar over ``total`` inputs;
         ``first_block``: the number of the first block, where they are a share of the data)."""
-        check_share(balance, "label balance")
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-
-        def appender(name: str, array: np.ndarray) -> NpyAppender:
-            return NpyAppender(directory / f"{name}.npy", array.dtype, array.shape[1:])
-
-        bar = _bar(total, progress)
-        written = _write_blocks(blocks, hot_set, keys, appender, balance, seed, first_block, bar)
-        ids_per_feature = written.ids_per_feature
-        if ids_per_feature is None:
+        written = write_files(blocks, hot_set, keys, directory, balance, seed, first_block, progress, total)
+        if written.ids_per_feature is None:
             raise ValueError("no inputs to partition")
-        finish_partition(directory, keys, ids_per_feature, hot_set)
+        finish_partition(directory, keys, written.ids_per_feature, hot_set)
         return cls.open(directory)
 
     @classmethod
     def open(cls, directory: str | os.PathLike) -> HotColdPartition:
-        """A partition written by :meth:`write`, memory-mapped."""
+        """A partition written by :meth:`write`, or by several ranks (:func:`finish_shares`),
+        memory-mapped."""
         directory = Path(directory)
         meta = directory / "partition.json"
         if not meta.exists():
@@ -174,41 +172,39 @@ class HotColdPartition:
                     f"{meta}: no {what}; the partition was written by an older version, write it again"
                 )
         ids_per_feature = tuple(described["ids_per_feature"])
-        blocks = {
-            part: SampleBlock(
-                **{field: np.load(directory / f"{part}_{field}.npy", mmap_mode="r") for field in _FIELDS},
-                ids_per_feature=ids_per_feature,
-            )
-            for part in PARTS
-        }
-        is_hot = directory / "is_hot.npy"
-        if not is_hot.exists():
-            raise FileNotFoundError(
-                f"{is_hot}: missing; the partition was written by an older version, write it again"
-            )
+        opened = [_open_files(directory / name) for name in described.get("shares", ["."])]
+
+        def chained(name: str) -> np.ndarray:
+            return chain_rows([files[name] for files in opened])
+
         try:
+            blocks = {
+                part: SampleBlock(
+                    **{field: chained(f"{part}_{field}") for field in _FIELDS},
+                    ids_per_feature=ids_per_feature,
+                )
+                for part in PARTS
+            }
             return cls(
-                blocks[HOT], blocks[COLD], np.load(is_hot, mmap_mode="r"), tuple(described["keys"]),
-                described["hot_set"],
-            )  # fmt: skip
+                blocks[HOT], blocks[COLD], chained("is_hot"), tuple(described["keys"]), described["hot_set"]
+            )
         except ValueError as error:
             raise ValueError(f"{directory}: damaged partition: {error}") from error
 
 
-@dataclass(frozen=True)
-class PartitionShare:
-    """Where one writer's share of the data goes in a partition that several write at once
-    (:func:`write_share`): the rows before its own in the hot part, the cold part and the data
-    (``is_hot``)."""
-
-    hot: int
-    cold: int
-    inputs: int
+def _open_files(folder: Path) -> dict[str, np.ndarray]:
+    """The files of a partition, or of one writer's share of it, in ``folder``, memory-mapped."""
+    is_hot = folder / "is_hot.npy"
+    if not is_hot.exists():
+        raise FileNotFoundError(
+            f"{is_hot}: missing; the partition was written by an older version, write it again"
+        )
+    return {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _FILES}
 
 
 @dataclass(frozen=True)
 class WrittenShare:
-    """What one writer of a share wrote (:func:`write_share`): per file (``is_hot``, ``{part}_{field}``)
+    """What one writer wrote (:func:`write_files`): per file (``is_hot``, ``{part}_{field}``)
     its dtype, row shape and rows written, and the ids per feature of its inputs (None: it had none)."""
 
     files: dict[str, tuple[np.dtype, tuple[int, ...], int]]
@@ -220,96 +216,66 @@ class WrittenShare:
         return {name: (dtype, shape) for name, (dtype, shape, _) in self.files.items()}, self.ids_per_feature
 
 
-def count_hot(
-    blocks: Iterable[tuple[SampleBlock, np.ndarray]],
-    hot_set: HotSet,
-    keys: Sequence[str],
-    balance: float = 0.0,
-    seed: int = 0,
-    first_block: int = 0,
-) -> tuple[int, int]:
-    """Of the inputs of ``blocks`` (per block of the data, a block and the mask of those it partitions),
-    how many :meth:`HotColdPartition.write` sends to the hot part (``balance``, ``seed`` and
-    ``first_block`` as it takes them) and how many there are, by the hot set's bitmap, without the remap
-    or a copy of the inputs: where the writer of the share of the data after them starts."""
-    layout, hot, inputs = hot_set.layout, 0, 0
-    for index, (block, chosen) in enumerate(blocks, start=first_block):
-        layout.check_features(block.ids, keys, block.ids_per_feature, chosen)
-        tables = layout.column_tables(keys, block.ids_per_feature)
-        all_hot = hot_set.all_hot_by_column(block.ids, tables)[chosen]
-        rng = generator(seed, "balance", index)
-        hot += int(np.count_nonzero(balanced(all_hot, block.labels[chosen], balance, rng)))
-        inputs += len(all_hot)
-    return hot, inputs
-
-
-def create_partition(directory: str | os.PathLike) -> None:
-    """A partition's files in ``directory``, empty, for :func:`write_share` writers to fill and
-    :func:`finish_shares` to describe once every writer is done."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    for name in ("is_hot", *(f"{part}_{field}" for part in PARTS for field in _FIELDS)):
-        reserve_npy(directory / f"{name}.npy")
-
-
-def allocate_fields(directory: Path, fields: FieldLayout, rows: int, prefix: str = "") -> None:
-    """``{prefix}{field}.npy`` in ``directory`` per field of ``fields``, of ``rows`` rows, for
-    ``NpyRegion`` writers to fill."""
-    for field, (dtype, shape) in fields.items():
-        allocate_npy(directory / f"{prefix}{field}.npy", dtype, (rows, *shape))
-
-
-def fields_of(block: SampleBlock, fields: Sequence[str]) -> FieldLayout:
-    """The dtype and row shape of each of ``block``'s ``fields``."""
-    return {field: (getattr(block, field).dtype, getattr(block, field).shape[1:]) for field in fields}
-
-
-def write_share(
+def write_files(
     blocks: Iterable[SampleBlock],
     hot_set: HotSet,
     keys: Sequence[str],
     directory: str | os.PathLike,
-    share: PartitionShare,
     balance: float = 0.0,
     seed: int = 0,
     first_block: int = 0,
     progress: bool = False,
+    total: int | None = None,
 ) -> WrittenShare:
-    """Write ``blocks``, one writer's share of the data (the first of them block ``first_block`` of
-    all), into the files :func:`create_partition` made in ``directory``, where ``share`` says: the bytes
-    that :meth:`HotColdPartition.write` of all the data writes there (``balance`` and ``seed`` as it
-    takes them); what it wrote, for :func:`finish_shares`."""
-    starts = {"is": share.inputs, HOT: share.hot, COLD: share.cold}
+    """Partition ``blocks`` (the first of them block ``first_block`` of the data: the label balance's
+    draws) into the files of ``directory``, block by block (memory stays one block), as
+    :meth:`HotColdPartition.write` does (``balance``, ``seed``, ``progress`` and ``total`` as it takes
+    them), without describing them: the files of one writer's share, or of a whole partition."""
+    check_share(balance, "label balance")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
 
-    def region(name: str, array: np.ndarray) -> NpyRegion:
-        start = starts[name.split("_", 1)[0]]
-        return NpyRegion(Path(directory) / f"{name}.npy", array.dtype, array.shape[1:], start)
+    def appender(name: str, array: np.ndarray) -> NpyAppender:
+        return NpyAppender(directory / f"{name}.npy", array.dtype, array.shape[1:])
 
-    bar = _bar(None, progress)
-    return _write_blocks(blocks, hot_set, keys, region, balance, seed, first_block, bar)
+    return _write_blocks(blocks, hot_set, keys, appender, balance, seed, first_block, _bar(total, progress))
 
 
 def finish_shares(
     directory: str | os.PathLike, written: Sequence[WrittenShare], keys: Sequence[str], hot_set: HotSet
 ) -> None:
-    """Make ``directory``'s files, which ``written`` (every writer's :func:`write_share`, of the same
-    fields) filled, a partition: the headers of every writer's rows, and its description."""
-    wrote = [share for share in written if share.ids_per_feature is not None]
-    if not wrote:
+    """Make the shares that ``written`` (every rank's :func:`write_files` into ``directory``'s
+    ``SHARE`` folder, in rank order, of the same fields) wrote one partition: their description, naming
+    the shares that hold inputs in order."""
+    shares = [SHARE.format(rank) for rank, share in enumerate(written) if share.ids_per_feature is not None]
+    if not shares:
         raise ValueError("no inputs to partition")
-    for name, (dtype, shape, _) in wrote[0].files.items():
-        rows = sum(share.files[name][2] for share in wrote)
-        write_npy_header(Path(directory) / f"{name}.npy", dtype, (rows, *shape))
-    ids_per_feature = wrote[0].ids_per_feature
-    assert ids_per_feature is not None  # a writer that wrote inputs
-    finish_partition(directory, keys, ids_per_feature, hot_set)
+    ids_per_feature = next(share.ids_per_feature for share in written if share.ids_per_feature is not None)
+    finish_partition(directory, keys, ids_per_feature, hot_set, shares)
+
+
+def clear_partition(directory: str | os.PathLike) -> None:
+    """Remove the partition an earlier run wrote to ``directory`` (its description first, so that no
+    half-written one opens; one process's files or several ranks' shares), before it is written again."""
+    directory = Path(directory)
+    for path in (directory / "partition.json", *(directory / f"{name}.npy" for name in _FILES)):
+        path.unlink(missing_ok=True)
+    for folder in directory.glob(SHARE.format("*")):
+        shutil.rmtree(folder)
 
 
 def finish_partition(
-    directory: str | os.PathLike, keys: Sequence[str], ids_per_feature: Sequence[int], hot_set: HotSet
+    directory: str | os.PathLike,
+    keys: Sequence[str],
+    ids_per_feature: Sequence[int],
+    hot_set: HotSet,
+    shares: Sequence[str] | None = None,
 ) -> None:
-    """Write the description that makes ``directory``'s files a partition (:meth:`HotColdPartition.open`)."""
-    meta = {"ids_per_feature": list(ids_per_feature), "keys": list(keys), "hot_set": hot_set.digest}
+    """Write the description that makes ``directory``'s files a partition (:meth:`HotColdPartition.open`),
+    or the files of its folders ``shares``, one after another."""
+    meta: dict = {"ids_per_feature": list(ids_per_feature), "keys": list(keys), "hot_set": hot_set.digest}
+    if shares is not None:
+        meta["shares"] = list(shares)
     (Path(directory) / "partition.json").write_text(json.dumps(meta))
 
 
@@ -390,7 +356,8 @@ def with_part_ids(block: SampleBlock, hot_set: HotSet, keys: Sequence[str]) -> S
     layout = hot_set.layout
     if sorted(keys) != sorted(layout.features):
         raise ValueError(f"batch features do not match the tables: {list(keys)} against {layout.features}")
-    layout.check_features(block.ids, keys, block.ids_per_feature)
+    ids = np.asarray(block.ids)  # read whole where several files hold them (``RowChain``)
+    layout.check_features(ids, keys, block.ids_per_feature)
     tables = layout.column_tables(keys, block.ids_per_feature)
-    part_ids = hot_set.signed_part_ids_by_column(block.ids, tables)
-    return SampleBlock(block.dense, block.ids, block.labels, block.ids_per_feature, part_ids)
+    part_ids = hot_set.signed_part_ids_by_column(ids, tables)
+    return SampleBlock(block.dense, ids, block.labels, block.ids_per_feature, part_ids)

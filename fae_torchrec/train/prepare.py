@@ -4,10 +4,10 @@ data, and every rank opens the one partition they wrote.
 Where every rank's source knows its size before it is read (synthetic data, npy files, TBSM samples,
 spooled ``Batch``es), the data is cut into one run of whole blocks per rank. Each rank profiles its run,
 its profiler's draws advanced to the run's first input, keeping its validation inputs in the same read,
-and the ranks join their profiles (counts added, holdouts merged by draw); they then count the hot inputs
-of every run but the last, each rank an equal part of them, so that each learns where its rows go, and
-each writes its rows there, into files rank 0 made. The statistics, the validation inputs, the hot set
-and the partition's files are those one process makes of all of the data, byte for byte. A source of
+and the ranks join their profiles (counts added, holdouts merged by draw); each rank then partitions its
+run into files of its own, which the partition reads one after another. The statistics, the validation
+inputs, the hot set and the partition's arrays are those one process makes of all of the data, byte for
+byte. A source of
 unknown size (text files) is profiled and partitioned by rank 0 alone, the others waiting. A problem
 found on any rank is raised on every rank, so no rank waits for a collective that the others left.
 
@@ -46,20 +46,18 @@ from fae_torchrec.collectives import (
 )
 from fae_torchrec.data.batches import BatchSource, spool_batches
 from fae_torchrec.data.block import SampleBlock, rebatch
-from fae_torchrec.data.npy_append import NpyRegion
+from fae_torchrec.data.npy_append import NpyAppender
+from fae_torchrec.data.row_chain import chain_rows
 from fae_torchrec.data.source import BlockSource
 from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.hot_set import HotSet
 from fae_torchrec.stats.profiler import AccessProfiler, profile_draws
 from fae_torchrec.train.partition import (
+    SHARE,
     HotColdPartition,
-    PartitionShare,
-    allocate_fields,
-    count_hot,
-    create_partition,
-    fields_of,
+    clear_partition,
     finish_shares,
-    write_share,
+    write_files,
 )
 
 #: Inputs per block while the data streams past.
@@ -252,14 +250,14 @@ def _read_spools(spools: Sequence[Path], tables: Sequence[EmbeddingBagConfig]) -
 
 
 def _open_on_every_rank(directory: Path) -> HotColdPartition:
-    """The partition rank 0 wrote, opened on every rank; ``ValueError`` on every rank naming the rank
-    and host that cannot open it."""
+    """The partition written to ``directory``, opened on every rank; ``ValueError`` on every rank naming
+    the rank and host that cannot open it."""
     partition, problem = None, None
     try:
         partition = HotColdPartition.open(directory)
     except (OSError, ValueError) as error:
         problem = (
-            f"{where(rank_and_world()[0])} cannot open the partition rank 0 wrote to {directory.resolve()}: "
+            f"{where(rank_and_world()[0])} cannot open the partition written to {directory.resolve()}: "
             f"{error}; the directory must be on a file system every rank reads (on several nodes, a "
             "shared one)"
         )
@@ -338,7 +336,7 @@ def _masked(
 
 
 def _training(
-    source: BlockSource, val_every: int | None, share: _Share, held: list[SampleBlock] | None = None
+    source: BlockSource, val_every: int | None, share: _Share, held: _HeldOut | None = None
 ) -> Iterator[tuple[SampleBlock, np.ndarray]]:
     """``share``'s blocks that hold training inputs (:func:`_masked`), each with the mask of them; the
     validation inputs appended to ``held`` as they pass (None: not kept)."""
@@ -420,22 +418,28 @@ def _profile_and_partition(
     """:func:`prepare_data` of a source, each rank its share (collective): the statistics (``stats``,
     else profiled here), the validation set, the hot set, and the partition written to ``directory``."""
     shares = _shares(source)
-    share = shares[rank_and_world()[0]]
+    rank, world_size = rank_and_world()
+    share = shares[rank]
     given = stats is not None
-    mine: list[SampleBlock] = []  # this rank's validation inputs
+    on_rank_zero(lambda: shutil.rmtree(directory / VALIDATION, ignore_errors=True))  # an earlier run's
+
+    def held_out() -> _HeldOut:  # where this rank keeps its validation inputs
+        return _HeldOut(None if world_size == 1 else directory / VALIDATION / SHARE.format(rank))
+
     if stats is not None:
         stats = stats.for_tables(tables, names["stats"])
         _check_count(stats, _training_inputs(source, val_every), names)
+        mine = held_out()
         on_every_rank(lambda: deque(_training(source, val_every, share, mine), maxlen=0))
         num_inputs, num_sampled = stats.num_inputs, stats.num_sampled
     else:
         profiler, mine = _profile(
-            source, share, tables, sample, val_every, seed, exclude_profiled, names, progress
+            source, share, tables, sample, val_every, seed, exclude_profiled, names, progress, held_out
         )
         num_inputs, num_sampled = profiler.num_inputs, profiler.num_sampled
     stats, hot_set, problem = _hot_set(stats or profiler, tables, hot_budget, optimizer_class)
-    held_out = _Held.gather(mine)
-    if held_out.empty and val_every != 0:
+    validation = mine.share()
+    if validation is None and val_every != 0:
         raise ValueError(
             f"no validation input: {names['data']} has {num_inputs} inputs, fewer than "
             f"{names['val_every']} {val_every} (one input in every {val_every} is held out for validation)"
@@ -449,7 +453,6 @@ def _profile_and_partition(
     if problem is not None:
         raise problem
     assert stats is not None and hot_set is not None  # made where there is no problem
-    validation = held_out.share(directory)
     runs = _source_runs(source, val_every, shares, sample if exclude_profiled else None, seed)
     partition = _partition(runs, hot_set, source.feature_names, directory, balance, seed, progress)
     if given:  # where the size was not known before
@@ -475,55 +478,56 @@ def _hot_set(
         return None, None, error
 
 
-@dataclass(frozen=True)
-class _Held:
-    """The validation inputs: this rank's (None: it has none), and every rank's length, ids per feature
-    and fields' dtypes and row shapes (None where a rank has none)."""
+class _HeldOut:
+    """This rank's validation inputs, kept as the profile's read passes them (``append``): in memory
+    where one rank reads all the data, else appended to files of its own in ``folder``, which every
+    rank then reads (``share``): no rank copies, sends or holds the others'."""
 
-    mine: SampleBlock | None
-    everyone: list[tuple | None]
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        self.blocks: list[SampleBlock] = []
+        self.files: dict[str, NpyAppender] = {}
+        self.ids_per_feature: tuple[int, ...] | None = None
 
-    @classmethod
-    def gather(cls, blocks: list[SampleBlock]) -> _Held:
-        """This rank's validation ``blocks``, described to every rank (collective)."""
-        mine = SampleBlock.concat(blocks) if blocks else None
-        described = None
-        if mine is not None:
-            described = (len(mine), mine.ids_per_feature, fields_of(mine, _FIELDS))
-        return cls(mine, all_gathered(described))
+    def append(self, block: SampleBlock) -> None:
+        self.ids_per_feature = block.ids_per_feature
+        if self.folder is None:
+            self.blocks.append(block)
+            return
+        for field in _FIELDS:
+            array = getattr(block, field)
+            if field not in self.files:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                self.files[field] = NpyAppender(self.folder / f"{field}.npy", array.dtype, array.shape[1:])
+            self.files[field].append(array)
 
-    @property
-    def empty(self) -> bool:
-        return all(described is None for described in self.everyone)
+    def close(self) -> None:
+        """Close its files (done with the inputs it keeps, or before they are kept anew)."""
+        for file in self.files.values():
+            file.close()
 
-    def share(self, directory: Path) -> SampleBlock | None:
+    def share(self) -> SampleBlock | None:
         """Every rank's validation inputs, in rank order, on every rank (collective; None: there are
-        none): in memory on one rank; on several, each rank writes its own into ``directory/validation``
-        and every rank memory-maps them all, so that none sends or holds a copy of the others'."""
-        rank, world_size = rank_and_world()
-        held = [d for d in self.everyone if d is not None]
-        if world_size == 1 or not held:
-            return self.mine
-        folder, (_, ids_per_feature, layout) = directory / VALIDATION, held[0]
-        start = sum(d[0] for d in self.everyone[:rank] if d is not None)
+        none): in memory on one rank, memory-mapped from every rank's files on several."""
+        self.close()
+        if self.folder is None:
+            return SampleBlock.concat(self.blocks) if self.blocks else None
+        everyone = all_gathered(self.ids_per_feature)
+        folders = [
+            self.folder.parent / SHARE.format(r) for r, held in enumerate(everyone) if held is not None
+        ]
+        if not folders:
+            return None
 
-        def allocate() -> None:
-            if rank == 0:
-                folder.mkdir(parents=True, exist_ok=True)
-                allocate_fields(folder, layout, sum(d[0] for d in held))
+        def chained(field: str) -> np.ndarray:
+            return chain_rows([np.load(folder / f"{field}.npy", mmap_mode="r") for folder in folders])
 
-        def write() -> None:
-            for field, (dtype, shape) in layout.items() if self.mine is not None else ():
-                region = NpyRegion(folder / f"{field}.npy", dtype, shape, start)
-                region.append(getattr(self.mine, field))
-                region.close()
-
-        on_every_rank(allocate)
-        on_every_rank(write)
-        dense, ids, labels = on_every_rank(
-            lambda: [np.load(folder / f"{field}.npy", mmap_mode="r") for field in _FIELDS]
+        ids_per_feature = next(held for held in everyone if held is not None)
+        return on_every_rank(
+            lambda: SampleBlock(
+                **{field: chained(field) for field in _FIELDS}, ids_per_feature=ids_per_feature
+            )
         )
-        return SampleBlock(dense, ids, labels, ids_per_feature=ids_per_feature)
 
 
 def _partition(
@@ -536,34 +540,27 @@ def _partition(
     progress: bool,
 ) -> HotColdPartition:
     """The partition of every rank's run of ``runs`` (in rank order) into ``directory``, opened on every
-    rank (collective). Where several ranks write, they first count the hot inputs of every run but the
-    last, each an equal part of them, so that each writer knows where its own rows go, and then write
-    them there: the files are those one process writes."""
+    rank (collective). Where several ranks write, each writes its run into files of its own (``SHARE``),
+    which the partition reads one after another: the arrays one process writes."""
     rank = rank_and_world()[0]
     writers = runs.writers()
-
-    def selected(first: int, stop: int | None) -> Iterator[SampleBlock]:
-        return _selected(runs.read(first, stop))
-
+    first, stop = runs.ranges[rank]
+    blocks = _selected(runs.read(first, stop))
+    on_rank_zero(lambda: clear_partition(directory))
     if len(writers) <= 1:  # one rank writes it all (none: rank 0 says there is nothing to write)
 
         def write() -> None:
             if rank == (writers or [0])[0]:
-                first, stop = runs.ranges[rank]
                 HotColdPartition.write(
-                    selected(first, stop), hot_set, keys, directory, balance=balance, seed=seed,
-                    progress=progress, first_block=runs.first_block(first),
+                    blocks, hot_set, keys, directory, balance=balance, seed=seed, progress=progress,
+                    first_block=runs.first_block(first),
                 )  # fmt: skip
 
         on_every_rank(write)
         return _open_on_every_rank(directory)
-    on_rank_zero(lambda: create_partition(directory))
-    place = _place(runs, writers, hot_set, keys, balance, seed)
-    first, stop = runs.ranges[rank]
-    blocks = selected(first, stop)
     written = on_every_rank(
-        lambda: write_share(
-            blocks, hot_set, keys, directory, place, balance, seed, runs.first_block(first),
+        lambda: write_files(
+            blocks, hot_set, keys, directory / SHARE.format(rank), balance, seed, runs.first_block(first),
             progress and rank == 0,
         )
     )  # fmt: skip
@@ -577,35 +574,6 @@ def _partition(
             )
     on_rank_zero(lambda: finish_shares(directory, everyone, keys, hot_set))
     return _open_on_every_rank(directory)
-
-
-def _place(
-    runs: _Runs, writers: Sequence[int], hot_set: HotSet, keys: Sequence[str], balance: float, seed: int
-) -> PartitionShare:
-    """Where this rank's rows go in the partition (collective): the hot inputs of every writer's run but
-    the last (whose rows no run follows) counted, each rank counting an equal part of their units, and
-    the counts of each run summed over the ranks."""
-    rank, world_size = rank_and_world()
-    counted_runs = writers[:-1]
-    begin, end = runs.ranges[counted_runs[0]][0], runs.ranges[writers[-1]][0]
-    cuts = [begin + r * (end - begin) // world_size for r in range(world_size + 1)]
-
-    def count() -> dict[int, tuple[int, int]]:
-        counts = {}
-        for writer in counted_runs:
-            begin, end = runs.ranges[writer]
-            assert end is not None  # the last run alone reaches to the end of the data
-            first, stop = max(cuts[rank], begin), min(cuts[rank + 1], end)
-            if first < stop:
-                counts[writer] = count_hot(
-                    runs.read(first, stop), hot_set, keys, balance, seed, runs.first_block(first)
-                )
-        return counts
-
-    everyone = all_gathered(on_every_rank(count))
-    before = [counts[writer] for counts in everyone for writer in counts if writer < rank]
-    hot, inputs = (sum(counted[i] for counted in before) for i in range(2))
-    return PartitionShare(hot, inputs - hot, inputs)
 
 
 def _check_count(stats: AccessStats, num_train: int | None, names: Mapping[str, str]) -> None:
@@ -628,19 +596,20 @@ def _profile(
     exclude_profiled: bool,
     names: Mapping[str, str],
     progress: bool,
-) -> tuple[AccessProfiler, list[SampleBlock]]:
+    held_out: Callable[[], _HeldOut],
+) -> tuple[AccessProfiler, _HeldOut]:
     """The profile of ``sample`` of ``source``'s training inputs, each rank counting its ``share``'s
     (collective: the counts added, the holdout merged, as one profiler of all of them would have them),
-    and the validation inputs of ``share``, kept in the same read."""
+    and the validation inputs of ``share``, kept in the same read (in what ``held_out`` makes)."""
 
     everything = _training_inputs(source, val_every)
 
-    def count(bounded: bool) -> tuple[AccessProfiler, list[SampleBlock]]:
+    def count(bounded: bool) -> tuple[AccessProfiler, _HeldOut]:
         first = source.training_before(share.start, val_every)
         profiler = AccessProfiler(
             tables, sample, seed=seed, first_input=first, total_inputs=everything if bounded else None
         )
-        held: list[SampleBlock] = []
+        held = held_out()
         total = everything
         if share.stop is not None:
             total = source.training_before(share.stop, val_every) - first
@@ -655,6 +624,7 @@ def _profile(
     profiler, held = on_every_rank(lambda: count(True))
     _join(profiler)
     if profiler.holdout_short():  # the holdout's bound did not hold (never in practice): count anew without
+        held.close()
         profiler, held = on_every_rank(lambda: count(False))
         _join(profiler)
     if profiler.num_inputs == 0:
@@ -675,7 +645,9 @@ def _join(profiler: AccessProfiler) -> None:
         return
     rank = rank_and_world()[0]
     counted = [np.flatnonzero(counts) for counts in profiler.counts]
-    sizes = all_gathered([len(rows) for rows in counted])
+    # with the rows counted, the draws of the holdout's inputs (those drawn least): one exchange
+    described = all_gathered(([len(rows) for rows in counted], profiler.holdout_draws()))
+    sizes = [held for held, _ in described]
     sparse = [2 * sum(held[t] for held in sizes) < len(c) for t, c in enumerate(profiler.counts)]
     mine = {t: (rows, profiler.counts[t][rows]) for t, rows in enumerate(counted) if sparse[t]}
     everyone = all_gathered(mine)
@@ -688,8 +660,7 @@ def _join(profiler: AccessProfiler) -> None:
             summed = tensor.cuda() if dist.get_backend() == "nccl" else tensor
             dist.all_reduce(summed)
             tensor.copy_(summed)
-    draws = all_gathered(profiler.holdout_draws())  # the holdout's inputs: those drawn least
-    shares = all_gathered(profiler.share(profiler.holdout_below(draws)))
+    shares = all_gathered(profiler.share(profiler.holdout_below([draws for _, draws in described])))
     profiler.join(shares)
 
 
