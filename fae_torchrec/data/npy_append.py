@@ -22,7 +22,7 @@ class NpyAppender:
         self._write_header()
 
     def append(self, array: np.ndarray) -> None:
-        self.file.write(np.ascontiguousarray(array, dtype=self.dtype).tobytes())
+        self.file.write(np.ascontiguousarray(array, dtype=self.dtype).data)  # no copy into bytes first
         self.rows += len(array)
 
     def close(self) -> None:
