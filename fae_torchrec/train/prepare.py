@@ -23,6 +23,7 @@ import os
 import shutil
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -134,24 +135,41 @@ def prepare_data(
     Raises ``ValueError`` when there is no training input, no validation input where some were asked
     for, or fewer training inputs than one ``batch_size`` per rank (nothing is written then), and
     ``TypeError`` when ``source`` is neither kind (such as a path)."""
+    directory = Path(directory)
+    existed = directory.exists()  # before any rank writes to it (the collective below comes first)
     blocks = _agree_on_source(source, num_batches, each_rank)
     _check_options(blocks, num_batches, each_rank, val_every, stats is not None, exclude_profiled)
     names = {"data": "the data", **{key: key for key in NAMED_PARAMETERS}, **(names or {})}
-    directory = Path(directory)
     with record_function(trace.PREPARE):
         spools = []
         if not blocks:
             spools = _spool(source, tables, directory, num_batches, each_rank is not False, progress)
-        try:
+        with _removed_where_refused(directory, spools, existed):
             read = on_every_rank(lambda: _read_spools(spools, tables)) if spools else source
             assert isinstance(read, BlockSource)  # spooled, or one to begin with (_agree_on_source)
             return _profile_and_partition(
                 read, tables, directory, sample, batch_size, hot_budget, optimizer_class, stats,
                 val_every, balance, seed, exclude_profiled, names, progress,
             )  # fmt: skip
-        finally:  # the spools read by every rank, whether the partition was written or not
-            if spools and rank_and_world()[0] == 0:
-                shutil.rmtree(directory / SPOOLS, ignore_errors=True)
+
+
+@contextmanager
+def _removed_where_refused(directory: Path, spools: Sequence[Path], existed: bool) -> Iterator[None]:
+    """Around the pass, on rank 0: the validation inputs' files removed where it is refused (alike on
+    every rank), the spools once every rank read them (whether the partition was written or not), and
+    ``directory`` where the pass made it (``existed``: it did not) and left it empty."""
+    first = rank_and_world()[0] == 0
+    try:
+        yield
+    except ValueError:
+        if first:
+            shutil.rmtree(directory / VALIDATION, ignore_errors=True)
+        raise
+    finally:
+        if first and spools:
+            shutil.rmtree(directory / SPOOLS, ignore_errors=True)
+        if first and not existed and directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
 
 
 def _check_options(
