@@ -98,19 +98,31 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace, folder: Path) ->
         tables = source.table_configs(16)
         directory = folder / f"partition-{world_size}"
         dist.barrier()
-        started = time.perf_counter()
+        started, busy = time.perf_counter(), _busy_seconds()
         prepared = prepare_data(
             source, tables, directory, sample=0.05, batch_size=2048, hot_budget=parse_bytes(args.budget),
             val_every=args.val_every, seed=0,
         )  # fmt: skip
         dist.barrier()
         seconds = time.perf_counter() - started
+        cores = None if busy is None else (_busy_seconds() - busy) / seconds
         if rank == 0:
-            result = {"seconds": seconds, "digest": _digest(prepared),
+            result = {"seconds": seconds, "cores": cores, "digest": _digest(prepared),
                       "hot_share": len(prepared.partition.hot) / len(prepared.partition.is_hot)}  # fmt: skip
             (folder / f"result-{world_size}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
+
+
+def _busy_seconds() -> float | None:
+    """The CPU seconds the whole machine has spent busy (user and kernel, its own threads included, such
+    as writeback), from ``/proc/stat`` (None where there is none)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    except OSError:
+        return None
+    user, nice, system, _, _, irq, softirq, steal = (int(field) for field in fields)
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def _digest(prepared) -> str:
@@ -166,14 +178,16 @@ def _report(args: argparse.Namespace, results: dict[int, dict]) -> None:
         f"tables x {args.scale}, budget {args.budget}, one input in {args.val_every} held out; "
         f"hot-input share {base['hot_share']:.1%}; measured here"
     )
-    print(f"fastest of {args.repeat} runs each, taken in turns (all runs' seconds in brackets)")
-    print(f"{'ranks':>5} {'seconds':>9} {'s per 1M':>9} {'ratio':>7}  same as {first} rank(s)")
+    print(f"fastest of {args.repeat} runs each, taken in turns (all runs' seconds in brackets); cores: "
+          "the machine's busy CPU seconds (kernel threads too) per second of the fastest run")  # fmt: skip
+    print(f"{'ranks':>5} {'seconds':>9} {'s per 1M':>9} {'ratio':>7} {'cores':>6}  same as {first} rank(s)")
     for world_size, result in results.items():
         seconds = result["seconds"]
         same = "yes" if result["digest"] == base["digest"] else "NO"
         every = ", ".join(f"{run:.2f}" for run in result["all_seconds"])
+        cores = "n/a" if result["cores"] is None else f"{result['cores']:.2f}"
         print(f"{world_size:>5} {seconds:>9.2f} {1e6 * seconds / args.num_samples:>9.3f} "
-              f"{base['seconds'] / seconds:>6.2f}x  {same}  [{every}]")  # fmt: skip
+              f"{base['seconds'] / seconds:>6.2f}x {cores:>6}  {same}  [{every}]")  # fmt: skip
     largest = max(results)
     efficiency = base["seconds"] * first / (results[largest]["seconds"] * largest)
     per_input = base["seconds"] * first / args.num_samples

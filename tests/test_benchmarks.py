@@ -1,6 +1,7 @@
 """Smoke runs of the profile, hot-set, traffic and planning benchmarks at tiny sizes: they print ratios."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -595,12 +596,15 @@ def test_bench_checkpoint_prices_saving_and_resuming_against_the_tables(tmp_path
 @pytest.mark.benchmark
 def test_bench_prepare_times_one_and_two_ranks_on_the_same_inputs():
     """``bench_prepare.py`` runs the offline pass at 1 and 2 ranks on the same npy files and finds the
-    two ranks' statistics and partition identical to one's; ratios and the Terabyte estimate printed."""
+    two ranks' statistics and partition identical to one's; ratios, the machine's busy cores and the
+    Terabyte estimate printed."""
     out = _run(
         "bench_prepare.py", "--num-samples", "60000", "--scale", "0.005", "--ranks", "8", "--repeat", "1"
     )
-    rows = re.findall(r"^ +([12]) +([\d.]+) +([\d.]+) +([\d.]+)x +(\w+)  \[[\d.]+\]$", out, re.M)
-    assert [row[0] for row in rows] == ["1", "2"] and all(row[4] == "yes" for row in rows), out
+    rows = re.findall(r"^ +([12]) +([\d.]+) +([\d.]+) +([\d.]+)x +([\d.]+) +(\w+)  \[[\d.]+\]$", out, re.M)
+    assert [row[0] for row in rows] == ["1", "2"] and all(row[5] == "yes" for row in rows), out
+    cores = os.cpu_count() or 1
+    assert all(0 < float(row[4]) <= cores + 0.5 for row in rows), "the machine's busy cores, measured"
     one, two = (float(row[2]) for row in rows)  # seconds per million inputs, printed to 3 decimals
     # the ratio printed to 2 decimals, from unrounded seconds: within its own rounding and that of both
     rounding = 0.005 + one / two * (0.0005 / one + 0.0005 / two)
