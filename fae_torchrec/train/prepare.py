@@ -7,9 +7,9 @@ its profiler's draws advanced to the run's first input, keeping its validation i
 and the ranks join their profiles (counts added, holdouts merged by draw); each rank then partitions its
 run into files of its own, which the partition reads one after another. The statistics, the validation
 inputs, the hot set and the partition's arrays are those one process makes of all of the data, byte for
-byte. A source of
-unknown size (text files) is profiled and partitioned by rank 0 alone, the others waiting. A problem
-found on any rank is raised on every rank, so no rank waits for a collective that the others left.
+byte. A source of unknown size (text files) is profiled and partitioned by rank 0 alone, the others
+waiting. A problem found on any rank is raised on every rank, so no rank waits for a collective that the
+others left.
 
 The data is a ``BlockSource`` (every rank reads its share), or what a TorchRec script trains on: an
 iterable of ``Batch``es, which each rank reads once into a spool beside the partition
