@@ -34,6 +34,25 @@ class NpyAppender:
         _write_header(self.file, self.path, self.dtype, (self.rows, *self.row_shape))
 
 
+class NpyFolder:
+    """``.npy`` files in ``folder`` grown by appending rows by name (``{name}.npy``): each made at its
+    first rows (their dtype and row shape), the folder at the first of all; closed together."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.files: dict[str, NpyAppender] = {}
+
+    def append(self, name: str, array: np.ndarray) -> None:
+        if name not in self.files:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.files[name] = NpyAppender(self.folder / f"{name}.npy", array.dtype, array.shape[1:])
+        self.files[name].append(array)
+
+    def close(self) -> None:
+        for file in self.files.values():
+            file.close()
+
+
 def allocate_npy(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
     """An ``.npy`` file of ``shape`` for writers to fill in place (the header as :class:`NpyAppender`
     writes it, so that the bytes are those it would have written)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from fae_torchrec.checks import check_share
 from fae_torchrec.data.block import SampleBlock
-from fae_torchrec.data.npy_append import NpyAppender
+from fae_torchrec.data.npy_append import NpyFolder
 from fae_torchrec.data.row_chain import chain_rows
 from fae_torchrec.seeds import generator
 from fae_torchrec.stats.hot_set import COLD, HOT, PARTS, HotSet
@@ -232,13 +232,8 @@ def write_files(
     :meth:`HotColdPartition.write` does (``balance``, ``seed``, ``progress`` and ``total`` as it takes
     them), without describing them: the files of one writer's share, or of a whole partition."""
     check_share(balance, "label balance")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-
-    def appender(name: str, array: np.ndarray) -> NpyAppender:
-        return NpyAppender(directory / f"{name}.npy", array.dtype, array.shape[1:])
-
-    return _write_blocks(blocks, hot_set, keys, appender, balance, seed, first_block, _bar(total, progress))
+    files = NpyFolder(Path(directory))
+    return _write_blocks(blocks, hot_set, keys, files, balance, seed, first_block, _bar(total, progress))
 
 
 def finish_shares(
@@ -288,37 +283,29 @@ def _write_blocks(
     blocks: Iterable[SampleBlock],
     hot_set: HotSet,
     keys: Sequence[str],
-    open_file: Callable[[str, np.ndarray], NpyAppender],
+    files: NpyFolder,
     balance: float,
     seed: int,
     first_block: int,
     bar: tqdm,
 ) -> WrittenShare:
-    """Each block's inputs into the files ``open_file(name, first array)`` opens (``is_hot``, then
-    ``{part}_{field}``), the hot part's the entirely hot ones, balanced."""
-    writers: dict[str, NpyAppender] = {}
-
-    def put(name: str, array: np.ndarray) -> None:
-        if name not in writers:
-            writers[name] = open_file(name, array)
-        writers[name].append(array)
-
+    """Each block's inputs into ``files`` (``is_hot``, then ``{part}_{field}``), the hot part's the
+    entirely hot ones, balanced."""
     ids_per_feature = None
     try:
         for index, block in enumerate(blocks, start=first_block):
             bar.update(len(block))
             ids_per_feature = block.ids_per_feature
             block, chosen = _with_part_ids(block, hot_set, keys, balance, generator(seed, "balance", index))
-            put("is_hot", chosen)
+            files.append("is_hot", chosen)
             for part, inputs in ((HOT, block.select(chosen)), (COLD, block.select(~chosen))):
                 for field in _FIELDS:
-                    put(f"{part}_{field}", getattr(inputs, field))
+                    files.append(f"{part}_{field}", getattr(inputs, field))
     finally:
         bar.close()
-        for writer in writers.values():
-            writer.close()
-    files = {name: (writer.dtype, writer.row_shape, writer.rows) for name, writer in writers.items()}
-    return WrittenShare(files, ids_per_feature)
+        files.close()
+    written = {name: (file.dtype, file.row_shape, file.rows) for name, file in files.files.items()}
+    return WrittenShare(written, ids_per_feature)
 
 
 def balanced(hot: np.ndarray, labels: np.ndarray, balance: float, rng: np.random.Generator) -> np.ndarray:

@@ -47,7 +47,7 @@ from fae_torchrec.collectives import (
 )
 from fae_torchrec.data.batches import BatchSource, spool_batches
 from fae_torchrec.data.block import SampleBlock, rebatch
-from fae_torchrec.data.npy_append import NpyAppender
+from fae_torchrec.data.npy_append import NpyFolder
 from fae_torchrec.data.row_chain import chain_rows
 from fae_torchrec.data.source import BlockSource
 from fae_torchrec.stats.access_stats import AccessStats
@@ -502,38 +502,32 @@ class _HeldOut:
     rank then reads (``share``): no rank copies, sends or holds the others'."""
 
     def __init__(self, folder: Path | None) -> None:
-        self.folder = folder
         self.blocks: list[SampleBlock] = []
-        self.files: dict[str, NpyAppender] = {}
+        self.files = None if folder is None else NpyFolder(folder)
         self.ids_per_feature: tuple[int, ...] | None = None
 
     def append(self, block: SampleBlock) -> None:
         self.ids_per_feature = block.ids_per_feature
-        if self.folder is None:
+        if self.files is None:
             self.blocks.append(block)
             return
         for field in _FIELDS:
-            array = getattr(block, field)
-            if field not in self.files:
-                self.folder.mkdir(parents=True, exist_ok=True)
-                self.files[field] = NpyAppender(self.folder / f"{field}.npy", array.dtype, array.shape[1:])
-            self.files[field].append(array)
+            self.files.append(field, getattr(block, field))
 
     def close(self) -> None:
         """Close its files (done with the inputs it keeps, or before they are kept anew)."""
-        for file in self.files.values():
-            file.close()
+        if self.files is not None:
+            self.files.close()
 
     def share(self) -> SampleBlock | None:
         """Every rank's validation inputs, in rank order, on every rank (collective; None: there are
         none): in memory on one rank, memory-mapped from every rank's files on several."""
-        self.close()
-        if self.folder is None:
+        if self.files is None:
             return SampleBlock.concat(self.blocks) if self.blocks else None
+        self.files.close()
         everyone = all_gathered(self.ids_per_feature)
-        folders = [
-            self.folder.parent / SHARE.format(r) for r, held in enumerate(everyone) if held is not None
-        ]
+        shares = self.files.folder.parent
+        folders = [shares / SHARE.format(r) for r, held in enumerate(everyone) if held is not None]
         if not folders:
             return None
 
