@@ -1,5 +1,6 @@
 """Partition, schedule and router: every input exactly once per epoch, hot steps hot, ranks in step."""
 
+import tracemalloc
 from collections import Counter
 from dataclasses import replace
 from itertools import pairwise
@@ -9,10 +10,13 @@ import pytest
 import torch
 
 from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
+from fae_torchrec.command_line import STREAM_ORDERS
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.criteo import DEFAULT_CAT_NAMES
+from fae_torchrec.data.row_chain import RowChain
 from fae_torchrec.stats.hot_set import COLD, HOT
+from fae_torchrec.train import schedule
 from fae_torchrec.train.partition import HotColdPartition, balanced
 from fae_torchrec.train.router import BatchRouter
 from fae_torchrec.train.schedule import ORDERS, make_schedule, trained_inputs
@@ -136,6 +140,37 @@ def test_the_remainder_step_takes_other_inputs_each_epoch(is_hot):
     assert len(set(last)) == len(last), "other inputs at every seed and epoch"
     assert sum(short_block <= inputs for inputs in last) <= len(last) // 4, "the short block seldom last"
     assert all(short_block <= remainder_step("time", seed, 2) for seed in range(2))
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_trained_inputs_are_the_inputs_of_the_steps_done(order, world_size, monkeypatch):
+    """Any prefix of an epoch: the inputs its spans hold, where ``is_hot`` is read a chunk at a time
+    (chunks that cut steps' blocks) from several files (a ``RowChain``)."""
+    monkeypatch.setattr(schedule, "COUNT_CHUNK", 96)
+    is_hot = _mask(700, 541, seed=3)
+    warmup = 0.3 if order in STREAM_ORDERS else 0.0
+    steps = make_schedule(is_hot, 8, world_size, order, seed=5, warmup=warmup)
+    chained = RowChain([is_hot[:300], is_hot[300:301], is_hot[301:]])
+    for done in (0, 1, len(steps) // 2, len(steps)):
+        positions = _positions(is_hot, steps[:done], world_size)
+        np.testing.assert_array_equal(trained_inputs(chained, steps[:done]), positions >= 0)
+
+
+def test_trained_inputs_hold_two_bytes_per_input():
+    """Half an epoch of 20M inputs: the result and a byte per input besides, whatever the data's size
+    (the positions of each part's inputs alone took 8)."""
+    is_hot = np.random.default_rng(0).random(20_000_000) < 0.6
+    steps = make_schedule(is_hot, 4096, 2, seed=0)
+    tracemalloc.start()
+    try:
+        trained = trained_inputs(is_hot, steps[: len(steps) // 2])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert 0.4 < trained.mean() < 0.6
+    # the result, a byte per input, and a chunk of is_hot with its inverse
+    assert peak < 2 * len(is_hot) + 3 * schedule.COUNT_CHUNK, f"{peak / len(is_hot):.2f} bytes per input"
 
 
 def test_time_order_reads_the_blocks_in_the_data_order():

@@ -5,7 +5,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from fae_torchrec.data.row_chain import RowChain
+from fae_torchrec.data.row_chain import RowChain, count_nonzero
 
 WHOLE = np.random.default_rng(0).integers(0, 100, (50, 3))
 #: The rows cut into pieces, an empty one among them.
@@ -50,3 +50,14 @@ def test_pieces_of_other_rows_are_not_chained():
         RowChain([WHOLE, WHOLE.astype(np.float64)])
     with pytest.raises(ValueError, match="no arrays to chain"):
         RowChain([])
+
+
+def test_nonzero_rows_are_counted_a_chunk_at_a_time():
+    pieces = [np.arange(n) % 3 == 0 for n in (5, 1, 12)]
+    whole = np.concatenate(pieces)
+    for chunk in (1, 4, 100):
+        for stop in (None, 0, 5, 6, 13, 18):
+            expected = np.count_nonzero(whole[:stop])
+            assert (
+                count_nonzero(RowChain(pieces), stop, chunk) == count_nonzero(whole, stop, chunk) == expected
+            )

@@ -99,6 +99,16 @@ class RowChain:
         return taken.reshape(*index.shape, *taken.shape[1:])
 
 
+def count_nonzero(rows: np.ndarray, stop: int | None = None, chunk: int = 1 << 24) -> int:
+    """The nonzero entries of ``rows`` (a ``RowChain`` or any array, memory-mapped too) before row
+    ``stop`` (None: all), read ``chunk`` rows at a time: ``np.count_nonzero`` would read a ``RowChain``
+    into one array first."""
+    stop = len(rows) if stop is None else stop
+    return sum(
+        int(np.count_nonzero(rows[start : min(start + chunk, stop)])) for start in range(0, stop, chunk)
+    )
+
+
 def chain_rows(pieces: Sequence[np.ndarray]) -> np.ndarray:
     """The rows of ``pieces`` as one array: the piece itself where there is one, else a ``RowChain``
     (which reads as an array)."""

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from fae_torchrec.checks import check_share
 from fae_torchrec.data.block import SampleBlock
 from fae_torchrec.data.npy_append import NpyFolder
-from fae_torchrec.data.row_chain import chain_rows
+from fae_torchrec.data.row_chain import chain_rows, count_nonzero
 from fae_torchrec.seeds import generator
 from fae_torchrec.stats.hot_set import COLD, HOT, PARTS, HotSet
 
@@ -63,7 +63,7 @@ class HotColdPartition:
     def __post_init__(self) -> None:
         if len(self.keys) != len(self.hot.ids_per_feature):
             raise ValueError(f"{len(self.keys)} keys for {len(self.hot.ids_per_feature)} features")
-        marked = int(np.count_nonzero(self.is_hot))
+        marked = count_nonzero(self.is_hot)
         if len(self.is_hot) != len(self.hot) + len(self.cold) or marked != len(self.hot):
             raise ValueError(
                 f"is_hot marks {marked} of {len(self.is_hot)} inputs hot, but the parts hold "
@@ -97,7 +97,7 @@ class HotColdPartition:
         (None: the end) limit them to a run of the data (one rank's share)."""
         if len(chosen) != len(self.is_hot):
             raise ValueError(f"a mask of {len(chosen)} inputs for a partition of {len(self.is_hot)}")
-        hot_before = int(np.count_nonzero(self.is_hot[:start]))
+        hot_before = count_nonzero(self.is_hot, start)
         before = {HOT: hot_before, COLD: start - hot_before}  # inputs of each part before the window
         for first in range(start, len(chosen) if stop is None else stop, block_size):
             hot = np.asarray(self.is_hot[first : first + block_size], dtype=bool)

@@ -51,6 +51,7 @@ from fae_torchrec.checks import check_share
 # ORDERS: the step orders; STREAM_ORDERS: those that read the data in blocks, each block's inputs sorted
 # into the hot and cold streams
 from fae_torchrec.command_line import ORDERS, STREAM_ORDERS, Order
+from fae_torchrec.data.row_chain import count_nonzero
 from fae_torchrec.seeds import generator
 from fae_torchrec.stats.hot_set import COLD, HOT
 
@@ -99,7 +100,7 @@ def make_schedule(
             is_hot, round_size, rng if order == Order.STREAM else None, warmup if epoch == 0 else 0.0
         )
     else:
-        num_hot = int(np.count_nonzero(is_hot))
+        num_hot = count_nonzero(is_hot, chunk=COUNT_CHUNK)
         hot_stream = _Stream([HOT], [0], [num_hot])
         cold_stream = _Stream([COLD], [0], [num_inputs - num_hot])
     num_hot = len(hot_stream)
@@ -150,17 +151,39 @@ def _ordered(order: str, hot: list[Step], cold: list[Step], rng: np.random.Gener
 
 def trained_inputs(is_hot: np.ndarray, steps: Sequence[Step]) -> np.ndarray:
     """Which inputs of the data (its order; ``is_hot`` as for ``make_schedule``) ``steps`` train, on
-    any rank: after a re-plan, the others are re-partitioned (``HotColdPartition.inputs``)."""
-    is_hot = np.asarray(is_hot, dtype=bool)
-    trained = np.zeros(len(is_hot), dtype=bool)
+    any rank: after a re-plan, the others are re-partitioned (``HotColdPartition.inputs``). Besides the
+    result it holds a byte per input (which rows of each part are trained) and ``COUNT_CHUNK`` inputs of
+    ``is_hot`` at a time, whatever the data's size."""
+    num_inputs = len(is_hot)
+    num_hot = count_nonzero(is_hot, chunk=COUNT_CHUNK)
     spans = [span for step in steps for spans in step.spans for span in spans]
-    for part, where in ((HOT, np.flatnonzero(is_hot)), (COLD, np.flatnonzero(~is_hot))):
-        # +1 at each span's start and -1 at its stop: the running sum covers the spans' inputs
-        edges = np.zeros(len(where) + 1, dtype=np.int64)
-        np.add.at(edges, [start for kind, start, _ in spans if kind == part], 1)
-        np.add.at(edges, [stop for kind, _, stop in spans if kind == part], -1)
-        trained[where[np.cumsum(edges[:-1]) > 0]] = True
+    covered = {
+        part: _covered(size, [(start, stop) for kind, start, stop in spans if kind == part])
+        for part, size in ((HOT, num_hot), (COLD, num_inputs - num_hot))
+    }
+    trained = np.empty(num_inputs, dtype=bool)
+    before = {HOT: 0, COLD: 0}  # rows of each part before the chunk
+    for begin in range(0, num_inputs, COUNT_CHUNK):
+        hot = np.asarray(is_hot[begin : begin + COUNT_CHUNK], dtype=bool)
+        out = trained[begin : begin + len(hot)]
+        for part, mask in ((HOT, hot), (COLD, ~hot)):
+            count = int(np.count_nonzero(mask))
+            out[mask] = covered[part][before[part] : before[part] + count]
+            before[part] += count
     return trained
+
+
+def _covered(size: int, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
+    """A mask of ``size`` rows, true in ``ranges`` (``(start, stop)``, none overlapping another: a row
+    trains once an epoch), made in one byte per row."""
+    # +1 at each range's start and -1 at its stop: the running sum is 1 inside a range, 0 outside
+    edges = np.zeros(size + 1, dtype=np.int8)
+    np.add.at(edges, np.array([start for start, _ in ranges], dtype=np.int64), 1)
+    np.add.at(edges, np.array([stop for _, stop in ranges], dtype=np.int64), -1)
+    np.cumsum(edges, out=edges)
+    if size and not 0 <= int(edges.min()) <= int(edges.max()) <= 1:
+        raise ValueError("the steps train some inputs more than once")
+    return edges[:size].view(bool)
 
 
 def check_warmup(warmup: float, order: str) -> None:
