@@ -89,6 +89,7 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace, folder: Path) ->
 
     torch.set_num_threads(1)
     from fae_torchrec import prepare_data
+    from fae_torchrec.logs import torchrec_quiet
     from fae_torchrec.units import parse_bytes
 
     store = folder / f"store-{world_size}"
@@ -99,10 +100,11 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace, folder: Path) ->
         directory = folder / f"partition-{world_size}"
         dist.barrier()
         started, busy = time.perf_counter(), _busy_seconds()
-        prepared = prepare_data(
-            source, tables, directory, sample=0.05, batch_size=2048, hot_budget=parse_bytes(args.budget),
-            val_every=args.val_every, seed=0,
-        )  # fmt: skip
+        with torchrec_quiet():
+            prepared = prepare_data(
+                source, tables, directory, sample=0.05, batch_size=2048, hot_budget=parse_bytes(args.budget),
+                val_every=args.val_every, seed=0,
+            )  # fmt: skip
         dist.barrier()
         seconds = time.perf_counter() - started
         cores = None if busy is None else (_busy_seconds() - busy) / seconds

@@ -68,6 +68,14 @@ class TableLayout:
     def num_rows(self) -> np.ndarray:
         return np.array([c.num_embeddings for c in self.configs], dtype=np.int64)
 
+    @property
+    def id_dtype(self) -> np.dtype:
+        """The narrowest integer type of these tables' ids and signed part ids (``HotSet.signed_part_ids``,
+        from ``-rows`` to ``rows - 1``): int32 where every table has at most 2^31 rows, as TorchRec's
+        Criteo npy files store them, else int64."""
+        fits = int(self.num_rows.max()) <= 1 << 31
+        return np.dtype(np.int32 if fits else np.int64)
+
     @cached_property
     def row_offsets(self) -> np.ndarray:
         """Global row of each table's row 0 (and the total as the last entry): global row ``offset +

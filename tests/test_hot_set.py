@@ -181,3 +181,19 @@ def test_the_bitmap_remap_of_a_block_is_the_search_of_each_table(seed):
     np.testing.assert_array_equal(
         hot_set.all_hot_by_column(ids[:, [0, 6]], columns[[0, 6]]), np.ones(300, bool)
     )
+
+
+@pytest.mark.parametrize("rows, dtype", [(1, np.int32), (1 << 31, np.int32), ((1 << 31) + 1, np.int64)])
+def test_ids_and_part_ids_are_stored_in_the_narrowest_type_that_holds_them(rows, dtype):
+    """Ids up to ``rows - 1`` and signed part ids down to ``~(rows - 1)``: int32 up to 2^31 rows."""
+    tables = [
+        torchrec.EmbeddingBagConfig(name="big", embedding_dim=4, num_embeddings=rows, feature_names=["f"]),
+        torchrec.EmbeddingBagConfig(name="small", embedding_dim=4, num_embeddings=3, feature_names=["g"]),
+    ]
+    hot_set = HotSet(tuple(tables), (np.array([0]), np.array([1])))
+    assert hot_set.layout.id_dtype == dtype
+    ids = np.array([[rows - 1, 1], [0, 2]])
+    part_ids = hot_set.signed_part_ids_by_column(ids, np.array([0, 1]))
+    narrowed = part_ids.astype(dtype)
+    np.testing.assert_array_equal(narrowed, part_ids)
+    assert narrowed.min() >= np.iinfo(dtype).min and ids.max() <= np.iinfo(dtype).max

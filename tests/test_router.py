@@ -264,6 +264,11 @@ def test_partition_in_memory_and_on_disk(data, tmp_path):
         for column, key in enumerate(DEFAULT_CAT_NAMES):
             is_hot, new_ids = hot_set.remap(hot_set.layout.table_of(key), block.ids[:, column])
             assert np.array_equal(block.part_ids[:, column], np.where(is_hot, new_ids, ~new_ids))
+    for part in (memory.hot, memory.cold, disk.hot, disk.cold):  # half of int64's bytes on disk
+        assert part.ids.dtype == part.part_ids.dtype == np.int32
+    batch = memory.hot.as_part_ids().to_batch(DEFAULT_CAT_NAMES)
+    assert batch.sparse_features.values().dtype == torch.int64, "batches in TorchRec's index type"
+    np.testing.assert_array_equal(batch.sparse_features.values().numpy(), memory.hot.part_ids.T.reshape(-1))
     assert hot_set.is_hot_input(disk.hot.feature_ids(DEFAULT_CAT_NAMES)).all()
     assert not hot_set.is_hot_input(disk.cold.feature_ids(DEFAULT_CAT_NAMES)).any()
     with pytest.raises(FileNotFoundError, match=r"partition\.json: missing"):

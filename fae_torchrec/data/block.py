@@ -71,15 +71,17 @@ class SampleBlock:
         return {key: self.ids[:, bounds[f] : bounds[f + 1]] for f, key in enumerate(keys)}
 
     def to_batch(self, keys: Sequence[str]) -> Batch:
-        """A TorchRec ``Batch`` whose ``KeyedJaggedTensor`` has one key per feature, in order."""
+        """A TorchRec ``Batch`` whose ``KeyedJaggedTensor`` has one key per feature, in order, its ids
+        int64 (TorchRec's index type) whatever the block's are."""
         n = len(self)
         counts = np.asarray(self.ids_per_feature)
         if np.all(counts == 1):
-            values = np.require(self.ids.T, requirements=["C", "W"]).reshape(-1)
+            values = np.require(self.ids.T, dtype=np.int64, requirements=["C", "W"]).reshape(-1)
         else:
             bounds = np.concatenate([[0], np.cumsum(counts)])
             values = np.concatenate(
-                [self.ids[:, bounds[f] : bounds[f + 1]].reshape(-1) for f in range(len(counts))]
+                [self.ids[:, bounds[f] : bounds[f + 1]].reshape(-1) for f in range(len(counts))],
+                dtype=np.int64,
             )
         return Batch(
             dense_features=torch.from_numpy(np.require(self.dense, requirements=["C", "W"])),

@@ -2,7 +2,8 @@
 
 Inputs keep their order within each part. Each input's ids are stored twice: as they are (``ids``)
 and as FAE's parts number them (``part_ids``, ``HotSet.signed_part_ids``), remapped here once so that
-training splits its batches by sign, with no lookup in the hot set (FAE's offline remap). A partition
+training splits its batches by sign, with no lookup in the hot set (FAE's offline remap); both in int32
+where every table has at most 2^31 rows (``TableLayout.id_dtype``: half the bytes). A partition
 lives in memory or in a directory of ``.npy`` files (``hot_dense.npy``, ``hot_ids.npy``,
 ``hot_part_ids.npy``, ``hot_labels.npy``, the same for ``cold``, and ``is_hot.npy``, which inputs of the
 data went to the hot part), written chunk by chunk while the data streams past, and read back
@@ -339,12 +340,15 @@ def _with_part_ids(
 
 
 def with_part_ids(block: SampleBlock, hot_set: HotSet, keys: Sequence[str]) -> SampleBlock:
-    """``block`` (features ``keys``) with the ids of ``hot_set``'s parts (``HotSet.signed_part_ids``)."""
+    """``block`` (features ``keys``) with the ids of ``hot_set``'s parts (``HotSet.signed_part_ids``), both
+    of the tables' ``id_dtype``: a partition of tables under 2^31 rows stores half the bytes of int64
+    (batches are int64 again, ``SampleBlock.to_batch``)."""
     layout = hot_set.layout
     if sorted(keys) != sorted(layout.features):
         raise ValueError(f"batch features do not match the tables: {list(keys)} against {layout.features}")
     ids = np.asarray(block.ids)  # read whole where several files hold them (``RowChain``)
     layout.check_features(ids, keys, block.ids_per_feature)
     tables = layout.column_tables(keys, block.ids_per_feature)
-    part_ids = hot_set.signed_part_ids_by_column(ids, tables)
+    part_ids = hot_set.signed_part_ids_by_column(ids, tables).astype(layout.id_dtype)
+    ids = ids.astype(layout.id_dtype, copy=False)
     return SampleBlock(block.dense, ids, block.labels, block.ids_per_feature, part_ids)
