@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> dict[int, dict]:
 
     args = parse_args(argv)
     folder = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_prepare-"))
-    (folder / "data").mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(folder / "data", ignore_errors=True)  # an earlier run's days would be read too
+    (folder / "data").mkdir(parents=True)
     try:
         if args.source == "npy":
             _write_days(args, folder / "data")
