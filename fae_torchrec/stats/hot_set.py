@@ -249,9 +249,9 @@ class HotSet:
     def signed_part_ids_by_column(self, ids: np.ndarray, tables: np.ndarray) -> np.ndarray:
         """:meth:`signed_part_ids` of a 2-D array whose column ``c`` holds ids of table ``tables[c]``
         (rows of it, not checked), a block of inputs at a time, by the bitmap of hot rows (an entirely
-        hot table's ids are their hot ids: its columns are copied)."""
+        hot table's ids are their hot ids: its columns are copied), in the tables' ``id_dtype``."""
         columns = self._partly_hot_columns(tables)
-        signed = ids.astype(np.int64)
+        signed = ids.astype(self.layout.id_dtype)
         ids, tables = ids[:, columns], np.asarray(tables)[columns]
         word, held, bit = self._bits_of(ids, tables)
         _, before, table_before = self._row_bits

@@ -349,6 +349,6 @@ def with_part_ids(block: SampleBlock, hot_set: HotSet, keys: Sequence[str]) -> S
     ids = np.asarray(block.ids)  # read whole where several files hold them (``RowChain``)
     layout.check_features(ids, keys, block.ids_per_feature)
     tables = layout.column_tables(keys, block.ids_per_feature)
-    part_ids = hot_set.signed_part_ids_by_column(ids, tables).astype(layout.id_dtype)
+    part_ids = hot_set.signed_part_ids_by_column(ids, tables)
     ids = ids.astype(layout.id_dtype, copy=False)
     return SampleBlock(block.dense, ids, block.labels, block.ids_per_feature, part_ids)
