@@ -38,6 +38,12 @@ def cold_rows(hot_set: HotSet) -> np.ndarray:
     return hot_set.layout.num_rows - np.array([len(ids) for ids in hot_set.hot_ids], dtype=np.int64)
 
 
+def cold_table_rows(hot_set: HotSet) -> np.ndarray:
+    """Per table, the rows of its table in the cold part: all its rows where any is cold (the cold part
+    keeps every row at its id, ``FAEEmbeddingBagCollection``), none elsewhere."""
+    return np.where(cold_rows(hot_set) > 0, hot_set.layout.num_rows, 0)
+
+
 class ColdCacheSizing:
     """FAE's ranking of one hot set's cold rows, made once and read for every cache budget (the planner
     sizes a hot set's caches up to eight times, and the ranking sorts every cold row the sample saw).
@@ -63,7 +69,7 @@ class ColdCacheSizing:
         self.row_bytes = stats.layout.row_bytes(optimizer_class).astype(np.float64)
         self.slot_bytes = self.row_bytes + CACHE_SLOT_AUX_BYTES
         counts = seen_cold_counts(stats, hot_set)  # only rows seen in the sample are ranked
-        self.rows = cold_rows(hot_set).astype(np.float64)
+        self.rows = cold_table_rows(hot_set).astype(np.float64)  # what a cache's load factor is of
         tables = np.concatenate([np.full(len(c), t) for t, c in enumerate(counts)])
         self.ranked_tables = tables[np.argsort(-np.concatenate(counts), kind="stable")]
         self.cost = np.cumsum(self.slot_bytes[self.ranked_tables])

@@ -46,12 +46,17 @@ class AccessCacheStatistics(CacheStatistics):
         return cls.from_seen(counts[counts > 0], len(counts), lookups_per_batch)
 
     @classmethod
-    def from_seen(cls, seen: np.ndarray, rows: int, lookups_per_batch: float) -> AccessCacheStatistics:
+    def from_seen(
+        cls, seen: np.ndarray, rows: int, lookups_per_batch: float, table_rows: int | None = None
+    ) -> AccessCacheStatistics:
         """``from_counts`` given only the counts of the rows the sample saw (``seen``, all positive)
-        and the number of rows: the others count by their number, so a table of millions of rows
-        that were never seen costs nothing."""
-        if rows <= 0:
-            raise ValueError("a table needs at least one row")
+        and the number of rows looked up: the others count by their number, so a table of millions of
+        rows that were never seen costs nothing. ``table_rows``: the rows of the table the cache serves
+        (default ``rows``), of which ``rows`` are looked up, as a cold part's table keeps its hot rows'
+        copies too; load factors are of ``table_rows``, as TorchRec sizes a cache."""
+        table_rows = rows if table_rows is None else table_rows
+        if rows <= 0 or table_rows < rows:
+            raise ValueError(f"a table needs at least one row, and its {rows} looked up ({table_rows} rows)")
         seen = np.asarray(seen)
         _check_counts(seen, "seen access counts must be positive integers", low=1)
         if len(seen) > rows:
@@ -61,7 +66,9 @@ class AccessCacheStatistics(CacheStatistics):
             multiplicity @ -np.expm1(lookups_per_batch * np.log1p(-np.minimum(probability, 1 - 1e-12)))
         )
         miss = [1.0, *_che_miss_rates(probability, multiplicity, LOAD_FACTOR_GRID[1:-1] * rows).tolist(), 0.0]
-        return cls(distinct, rows, tuple(LOAD_FACTOR_GRID.tolist()), tuple(miss))
+        return cls(
+            distinct, table_rows, tuple((LOAD_FACTOR_GRID * (rows / table_rows)).tolist()), tuple(miss)
+        )
 
     @property
     def expected_lookups(self) -> float:

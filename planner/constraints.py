@@ -27,7 +27,7 @@ from fae_torchrec.modules.fae_embedding_bag import HOT_KERNELS, SLOT_KERNEL, SLO
 from fae_torchrec.stats import AccessStats, HotSet
 from fae_torchrec.stats.hot_set import COLD, HOT
 from fae_torchrec.stats.hot_share import holdout_cold_inputs, holdout_rows_hot
-from planner.cache_sizing import cold_rows, seen_cold_counts
+from planner.cache_sizing import cold_rows, cold_table_rows, seen_cold_counts
 from planner.cache_statistics import AccessCacheStatistics
 
 #: Sharding types of cold tables on CUDA: data-parallel would copy a UVM table to every rank.
@@ -126,9 +126,16 @@ def cold_cache_statistics(
     pooling = pooling or step_pooling(stats, hot_set)
     lookups = pooling.cold_step_cold * global_batch_size
     return {
-        config.name: AccessCacheStatistics.from_seen(seen, int(rows), float(n * len(config.feature_names)))
-        for config, seen, rows, n in zip(
-            stats.tables, seen_cold_counts(stats, hot_set), cold_rows(hot_set), lookups, strict=True
+        config.name: AccessCacheStatistics.from_seen(
+            seen, int(rows), float(n * len(config.feature_names)), table_rows=int(table_rows)
+        )
+        for config, seen, rows, table_rows, n in zip(
+            stats.tables,
+            seen_cold_counts(stats, hot_set),
+            cold_rows(hot_set),
+            cold_table_rows(hot_set),
+            lookups,
+            strict=True,
         )
         if rows
     }

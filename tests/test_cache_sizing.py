@@ -28,10 +28,11 @@ def cold_tables():
 
 
 def _device_bytes(stats, hot_set, load_factors):
-    """Bytes TorchRec's storage estimate gives the cold parts (without per-table I/O buffers)."""
+    """Bytes TorchRec's storage estimate gives the cold parts (without per-table I/O buffers): a table with
+    cold rows keeps every row in the cold part."""
     total = 0.0
     for t, config in enumerate(stats.tables):
-        rows = int((~hot_set.hot_mask(t)).sum())
+        rows = config.num_embeddings if (~hot_set.hot_mask(t)).any() else 0
         row = config.embedding_dim * 4
         lf = load_factors.get(config.name)
         if lf == 1.0:

@@ -97,3 +97,19 @@ def test_the_miss_rate_curve_solves_ches_equation_for_every_load_factor(rows):
     for load_factor, miss in zip(stats.load_factors[1:-1], stats.miss_rates[1:-1], strict=True):
         expected = _bisected_miss_rate(probability, multiplicity, load_factor * rows)
         assert miss == pytest.approx(max(expected, 0.0), abs=1e-9), load_factor
+
+
+def test_load_factors_of_a_cold_table_that_keeps_its_hot_rows_copies():
+    """A cold part's table keeps every row, its hot ones' copies too: the cache of a load factor of the
+    whole table holds as many rows as that of the cold rows alone at the load factor scaled up."""
+    seen = np.array([40, 30, 9, 5, 3, 2, 1, 1])
+    cold = AccessCacheStatistics.from_seen(seen, 1000, lookups_per_batch=50)
+    table = AccessCacheStatistics.from_seen(seen, 1000, lookups_per_batch=50, table_rows=4000)
+    assert table.rows == 4000 and table.expected_lookups == cold.expected_lookups
+    assert table.minimum_load_factor == pytest.approx(cold.minimum_load_factor / 4)
+    for factor in (0.001, 0.01, 0.1, 0.25):
+        assert table.expected_miss_rate(factor) == pytest.approx(cold.expected_miss_rate(4 * factor))
+    assert table.expected_miss_rate(0.5) == 0.0, "a cache of every cold row misses none"
+    assert table.cacheability == pytest.approx(cold.cacheability / 4)
+    with pytest.raises(ValueError, match="its 1000 looked up"):
+        AccessCacheStatistics.from_seen(seen, 1000, lookups_per_batch=50, table_rows=999)

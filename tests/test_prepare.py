@@ -57,15 +57,23 @@ def test_a_split_module_of_another_hot_set_is_refused_on_every_rank(tmp_path, wo
     run_on_ranks(_another_hot_set_is_refused, world_size, tmp_path, str(tmp_path / "partition"))
 
 
-def test_a_partition_without_its_hot_set_digest_is_refused(tmp_path):
+def test_a_partition_without_its_hot_set_digest_or_with_cold_ids_of_before_is_refused(tmp_path):
+    """A partition written before the cold part kept every row at its id numbered the cold rows among
+    themselves: its part ids would train other rows."""
     data = SyntheticCriteo(2000, batch_size=1024, scale=0.0005, seed=3)
     prepare_data(data, data.table_configs(8), tmp_path, sample=0.2, batch_size=BATCH, hot_budget=8 << 10)
     meta = tmp_path / "partition.json"
-    described = json.loads(meta.read_text())
-    del described["hot_set"]
-    meta.write_text(json.dumps(described))
-    with pytest.raises(ValueError, match="no digest of its hot set; the partition was written by an older"):
-        HotColdPartition.open(tmp_path)
+    written = json.loads(meta.read_text())
+    assert written["cold_ids"] == "original"
+    for field, message in (
+        ("hot_set", "no digest of its hot set"),
+        ("cold_ids", "no cold ids kept as the original"),
+    ):
+        described = dict(written)
+        del described[field]
+        meta.write_text(json.dumps(described))
+        with pytest.raises(ValueError, match=f"{message}.*; the partition was written by an older"):
+            HotColdPartition.open(tmp_path)
 
 
 #: A re-partition's options: label balance, and blocks small enough for each rank to hold some.

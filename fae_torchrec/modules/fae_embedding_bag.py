@@ -1,14 +1,17 @@
 """``FAEEmbeddingBagCollection``: an ``EmbeddingBagCollection`` split into a hot part and a cold part.
 
-Every row of every table lives in exactly one part: the hot rows of table ``t`` form table ``t_hot`` of
-the ``hot`` EBC (ids ``0..H-1``, in original id order) and the other rows form ``t_cold`` of the
-``cold`` EBC. The forward takes the original ``KeyedJaggedTensor`` and remaps ids with one
-``searchsorted`` over the sorted hot ids of all tables, or takes them already split (``SplitFeatures``,
-made by ``split`` before the step, e.g. by the batch router from a partition's part ids, remapped when
-the partition was written), looks up both parts
-with SUM pooling and returns the ``KeyedTensor`` the unsplit EBC would return (MEAN tables are divided
-by the bag sizes at the end). Both parts are ordinary EBCs, so ``DistributedModelParallel`` shards each
-with TorchRec's own sharders and kernels.
+The hot rows of table ``t`` form table ``t_hot`` of the ``hot`` EBC (ids ``0..H-1``, in original id
+order); a table with cold rows keeps all its rows, at their original ids, as ``t_cold`` of the ``cold``
+EBC, where a hot row's copy is not read (nor trained) while the row is hot. Cold rows thus never change
+place: a re-plan writes the rows that leave the hot part into the cold part and reads those that enter
+it, and the cold part is the baseline's tables (the hot rows' copies cost the hot set's bytes).
+
+The forward takes the original ``KeyedJaggedTensor`` and remaps ids with one ``searchsorted`` over the
+sorted hot ids of all tables, or takes them already split (``SplitFeatures``, made by ``split`` before
+the step, e.g. by the batch router from a partition's part ids, remapped when the partition was
+written), looks up both parts with SUM pooling and returns the ``KeyedTensor`` the unsplit EBC would
+return (MEAN tables are divided by the bag sizes at the end). Both parts are ordinary EBCs, so
+``DistributedModelParallel`` shards each with TorchRec's own sharders and kernels.
 
 Two mistakes train silently, so the module warns once about each when it sees them in a step: a plan
 that keeps hot rows out of device memory (a hot table on a UVM or key-value kernel, as TorchRec's own
@@ -88,9 +91,11 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self._num_hot = num_hot.tolist()
         #: Per table, its cold rows (those of the cold part, or of a planned cold tier's host memory).
         self.num_cold = dict(zip(layout.names, (layout.num_rows - num_hot).tolist(), strict=True))
+        #: Per table with cold rows, its rows in the cold part (or a planned cold tier's host memory): all.
+        self.cold_rows = {c.name: c.num_embeddings for c in tables if self.num_cold[c.name]}
         slots = None if cold_slots is None else _checked_slots(cold_slots, self.num_cold)
         self.cold_slots = slots
-        cold_sizes = self.num_cold if slots is None else slots
+        cold_sizes = self.cold_rows if slots is None else slots
         sizes = {HOT: num_hot, COLD: np.array([cold_sizes.get(t, 0) for t in layout.names], dtype=np.int64)}
         #: Per part weight (its name in this module's state dict), its table.
         self.part_tables = {
@@ -169,7 +174,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         for config, pieces in self._pieces():
             full = state[f"embedding_bags.{config.name}.weight"]
             for ids, _, name in pieces:
-                parts[name] = full[ids.to(full.device)]
+                parts[name] = full.clone() if ids is None else full[ids.to(full.device)]
         return parts
 
     def ebc_state_dict(
@@ -190,44 +195,47 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             ]
             first = weights[0][1]
             full = torch.empty((config.num_embeddings, *first.shape[1:]), dtype=first.dtype)
-            for ids, weight in weights:
-                full[ids] = weight.detach().cpu()
+            for ids, weight in weights:  # the cold part's every row first, the hot rows over their copies
+                full[slice(None) if ids is None else ids] = weight.detach().cpu()
             result[f"embedding_bags.{config.name}.weight"] = full
         return result
 
     def row_ranges(self, table: str, start: int, stop: int) -> list[tuple[str, int, torch.Tensor]]:
-        """Where rows ``start:stop`` of ``table`` (original ids) live: per part holding any of them,
-        the part weight's name in this module's state dict, the part row of the first of them and
-        a mask of those in the part (consecutive part rows: both parts keep the original order). The
-        cold rows of a module built with ``cold_slots`` are named so too, though a planned cold tier
-        holds them."""
-        hot = self._table_hot_ids[table][0]
+        """Where rows ``start:stop`` of ``table`` (original ids) go: per part with rows of the table, the
+        part weight's name in this module's state dict, the part row of the first of them and a mask of
+        those it takes (consecutive part rows: both parts keep the original order). The cold part takes
+        every row, hot rows' copies too. The cold rows of a module built with ``cold_slots`` are named
+        so too, though a planned cold tier holds them."""
+        hot = self._table_hot_ids[table]
         low, high = (int(i) for i in torch.searchsorted(hot, torch.tensor([start, stop])))
         is_hot = torch.zeros(stop - start, dtype=torch.bool)
         is_hot[hot[low:high] - start] = True
-        ranges = []
-        for part, first, mask in ((HOT, low, is_hot), (COLD, start - low, ~is_hot)):
-            if bool(mask.any()):
-                ranges.append((f"{part}.embedding_bags.{part_table_name(table, part)}.weight", first, mask))
+        ranges = [] if high == low else [(self._part_key(table, HOT), low, is_hot)]
+        if table in self.cold_rows:
+            ranges.append((self._part_key(table, COLD), start, torch.ones_like(is_hot)))
         return ranges
 
-    def part_ids(self, key: str, start: int, stop: int) -> torch.Tensor:
-        """The original ids (ascending) of rows ``start:stop`` of the part weight ``key`` (its name in this
-        module's state dict), made for those rows alone: the ``k``-th cold row is id ``k`` plus the hot
-        ids before it (those whose own count of cold ids before them is at most ``k``)."""
-        hot, cold_before = self._table_hot_ids[self.part_tables[key]]
+    def held_rows(self, key: str, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Of rows ``start:stop`` of the part weight ``key`` (its name in this module's state dict), those
+        that hold their row's values (not a hot row's copy in the cold part): their positions among the
+        rows, and their original ids (ascending)."""
+        hot = self._table_hot_ids[self.part_tables[key]]
         if key.startswith(HOT):
-            return hot[start:stop]
-        rows = torch.arange(start, stop)
-        return rows + torch.searchsorted(cold_before, rows, right=True)
+            return torch.arange(stop - start), hot[start:stop]
+        ids = torch.arange(start, stop)
+        low, high = (int(i) for i in torch.searchsorted(hot, torch.tensor([start, stop])))
+        held = torch.ones(stop - start, dtype=torch.bool)
+        held[hot[low:high] - start] = False
+        return torch.nonzero(held).flatten(), ids[held]
+
+    def _part_key(self, table: str, part: str) -> str:
+        """The name of ``table``'s weight in ``part`` in this module's state dict."""
+        return f"{part}.embedding_bags.{part_table_name(table, part)}.weight"
 
     @cached_property
-    def _table_hot_ids(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Per table, its hot ids and, for each, how many cold ids precede it."""
-        return {
-            config.name: (hot, hot - torch.arange(len(hot)))
-            for config, hot in zip(self._configs, self._hot_ids(), strict=True)
-        }
+    def _table_hot_ids(self) -> dict[str, torch.Tensor]:
+        """Per table, its hot ids."""
+        return {config.name: hot for config, hot in zip(self._configs, self._hot_ids(), strict=True)}
 
     def _check_rows_held(self, what: str) -> None:
         """``ValueError`` for ``what``, which reads or writes cold rows in the cold part, when the cold
@@ -260,21 +268,25 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             )
         ]
 
-    def _pieces(self) -> list[tuple[EmbeddingBagConfig, list[tuple[torch.Tensor, torch.Tensor, str]]]]:
-        """Per table: its config and, per part holding rows of it, (original ids, part weight, the
-        weight's name in this module's state dict)."""
+    def _pieces(
+        self,
+    ) -> list[tuple[EmbeddingBagConfig, list[tuple[torch.Tensor | None, torch.Tensor, str]]]]:
+        """Per table: its config and, per part with rows of it, the cold part first, (its rows' original
+        ids, None for the cold part's every row; part weight; the weight's name in this module's state
+        dict)."""
         result = []
         for config, hot in zip(self._configs, self._hot_ids(), strict=True):
-            is_cold = torch.ones(config.num_embeddings, dtype=torch.bool)
-            is_cold[hot] = False
+            parts: list[tuple[str, torch.Tensor | None]] = (
+                [(COLD, None)] if config.name in self.cold_rows else []
+            )
+            parts += [(HOT, hot)] if len(hot) else []
             pieces = [
                 (
                     ids,
                     getattr(self, part).embedding_bags[part_table_name(config.name, part)].weight,
-                    f"{part}.embedding_bags.{part_table_name(config.name, part)}.weight",
+                    self._part_key(config.name, part),
                 )
-                for part, ids in ((HOT, hot), (COLD, torch.nonzero(is_cold).flatten()))
-                if len(ids)
+                for part, ids in parts
             ]
             result.append((config, pieces))
         return result

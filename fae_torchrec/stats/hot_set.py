@@ -39,7 +39,8 @@ SPLIT, ALL_HOT, ALL_COLD = 0, 1, 2
 class HotRowIndex:
     """The hot rows of every table in one sorted tensor of global rows (table offset + id), so that the
     ids of any tables are told hot or cold and numbered in their part by one ``searchsorted``, in torch
-    on any device: the one remap of FAE, behind ``HotSet``'s numpy methods and the split module's.
+    on any device (a hot row by its rank among its table's hot rows; a cold row keeps its id): the one
+    remap of FAE, behind ``HotSet``'s numpy methods and the split module's.
 
     Only tables with rows in both parts are in ``hot_rows`` (their kind ``SPLIT``), followed by the
     number of all rows as a sentinel so that a search lands on a valid index; a table entirely hot or
@@ -74,11 +75,9 @@ class HotRowIndex:
         position = torch.searchsorted(self.hot_rows, rows)
         kind = self.table_kind[tables]
         is_hot = torch.where(kind == SPLIT, self.hot_rows[position] == rows, kind == ALL_HOT)
-        # hot rows of the table below each id: its hot id if hot, and id minus it is its cold id
-        hot_before = torch.where(
-            kind == SPLIT, position - self.hot_offsets[tables], torch.where(kind == ALL_HOT, ids, 0)
-        )
-        return torch.where(is_hot, hot_before, ids - hot_before), is_hot
+        # a hot id: the hot rows of its table below it (an entirely hot table's ids are their hot ids)
+        hot_id = torch.where(kind == SPLIT, position - self.hot_offsets[tables], ids)
+        return torch.where(is_hot, hot_id, ids), is_hot
 
     def to(self, device: torch.device) -> HotRowIndex:
         return HotRowIndex(
@@ -90,8 +89,9 @@ class HotRowIndex:
 class HotSet:
     """Per table (in ``tables`` order) the sorted ids of its hot rows.
 
-    Every row is in exactly one part: hot rows get hot ids ``0..H-1`` and cold rows cold ids
-    ``0..C-1``, both in the order of the original ids.
+    Hot rows get hot ids ``0..H-1`` in the order of the original ids; cold rows keep their ids in the
+    cold part, whose tables keep every row (``FAEEmbeddingBagCollection``), so that a re-plan moves
+    only the rows that change part and no cold row changes place.
     """
 
     tables: tuple[EmbeddingBagConfig, ...]
@@ -257,7 +257,7 @@ class HotSet:
         _, before, table_before = self._row_bits
         below = np.bitwise_count(held & ((np.uint64(1) << bit) - np.uint64(1))).astype(np.int64)
         hot_before = before[word] + below - table_before[tables]  # its table's, before it
-        signed[:, columns] = np.where((held >> bit) & np.uint64(1), hot_before, ~(ids - hot_before))
+        signed[:, columns] = np.where((held >> bit) & np.uint64(1), hot_before, ~ids)
         return signed
 
     def _checked_part_ids(

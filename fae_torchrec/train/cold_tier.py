@@ -201,7 +201,7 @@ class PlannedColdTier:
         self.slots: dict[str, int] = fae.cold_slots
         self.groups = _slot_groups(fae, fae.cold, self.slots)
         # every cold row as one key (its table's offset + its row): the groups' rows in ascending ranges
-        starts = np.cumsum([0, *(fae.num_cold[t] for t in fae.cold_slots)])
+        starts = np.cumsum([0, *(fae.cold_rows[t] for t in fae.cold_slots)])
         self._offsets = dict(zip(fae.cold_slots, starts[:-1].tolist(), strict=True))
         # every slot as one key too (its table's offset in all slots + its slot)
         slot_starts = np.cumsum([0, *fae.cold_slots.values()])
@@ -553,7 +553,7 @@ class PlannedColdTier:
         return {
             name: {
                 key: assemble_full_tensor(
-                    (self.fae.num_cold[table], *shape),
+                    (self.fae.cold_rows[table], *shape),
                     dtype,
                     [
                         ((slice(group.row_start, group.row_stop),), run.group_rows(index, name))
@@ -732,7 +732,7 @@ def _slot_groups(
                 f"{sharding.compute_kernel} (constrain {part_table_name(table, COLD)})"
             )
         starts = sorted({shard.shard_offsets[0] for shard in sharding.sharding_spec.shards})
-        rows = fae.num_cold[table]
+        rows = fae.cold_rows[table]
         bounds = [*starts, num_slots]
         groups += [
             SlotGroup(table, a, b, a * rows // num_slots, b * rows // num_slots) for a, b in pairwise(bounds)

@@ -41,6 +41,9 @@ from fae_torchrec.stats.hot_set import COLD, HOT, PARTS, HotSet
 
 _FIELDS = ("dense", "ids", "labels", "part_ids")
 #: The files of a partition (or of one writer's share of it), without ``.npy``.
+#: How a partition's cold part ids number the rows (``partition.json``): by their original ids, as the
+#: cold part keeps every row at its id (a partition written before numbered them among the cold rows).
+COLD_IDS = "original"
 _FILES = ("is_hot", *(f"{part}_{field}" for part in PARTS for field in _FIELDS))
 #: The folder of rank ``R``'s share of a partition that several ranks wrote.
 SHARE = "share-{}"
@@ -167,8 +170,12 @@ class HotColdPartition:
         if not meta.exists():
             raise FileNotFoundError(f"{meta}: missing; not a partition directory")
         described = json.loads(meta.read_text())
-        for field, what in (("keys", "feature names"), ("hot_set", "digest of its hot set")):
-            if field not in described:
+        for field, what in (
+            ("keys", "feature names"),
+            ("hot_set", "digest of its hot set"),
+            ("cold_ids", "cold ids kept as the original ids"),
+        ):
+            if field not in described or (field == "cold_ids" and described[field] != COLD_IDS):
                 raise ValueError(
                     f"{meta}: no {what}; the partition was written by an older version, write it again"
                 )
@@ -269,7 +276,12 @@ def finish_partition(
 ) -> None:
     """Write the description that makes ``directory``'s files a partition (:meth:`HotColdPartition.open`),
     or the files of its folders ``shares``, one after another."""
-    meta: dict = {"ids_per_feature": list(ids_per_feature), "keys": list(keys), "hot_set": hot_set.digest}
+    meta: dict = {
+        "ids_per_feature": list(ids_per_feature),
+        "keys": list(keys),
+        "hot_set": hot_set.digest,
+        "cold_ids": COLD_IDS,
+    }
     if shares is not None:
         meta["shares"] = list(shares)
     (Path(directory) / "partition.json").write_text(json.dumps(meta))

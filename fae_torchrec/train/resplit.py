@@ -384,7 +384,8 @@ def _write_rows(
     columns: tuple[slice, ...],
 ) -> None:
     """Write ``rows``, rows ``first:`` of ``fae``'s part weight ``key`` (their ``columns`` of the file's
-    rows), at their original ids in the file of their table's ``name``: ``SPILL_ROWS`` at a time, each
+    rows), at their original ids in the file of their table's ``name``, those that hold their row's
+    values (``held_rows``: not a hot row's copy in the cold part): ``SPILL_ROWS`` at a time, each
     through mappings of ``SPILL_BYTES`` of the file at most (a page touched maps its neighbours too, so
     scattered rows could otherwise map much of the file into memory)."""
     table = fae.part_tables[key]
@@ -393,9 +394,12 @@ def _write_rows(
     region_rows = max(1, SPILL_BYTES // row_bytes)
     for begin in range(0, len(rows), SPILL_ROWS):
         end = min(begin + SPILL_ROWS, len(rows))
-        ids = fae.part_ids(key, first + begin, first + end).numpy()
+        held, original = fae.held_rows(key, first + begin, first + end)
+        if not len(held):
+            continue
+        ids = original.numpy()
         # a copy: numpy's view of a tensor would keep its memory from being freed (release_tables)
-        values = rows[begin:end].detach().to("cpu", copy=True).numpy()
+        values = rows[begin:end][held].detach().to("cpu", copy=True).numpy()
         if not columns:  # a whole row each: in the file's row shape
             values = values.reshape(len(ids), *shape)
         regions = np.flatnonzero(np.diff(ids // region_rows)) + 1
