@@ -7,10 +7,10 @@ time-ordered synthetic days whose popularity rotates (``--days 2 --drift``), tra
 ``--watch-steps`` steps of the schedule and watches them as training would (``Replanning.observe``: the
 recent counts of every rank's inputs), then times a check (``Replanning.upcoming``: a sample of the inputs
 left to train; ``Replanner.decide``: the recent counts as statistics, FAE's hot set of the run's budget,
-both hot sets' shares on that sample) and the move to its hot set (``Replanning``'s own: the training
-state spilled to files in the unsplit layout, the old tables freed, the untrained inputs and the full data
-partitioned again, the new model planned and sharded, the state loaded into it). The re-plan is forced:
-the cost is what is measured, whatever the decision.
+both hot sets' shares on that sample) and the move to its hot set (``Replanning``'s own: the new hot part
+planned, only the rows that change part moved rank to rank and the hot part alone made anew, ``move_rows``;
+the untrained inputs and the full data partitioned again). The re-plan is forced: the cost is what is
+measured, whatever the decision.
 
 Peak memory is each rank's peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs`` before
 each phase): training's over the trained steps, the re-plan's over the check and the move; the largest
@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> dict:
     peaks = [None] * world
     dist.all_gather_object(peaks, (resident, training_peak, replan_peak))
     resident, training_peak, replan_peak = max(peaks, key=lambda p: p[2])
-    move_seconds = sum(move[f"{phase}_seconds"] for phase in ("spill", "shard", "load"))
+    phases = ("plan", "move_rows") if move["path"] == "rows" else ("spill", "shard", "load")
+    move_seconds = sum(move[f"{phase}_seconds"] for phase in phases)
     result = {
         "options": vars(own) | {"example": {k: v for k, v in asdict(args).items() if k != "replan"}},
         "world_size": world,
@@ -162,12 +163,21 @@ def _report(r: dict) -> None:
         f"recent counts at most {most} per table"
     )
     print(f"decision: {r['decision_seconds']:.2f} s; {moved}; recent inputs {shares}")
-    spilled, held = format_bytes(r["spilled_bytes"]), format_bytes(r["state_bytes"])
-    print(
-        f"move: spill {r['spill_seconds']:.1f} s ({spilled} of tables with state written, {held} of other "
-        f"state held per rank), plan and shard {r['shard_seconds']:.1f} s, load {r['load_seconds']:.1f} s: "
-        f"{r['move_us_per_moved_row']:.1f} us per moved row"
-    )
+    per_row = f"{r['move_us_per_moved_row']:.1f} us per moved row"
+    if r["path"] == "rows":
+        rows = f"{r['leaving_rows']:,} rows leave the hot part, {r['entering_rows']:,} enter it"
+        gathered = f"{format_bytes(r['gathered_bytes'])} of hot rows with state assembled per rank"
+        print(
+            f"move, only the rows that change part: plan {r['plan_seconds']:.1f} s, move "
+            f"{r['move_rows_seconds']:.1f} s ({rows}; {gathered}): {per_row}"
+        )
+    else:
+        spilled, held = format_bytes(r["spilled_bytes"]), format_bytes(r["state_bytes"])
+        print(
+            f"move through files: spill {r['spill_seconds']:.1f} s ({spilled} of tables with state written, "
+            f"{held} of other state held per rank), plan and shard {r['shard_seconds']:.1f} s, load "
+            f"{r['load_seconds']:.1f} s: {per_row}"
+        )
     written = format_bytes(r["partition_bytes"])
     inputs = f"{r['repartitioned_inputs']:,} inputs"
     print(f"re-partition: {r['partition_seconds']:.1f} s for {inputs} ({written} written)")

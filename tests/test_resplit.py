@@ -12,7 +12,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 
-from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection
+from fae_torchrec import AccessProfiler, FAEEmbeddingBagCollection, HotSet
 from fae_torchrec.data import SyntheticCriteo
 from fae_torchrec.modules.state import gather_full_state_dict
 from fae_torchrec.torchrec_compat import ShardedTensor
@@ -22,6 +22,7 @@ from fae_torchrec.train.optimizers import EmbeddingOptimizer, unfused_optimizer
 from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.resplit import load_unsplit_state, release_tables, spill_unsplit_state
 from fae_torchrec.train.router import BatchRouter
+from fae_torchrec.train.row_moves import kept_in_place, move_rows, moves_rows_in_place
 from fae_torchrec.train.schedule import make_schedule, trained_inputs
 from fae_torchrec.train.step import find_fae_module, train_step
 from planner import FAEShardingPlanner
@@ -46,9 +47,8 @@ def _new_hot_set(data, tables):
     return stats, stats.hot_set(48 << 10)
 
 
-def _replanned(model, stats, hot_set, world_size: int, embedding: EmbeddingOptimizer, constrained: bool):
-    """``model`` (unsharded, FAE's, on the meta device) planned by FAE's planner and sharded, with its
-    unfused optimizer: how a re-plan builds the model of the new hot set."""
+def _planned(model, stats, world_size: int, embedding: EmbeddingOptimizer, constrained: bool):
+    """The plan FAE's planner makes for ``model`` (unsharded, FAE's, on the meta device)."""
     embedding.apply(find_fae_module(model))
     constraints = (
         {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in stats.tables}
@@ -59,23 +59,44 @@ def _replanned(model, stats, hot_set, world_size: int, embedding: EmbeddingOptim
     planner = FAEShardingPlanner(
         topology, stats, batch_size=32, constraints=constraints, hot_budget_bytes=48 << 10
     )
+    return planner.collective_plan(model, get_default_sharders(), dist.GroupMember.WORLD)
+
+
+def _replanned(model, stats, world_size: int, embedding: EmbeddingOptimizer, constrained: bool):
+    """``model`` (unsharded, FAE's, on the meta device) planned by FAE's planner and sharded, with its
+    unfused optimizer: how a re-plan through the files builds the model of the new hot set."""
+    plan = _planned(model, stats, world_size, embedding, constrained)
     sharders = get_default_sharders()
-    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
-    return dmp, unfused_optimizer(dmp, embedding, lambda params: torch.optim.SGD(params, lr=0.1))
+    return dmp, _unfused(dmp, embedding)
+
+
+def _unfused(dmp, embedding: EmbeddingOptimizer):
+    return unfused_optimizer(dmp, embedding, lambda params: torch.optim.SGD(params, lr=0.1))
 
 
 def _training_with_a_replan(
-    rank: int, world_size: int, folder, optimizer_name: str, constrained: bool, tiered: bool = False
+    rank: int,
+    world_size: int,
+    folder,
+    optimizer_name: str,
+    constrained: bool,
+    tiered: bool = False,
+    in_place: bool = False,
 ) -> None:
     """The baseline and FAE trained on the same batches, FAE re-planned after ``REPLAN_AT`` steps; with
-    ``tiered`` its cold rows in a planned cold tier before and after the re-plan."""
+    ``tiered`` its cold rows in a planned cold tier before and after the re-plan; ``in_place``: only the
+    rows that change part moved (``move_rows``), else through the files."""
     optimizer, kwargs, tolerance = OPTIMIZERS[optimizer_name]
     embedding = EmbeddingOptimizer(optimizer, kwargs)
     setup = _setup("dlrm", world_size)
     data, tables, _, hot_set = setup
     keys = data.feature_names
     new_stats, new_hot_set = _new_hot_set(data, tables)
+    if in_place:  # as the recipe does: a table entirely hot stays so
+        new_hot_set = kept_in_place(
+            FAEEmbeddingBagCollection(tables, hot_set, device=torch.device("meta")), new_hot_set
+        )
     # a planned cold tier's slots before and after: room for a step's rows
     slots = {
         name: _slots(h, world_size, False) if tiered else None
@@ -110,22 +131,22 @@ def _training_with_a_replan(
         train_step(base_dmp, batch, base_optimizer)
         train_step(fae_dmp, routed.batch, fae_optimizer)
 
-    state = spill_unsplit_state(fae_dmp, fae_optimizer, embedding, folder, tier)
-    assert state.file_bytes() > 0 and state.nbytes() < state.file_bytes()
-    release_tables(fae_dmp, fae_optimizer, embedding, tier)
-    kept = () if tier is None else tuple(tier.keys)  # the slot tables: not the cold rows
-    assert all(s.tensor.untyped_storage().size() == 0 for _, s in _shards(fae_dmp, kept)), "tables not freed"
     torch.manual_seed(0)
-    meta = FAEEmbeddingBagCollection(
-        tables, new_hot_set, device=torch.device("meta"), cold_slots=slots["new"]
-    )
-    new_dmp, new_optimizer = _replanned(
-        _model("dlrm", meta), new_stats, new_hot_set, world_size, embedding, constrained
-    )
-    tier = PlannedColdTier(new_dmp) if tiered else None
-    load_unsplit_state(new_dmp, new_optimizer, embedding, state, tier)
-    state.remove()
-    assert not folder.exists()
+    if in_place:
+        new_dmp, new_optimizer = _moved_in_place(
+            fae_dmp, fae_optimizer, embedding, new_stats, new_hot_set, constrained
+        )
+    else:
+        new_dmp, new_optimizer, tier = _moved_through_files(
+            fae_dmp,
+            fae_optimizer,
+            embedding,
+            (new_stats, new_hot_set),
+            folder,
+            tier,
+            slots["new"],
+            constrained,
+        )
     del fae_dmp, fae_optimizer
 
     split = BatchRouter(remainder, 32, world_size, rank, seed=1, split=new_dmp, cold_tier=tier)
@@ -139,6 +160,100 @@ def _training_with_a_replan(
         cold = tier.gather_cold_state()["weight"]
         assert tier.rows_in > 0
     _assert_trained_alike(base_dmp, new_dmp, "dlrm", tables, batches, initial, initial_dense, tolerance, cold)
+
+
+def _moved_through_files(fae_dmp, fae_optimizer, embedding, new, folder, tier, slots, constrained):
+    """``fae_dmp`` moved to the hot set of ``new`` (statistics, hot set) through the files in ``folder``:
+    the new model, its unfused optimizer and its planned cold tier (``slots``: its slots, None: none)."""
+    new_stats, new_hot_set = new
+    world_size = dist.get_world_size()
+    state = spill_unsplit_state(fae_dmp, fae_optimizer, embedding, folder, tier)
+    assert state.file_bytes() > 0 and state.nbytes() < state.file_bytes()
+    release_tables(fae_dmp, fae_optimizer, embedding, tier)
+    kept = () if tier is None else tuple(tier.keys)  # the slot tables: not the cold rows
+    assert all(s.tensor.untyped_storage().size() == 0 for _, s in _shards(fae_dmp, kept)), "tables not freed"
+    tables = find_fae_module(fae_dmp).embedding_bag_configs()
+    meta = FAEEmbeddingBagCollection(tables, new_hot_set, device=torch.device("meta"), cold_slots=slots)
+    new_dmp, new_optimizer = _replanned(_model("dlrm", meta), new_stats, world_size, embedding, constrained)
+    tier = None if slots is None else PlannedColdTier(new_dmp)
+    load_unsplit_state(new_dmp, new_optimizer, embedding, state, tier)
+    state.remove()
+    assert not folder.exists()
+    return new_dmp, new_optimizer, tier
+
+
+def _moved_in_place(fae_dmp, fae_optimizer, embedding, new_stats, new_hot_set, constrained):
+    """``fae_dmp`` moved to ``new_hot_set`` by ``move_rows``: the cold part's tables stay as they are,
+    only the hot part is made anew."""
+    old = find_fae_module(fae_dmp)
+    cold = {key: value for key, value in fae_dmp.state_dict().items() if ".cold." in key}
+    assert moves_rows_in_place(fae_dmp, new_hot_set, False)
+    meta = FAEEmbeddingBagCollection(
+        old.embedding_bag_configs(), new_hot_set, device=torch.device("meta"), cold_tables=old.cold_rows
+    )
+    plan = _planned(_model("dlrm", meta), new_stats, dist.get_world_size(), embedding, constrained)
+    new_dmp, new_optimizer, moves = move_rows(
+        fae_dmp, fae_optimizer, embedding, new_hot_set, plan, get_default_sharders(),
+        lambda dmp: _unfused(dmp, embedding),
+    )  # fmt: skip
+    assert moves.leaving > 0 and moves.entering > 0
+    fae = find_fae_module(new_dmp)
+    assert fae is not old and fae.cold is old.cold, "the cold part kept as it is"
+    after = {key: value for key, value in new_dmp.state_dict().items() if ".cold." in key}
+    assert after.keys() == cold.keys() and all(
+        after[k] is cold[k] or _same_shards(after[k], cold[k]) for k in cold
+    )
+    return new_dmp, new_optimizer
+
+
+def _same_shards(a, b) -> bool:
+    """Whether two per-row tensors of a state dict are the same memory (shard by shard)."""
+    if isinstance(a, ShardedTensor):
+        return all(
+            x.tensor.data_ptr() == y.tensor.data_ptr()
+            for x, y in zip(a.local_shards(), b.local_shards(), strict=True)
+        )
+    return a.data_ptr() == b.data_ptr()
+
+
+def test_only_a_cold_part_that_keeps_every_table_with_cold_rows_moves_rows_in_place(small_tables):
+    """A row of a table entirely hot before (no table in the cold part) would turn cold: refused before
+    anything moves, unless the table stays entirely hot (``kept_in_place``, as the recipe re-plans) or the
+    cold part keeps it (``cold_tables``); a planned cold tier moves through files."""
+    old = HotSet(tuple(small_tables), (np.array([2, 5]), np.arange(20), np.empty(0, np.int64)))
+    new = HotSet(tuple(small_tables), (np.array([5, 7]), np.arange(1, 20), np.array([3])))
+    meta = torch.device("meta")
+    lacking = FAEEmbeddingBagCollection(small_tables, old, device=meta)
+    assert lacking.cold_rows == {"t_a": 10, "t_c": 30}, "t_b is entirely hot"
+    assert not moves_rows_in_place(lacking, new, False)
+    with pytest.raises(ValueError, match="the cold part lacks a table with cold rows"):
+        move_rows(lacking, None, None, new, None, [], None)
+    kept = kept_in_place(lacking, new)
+    assert [ids.tolist() for ids in kept.hot_ids] == [[5, 7], list(range(20)), [3]]
+    assert moves_rows_in_place(lacking, kept, False) and not moves_rows_in_place(lacking, kept, True)
+    keeping = FAEEmbeddingBagCollection(small_tables, old, device=meta, cold_tables=["t_a", "t_b", "t_c"])
+    assert keeping.cold_rows == {"t_a": 10, "t_b": 20, "t_c": 30} and moves_rows_in_place(keeping, new, False)
+    with pytest.raises(ValueError, match=r"cold_tables: tables \['t_a'\] have cold rows"):
+        FAEEmbeddingBagCollection(small_tables, old, device=meta, cold_tables=["t_c"])
+    with pytest.raises(ValueError, match=r"cold_tables: no tables \['t_x'\]"):
+        FAEEmbeddingBagCollection(small_tables, old, device=meta, cold_tables=["t_a", "t_c", "t_x"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_replan_that_moves_only_the_rows_changing_part_ends_with_the_baseline_parameters(
+    tmp_path, world_size, optimizer_name
+):
+    """``move_rows``: TorchRec's unconstrained plans (hot parts data-parallel, cold parts sharded)."""
+    run_on_ranks(
+        _training_with_a_replan, world_size, tmp_path, tmp_path / "rows", optimizer_name, False, False, True
+    )
+
+
+@pytest.mark.slow
+def test_a_replan_that_moves_only_the_rows_changing_part_between_table_wise_plans_is_exact(tmp_path):
+    run_on_ranks(_training_with_a_replan, 2, tmp_path, tmp_path / "rows", "adagrad", True, False, True)
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ skip it, and say so through ``cold_input_skipped_on_hot``).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
 
@@ -71,6 +71,9 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
             a planned cold tier (``fae_torchrec.train.cold_tier.PlannedColdTier``), which keeps the cold
             rows in host memory and copies into the slots the rows each cold step needs. None: the
             cold part's tables hold the cold rows themselves.
+        cold_tables: the tables the cold part keeps (every row of each): at least those with cold rows
+            (the default), more where a re-plan keeps the cold part as it is
+            (``fae_torchrec.train.row_moves``). A planned cold tier's are the tables with cold rows.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         is_weighted: bool = False,
         device: torch.device | None = None,
         cold_slots: Mapping[str, int] | None = None,
+        cold_tables: Collection[str] | None = None,
     ) -> None:
         super().__init__()
         layout = TableLayout.of(tables)
@@ -91,9 +95,10 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         self._num_hot = num_hot.tolist()
         #: Per table, its cold rows (those of the cold part, or of a planned cold tier's host memory).
         self.num_cold = dict(zip(layout.names, (layout.num_rows - num_hot).tolist(), strict=True))
-        #: Per table with cold rows, its rows in the cold part (or a planned cold tier's host memory): all.
-        self.cold_rows = {c.name: c.num_embeddings for c in tables if self.num_cold[c.name]}
         slots = None if cold_slots is None else _checked_slots(cold_slots, self.num_cold)
+        kept = set(slots) if slots is not None else _checked_cold_tables(cold_tables, self.num_cold)
+        #: Per table of the cold part, its rows there (or in a planned cold tier's host memory): all.
+        self.cold_rows = {c.name: c.num_embeddings for c in tables if c.name in kept}
         self.cold_slots = slots
         cold_sizes = self.cold_rows if slots is None else slots
         sizes = {HOT: num_hot, COLD: np.array([cold_sizes.get(t, 0) for t in layout.names], dtype=np.int64)}
@@ -210,9 +215,9 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         low, high = (int(i) for i in torch.searchsorted(hot, torch.tensor([start, stop])))
         is_hot = torch.zeros(stop - start, dtype=torch.bool)
         is_hot[hot[low:high] - start] = True
-        ranges = [] if high == low else [(self._part_key(table, HOT), low, is_hot)]
+        ranges = [] if high == low else [(self.part_key(table, HOT), low, is_hot)]
         if table in self.cold_rows:
-            ranges.append((self._part_key(table, COLD), start, torch.ones_like(is_hot)))
+            ranges.append((self.part_key(table, COLD), start, torch.ones_like(is_hot)))
         return ranges
 
     def held_rows(self, key: str, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,7 +233,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         held[hot[low:high] - start] = False
         return torch.nonzero(held).flatten(), ids[held]
 
-    def _part_key(self, table: str, part: str) -> str:
+    def part_key(self, table: str, part: str) -> str:
         """The name of ``table``'s weight in ``part`` in this module's state dict."""
         return f"{part}.embedding_bags.{part_table_name(table, part)}.weight"
 
@@ -284,7 +289,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
                 (
                     ids,
                     getattr(self, part).embedding_bags[part_table_name(config.name, part)].weight,
-                    self._part_key(config.name, part),
+                    self.part_key(config.name, part),
                 )
                 for part, ids in parts
             ]
@@ -619,6 +624,21 @@ def _hot_lengths(
     kept = torch.cat([hot_through.new_zeros(1), hot_through]).to(lengths.dtype)
     ends = torch.cumsum(lengths, 0)
     return kept[ends] - kept[ends - lengths]
+
+
+def _checked_cold_tables(cold_tables: Collection[str] | None, num_cold: Mapping[str, int]) -> set[str]:
+    """The tables of the cold part: ``cold_tables``, once it holds every table with cold rows (``num_cold``)
+    and no other name (``ValueError`` naming one otherwise); by default the tables with cold rows."""
+    with_cold = {table for table, rows in num_cold.items() if rows}
+    if cold_tables is None:
+        return with_cold
+    unknown, missing = sorted(set(cold_tables) - set(num_cold)), sorted(with_cold - set(cold_tables))
+    if unknown or missing:
+        raise ValueError(
+            f"cold_tables: {f'no tables {unknown}' if unknown else f'tables {missing} have cold rows'} "
+            f"(the cold part must keep every table with cold rows: {sorted(with_cold)})"
+        )
+    return set(cold_tables)
 
 
 def _checked_slots(cold_slots: Mapping[str, int], num_cold: Mapping[str, int]) -> dict[str, int]:

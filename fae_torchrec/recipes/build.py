@@ -7,9 +7,11 @@ import logging
 import os
 import tempfile
 from collections import Counter
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -94,6 +96,12 @@ class Training:
     slots: SlotLayout | None = None
 
 
+#: The file in a re-plan's folder of the split module's plan, where only the rows that change part moved.
+REPLAN_PLAN = "plan.pt"
+#: The file in a re-plan's folder of its hot set (each table's hot ids).
+REPLAN_HOT_SET = "hot_set.npz"
+
+
 @dataclass(frozen=True)
 class Replanned:
     """A re-plan to resume from: its folder (``stats.npz``, the recent counts that planned it, and its
@@ -102,6 +110,17 @@ class Replanned:
 
     folder: Path
     partition: str
+
+    def hot_set(self, tables: list[EmbeddingBagConfig]) -> HotSet:
+        """The re-plan's hot set, of ``tables``."""
+        with np.load(self.folder / REPLAN_HOT_SET) as saved:
+            return HotSet(tuple(tables), tuple(saved[f"arr_{t}"] for t in range(len(tables))))
+
+    def plan_file(self) -> PlanFile | None:
+        """The plan of the split module a re-plan that moved only the rows that change part sharded
+        (its cold part kept the plan it had; None: the re-plan made the whole model anew)."""
+        path = self.folder / REPLAN_PLAN
+        return PlanFile(torch.load(path, weights_only=False), {}) if path.is_file() else None
 
 
 def prepare(
@@ -234,9 +253,10 @@ def build_training(
     if replanned is not None:
         stats = AccessStats.load(replanned.folder / "stats.npz", tables)
         partition = HotColdPartition.open(replanned.folder / replanned.partition)
-        hot_set = stats.hot_set(parse_bytes(args.budget), EMBEDDING_OPTIMIZERS[args.optimizer])
-    # a resumed re-plan's hot set is not the plan's: planned again, as the re-plan was
-    plan_file = plan_file if replanned is None else None
+        hot_set = replanned.hot_set(tables)
+    # a resumed re-plan's hot set is not the plan's: planned again as the re-plan was, or sharded as the
+    # re-plan's rows moved (the cold part's plan kept)
+    plan_file = plan_file if replanned is None else replanned.plan_file()
     warmup = args.warmup if replanned is None else 0.0
     sizing = None
     if hot_set is not None and args.cold_tier == ColdTier.PLANNED:
@@ -308,48 +328,72 @@ def shard_model(
     its unfused optimizer (collective). With ``slot_sizing`` its cold part is a planned cold tier's slot
     tables, sized within the planner's budget for them (``cold_slot_budget``) and planned with their
     copies priced; their ``SlotLayout`` is returned too (else None)."""
+    torch.manual_seed(args.seed)  # the same dense layers on every rank
+    plan, model, layout = plan_model(
+        args, family, tables, num_dense, stats, hot_set, world, device, plan_file, slot_sizing
+    )
+    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=get_default_sharders())
+    return plan, dmp, unfused_of(args)(dmp), layout
+
+
+def unfused_of(args: RecipeConfig) -> Callable[[nn.Module], CombinedOptimizer]:
+    """What makes a sharded model's unfused optimizer: data-parallel tables by the embedding optimizer's
+    dense form, the dense layers by Adagrad."""
+    return lambda dmp: unfused_optimizer(
+        dmp, embedding_optimizer(args), lambda params: torch.optim.Adagrad(params, lr=args.dense_lr)
+    )
+
+
+def plan_model(
+    args: RecipeConfig,
+    family: ModelFamily,
+    tables: list[EmbeddingBagConfig],
+    num_dense: int,
+    stats: AccessStats,
+    hot_set: HotSet | None,
+    world: int,
+    device: torch.device,
+    plan_file: PlanFile | None = None,
+    slot_sizing: SlotSizing | None = None,
+    cold_tables: Collection[str] | None = None,
+) -> tuple[ShardingPlan, nn.Module, SlotLayout | None]:
+    """The plan of :func:`shard_model`'s model (collective), the model on the meta device, and its
+    ``SlotLayout`` (None without ``slot_sizing``); ``cold_tables``: the tables of the split module's cold
+    part (``FAEEmbeddingBagCollection``)."""
     mode = args.baseline or "fae"
     hbm_cap = parse_bytes(args.hbm_cap) if args.hbm_cap is not None and device.type != "cpu" else None
-    budget = parse_bytes(args.budget)
-    torch.manual_seed(args.seed)  # the same dense layers on every rank
-    # the tables are made in their shards (load_initial_tables): here they take no memory
-    meta = torch.device("meta")
     planner = None
     if plan_file is None:
         planner = _planner(
-            mode, world, device, hbm_cap, stats, args.batch_size, budget, args.pipeline == Pipeline.PREFETCH,
-            optimizer_class=EMBEDDING_OPTIMIZERS[args.optimizer],
+            mode, world, device, hbm_cap, stats, args.batch_size, parse_bytes(args.budget),
+            args.pipeline == Pipeline.PREFETCH, optimizer_class=EMBEDDING_OPTIMIZERS[args.optimizer],
         )  # fmt: skip
     cold_slots = layout = None
     if slot_sizing is not None:
         assert planner is not None and hot_set is not None  # a planned tier refuses --plan and baselines
         layout = slot_sizing(planner.cold_slot_budget(hot_set))
         cold_slots, planner.slot_copies = layout.slots, layout.copied_bytes
+    meta = torch.device("meta")  # the tables are made in their shards (load_initial_tables)
     sparse = (
         EmbeddingBagCollection(tables, device=meta)
         if hot_set is None
-        else FAEEmbeddingBagCollection(tables, hot_set, device=meta, cold_slots=cold_slots)
+        else FAEEmbeddingBagCollection(
+            tables, hot_set, device=meta, cold_slots=cold_slots, cold_tables=cold_tables
+        )
     )
     model = family.build_model(sparse, args, num_dense)
     embedding_optimizer(args).apply(sparse)
-    del sparse  # DMP replaces it (or its parts) by sharded modules
-    sharders = get_default_sharders()
     if plan_file is not None:
         plan = plan_file.at(family.sparse_path)
     else:
         assert planner is not None  # made above where there is no plan file
         try:
-            plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+            plan = planner.collective_plan(model, get_default_sharders(), dist.GroupMember.WORLD)
         except PlannerError as error:
             raise PlannerError(f"--hbm-cap {args.hbm_cap or 'default'}: {error}", error.error_type) from error
     given = f" (--plan {args.plan})" if plan_file is not None else ""
     logger.info("%s: plan kernels %s%s", mode, dict(kernels(plan)), given)
-    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
-    # data-parallel tables by the embedding optimizer's dense form, the dense layers by Adagrad
-    dense = unfused_optimizer(
-        dmp, embedding_optimizer(args), lambda params: torch.optim.Adagrad(params, lr=args.dense_lr)
-    )
-    return plan, dmp, dense, layout
+    return plan, model, layout
 
 
 def _check_plan(args: RecipeConfig, plan_file: PlanFile, run: dict) -> None:

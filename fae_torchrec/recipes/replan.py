@@ -21,16 +21,29 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.profiler import record_function
+from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.types import ShardingPlan
 
 from fae_torchrec import trace
 from fae_torchrec.collectives import on_rank_zero
-from fae_torchrec.recipes.build import Replanned, Training, embedding_optimizer, make_router, shard_model
+from fae_torchrec.recipes.build import (
+    REPLAN_HOT_SET,
+    REPLAN_PLAN,
+    Replanned,
+    Training,
+    embedding_optimizer,
+    make_router,
+    plan_model,
+    shard_model,
+    unfused_of,
+)
 from fae_torchrec.recipes.config import RecipeConfig
 from fae_torchrec.recipes.family import ModelFamily
 from fae_torchrec.recipes.slots import slot_sizing
 from fae_torchrec.seeds import generator
+from fae_torchrec.stats.access_stats import AccessStats
 from fae_torchrec.stats.holdout import Holdout
-from fae_torchrec.stats.hot_set import COLD, HOT
+from fae_torchrec.stats.hot_set import COLD, HOT, HotSet
 from fae_torchrec.stats.hot_share import estimate_hot_share
 from fae_torchrec.stats.recent import RecentAccessCounts
 from fae_torchrec.train.cold_tier import PlannedColdTier
@@ -39,6 +52,7 @@ from fae_torchrec.train.partition import HotColdPartition
 from fae_torchrec.train.prepare import repartition
 from fae_torchrec.train.replan import ReplanDecision, ReplanMode, Replanner
 from fae_torchrec.train.resplit import load_unsplit_state, release_tables, spill_unsplit_state
+from fae_torchrec.train.row_moves import kept_in_place, move_rows
 from fae_torchrec.train.schedule import Step, trained_inputs
 from fae_torchrec.train.step import find_fae_module
 from fae_torchrec.units import parse_bytes
@@ -223,17 +237,22 @@ class Replanning:
         return 100 * max(hot, cold)
 
     def _partition_again(
-        self, folder: Path, partition: HotColdPartition, trained: list[Step], decision: ReplanDecision
+        self,
+        folder: Path,
+        partition: HotColdPartition,
+        trained: list[Step],
+        hot_set: HotSet,
+        recent: AccessStats,
     ) -> HotColdPartition:
         """The inputs of ``partition`` that ``trained`` left, and every input (``full``), partitioned
-        against ``decision``'s hot set into ``folder``, beside its statistics (collective); the former."""
+        against ``hot_set`` into ``folder``, beside it and the ``recent`` statistics that chose it
+        (collective); the former."""
         args = self.args
-
-        hot_set, recent, _ = decision.proposal()
 
         def save() -> None:
             folder.mkdir(parents=True, exist_ok=True)
             recent.save(folder / "stats.npz")
+            np.savez(folder / REPLAN_HOT_SET, *hot_set.hot_ids)
 
         on_rank_zero(save)  # a failure ends every rank's run
         rest = ~trained_inputs(partition.is_hot, trained)
@@ -258,25 +277,89 @@ class Replanning:
     ) -> Training:
         """``training`` moved to ``decision``'s hot set after step ``step_index``, ``trained`` the steps
         of its router's epoch done (``model``: the paused model, unusable afterwards), planned from the
-        recent statistics the decision took it from: the state spilled to files and loaded into the new
-        model, the rest of the epoch and the full data partitioned again (collective). ``last_move``
-        holds each phase's seconds and bytes."""
-        args = self.args
+        recent statistics the decision took it from: only the rows that change part moved (``move_rows``;
+        a table entirely hot stays so, ``kept_in_place``), or, with a planned cold tier, the state through
+        files into a new model (``spill_unsplit_state``); the rest of the epoch and the full data
+        partitioned again (collective). ``last_move`` holds each phase's seconds and bytes, and ``path``:
+        ``rows`` or ``files``."""
         clock = _Clock()
-        embedding = embedding_optimizer(args)
+        hot_set, stats, proposed = decision.proposal()
         folder = self.out / FOLDER.format(step_index)
+        if training.cold_tier is None:
+            hot_set = kept_in_place(model, hot_set)
+            moved = self._move_rows(training, model, hot_set, stats, clock)
+            remainder = self._partition_again(folder, training.router.partition, trained, hot_set, stats)
+            self.last_move["partition_seconds"] = clock.lap()
+            # a resume shards the model as the move did: its cold part kept the plan it had
+            prefix = f"{self.family.sparse_path}."
+            relative = {k.removeprefix(prefix): v for k, v in moved.plan.plan.items() if k.startswith(prefix)}
+            on_rank_zero(lambda: torch.save(ShardingPlan(relative), folder / REPLAN_PLAN))
+        else:
+            moved, remainder = self._move_through_files(
+                training, model, hot_set, stats, folder, clock, trained
+            )
+        self.folder = folder
+        self.replanner.moved_to(hot_set, proposed)
+        router = make_router(
+            self.args, remainder, self.world, self.rank, moved.model, warmup=0.0, cold_tier=moved.cold_tier
+        )
+        return dataclasses.replace(moved, router=router, stats=stats)
+
+    def _move_rows(
+        self, training: Training, model: torch.nn.Module, hot_set: HotSet, stats: AccessStats, clock: _Clock
+    ) -> Training:
+        """``training``'s model with only the rows that change part moved to ``hot_set`` (``move_rows``),
+        its hot part planned from ``stats``."""
+        args = self.args
+        fae = find_fae_module(model)
+        assert fae is not None  # a re-plan moves an FAE model
+        plan, _, _ = plan_model(
+            args, self.family, training.tables, training.data.num_dense, stats, hot_set, self.world,
+            self.device, cold_tables=fae.cold_rows,
+        )  # fmt: skip
+        plan_seconds = clock.lap()
+        dmp, dense, moves = move_rows(
+            model, training.optimizer, embedding_optimizer(args), hot_set, plan, get_default_sharders(),
+            unfused_of(args),
+        )  # fmt: skip
+        self.last_move = {
+            "path": "rows",
+            "leaving_rows": moves.leaving,
+            "entering_rows": moves.entering,
+            "gathered_bytes": moves.gathered_bytes,
+            "plan_seconds": plan_seconds,
+            "move_rows_seconds": clock.lap(),
+        }
+        return dataclasses.replace(training, plan=dmp.plan, model=dmp, optimizer=dense)
+
+    def _move_through_files(
+        self,
+        training: Training,
+        model: torch.nn.Module,
+        hot_set: HotSet,
+        stats: AccessStats,
+        folder: Path,
+        clock: _Clock,
+        trained: list[Step],
+    ) -> tuple[Training, HotColdPartition]:
+        """``training``'s model moved through the unsplit layout in files in ``folder`` to ``hot_set``, and
+        the rest of the epoch (``trained``: the steps done) partitioned again (between the two: a planned
+        cold tier's slots are sized from the partitions): a new model planned from ``stats``, and the
+        partition of the rest."""
+        args = self.args
+        embedding = embedding_optimizer(args)
         state = spill_unsplit_state(model, training.optimizer, embedding, folder / "rows", training.cold_tier)
         # the old tables give their memory to the new model's
         release_tables(model, training.optimizer, embedding, training.cold_tier)
         if training.cold_tier is not None:  # the new model gets a tier of its own
             training.cold_tier.close()
-        hot_set, stats, proposed = decision.proposal()
         self.last_move = {
+            "path": "files",
             "state_bytes": state.nbytes(),
             "spilled_bytes": state.file_bytes(),
             "spill_seconds": clock.lap(),
         }
-        remainder = self._partition_again(folder, training.router.partition, trained, decision)
+        remainder = self._partition_again(folder, training.router.partition, trained, hot_set, stats)
         self.last_move["partition_seconds"] = clock.lap()
         sizing = None  # a planned cold tier's slots, sized from the new partitions
         if training.cold_tier is not None:
@@ -291,19 +374,10 @@ class Replanning:
         load_unsplit_state(dmp, dense, embedding, state, cold_tier)
         state.remove()
         self.last_move["load_seconds"] = clock.lap()
-        self.folder = folder
-        self.replanner.moved_to(hot_set, proposed)
-        router = make_router(args, remainder, self.world, self.rank, dmp, warmup=0.0, cold_tier=cold_tier)
-        return dataclasses.replace(
-            training,
-            plan=plan,
-            model=dmp,
-            optimizer=dense,
-            router=router,
-            stats=stats,
-            cold_tier=cold_tier,
-            slots=slots,
+        moved = dataclasses.replace(
+            training, plan=plan, model=dmp, optimizer=dense, cold_tier=cold_tier, slots=slots
         )
+        return moved, remainder
 
     def next_epoch(self, training: Training, epoch: int) -> Training:
         """``training`` for ``epoch``: after a re-plan in an earlier epoch, its router reads ``full``."""

@@ -4,7 +4,8 @@ TorchRec's train pipeline that skips the cold part on hot batches (``pipeline``)
 optimizers that train every parameter (``optimizers``), checkpoints (``checkpoint``) and validation
 (``evaluation``); the data prepared on every rank at once (``prepare``) and the steps trained in a loop
 or a pipeline up to each pause (``runner``); re-planning as popularity drifts: deciding (``replan``)
-and moving rows between the parts with their optimizer state (``resplit``); a planned cold tier, cold rows
+and moving rows between the parts with their optimizer state: only the rows that change part
+(``row_moves``), or every row through files (``resplit``); a planned cold tier, cold rows
 in host memory copied into device slots by the epoch's slot plan (``slot_plan``, ``cold_tier``)."""
 
 from fae_torchrec.train.checkpoint import CheckpointError, Checkpoints
@@ -17,6 +18,7 @@ from fae_torchrec.train.prepare import PreparedData, prepare_data, repartition
 from fae_torchrec.train.replan import ReplanDecision, Replanner, ReplanPolicy
 from fae_torchrec.train.resplit import UnsplitState, load_unsplit_state, release_tables, spill_unsplit_state
 from fae_torchrec.train.router import BatchRouter, RoutedBatch
+from fae_torchrec.train.row_moves import RowMoves, move_rows, moves_rows_in_place
 from fae_torchrec.train.runner import StepRunner
 from fae_torchrec.train.schedule import ORDERS, Step, make_schedule, trained_inputs
 from fae_torchrec.train.slot_plan import SlotAllocation, SlotPlan, allocate_slots, plan_slots
@@ -38,6 +40,7 @@ __all__ = [
     "ReplanPolicy",
     "Replanner",
     "RoutedBatch",
+    "RowMoves",
     "SlotAllocation",
     "SlotPlan",
     "Step",
@@ -49,6 +52,8 @@ __all__ = [
     "load_unsplit_state",
     "make_schedule",
     "min_cold_slots",
+    "move_rows",
+    "moves_rows_in_place",
     "plan_slots",
     "prepare_data",
     "release_tables",

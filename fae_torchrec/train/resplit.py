@@ -46,7 +46,7 @@ from fae_torchrec.train.step import find_fae_module
 from fae_torchrec.units import format_bytes
 
 #: The key prefix ``unfused_optimizer`` gives embedding tables in its ``CombinedOptimizer``.
-_EMBEDDING_KEY = "embedding."
+EMBEDDING_KEY = "embedding."
 #: The name of the weights among the per-row tensors (the others: the fused optimizer's state names).
 WEIGHT = "weight"
 #: Rows written at once, and the most bytes of a file mapped to write them.
@@ -131,16 +131,16 @@ def spill_unsplit_state(
     rest gathered into memory on every rank (a collective: call it on every rank). ``unfused_optimizer``
     is the model's ``unfused_optimizer``, ``embedding`` the embedding optimizer both forms run;
     ``cold_tier`` the model's planned cold tier, whose host rows are the cold rows (written back first)."""
-    path, fae = _fae_module(model, cold_tier)
+    path, fae = fae_module(model, cold_tier)
     names = embedding.row_state  # refuses an optimizer whose state does not move row by row
     prefix = f"{path}."
     if cold_tier is not None:
         cold_tier.flush()
     local = model.state_dict()
-    tensors = _row_tensors(
+    tensors = row_tensors(
         local, model.fused_optimizer.state_dict(), unfused_optimizer, names, prefix, fae, cold_tier
     )
-    files = _file_shapes(tensors, fae, cold_tier)
+    files = row_shapes(tensors, fae, cold_tier)
     state = UnsplitState(path, Path(folder), files, {}, {}, {}, None)
 
     num_rows = {config.name: config.num_embeddings for config in fae.embedding_bag_configs()}
@@ -154,7 +154,7 @@ def spill_unsplit_state(
     steps = []
     for key, parameter in unfused_optimizer.params.items():
         held = unfused_optimizer.state.get(parameter, {})
-        if _is_fae_key(key, prefix):
+        if is_fae_key(key, prefix):
             if "step" in held:
                 steps.append(held["step"].detach().cpu().clone())
         else:
@@ -194,15 +194,21 @@ def release_tables(
     host rows) once :func:`spill_unsplit_state` has written them, so that a new model's tables take their
     place: ``model`` cannot train afterwards. Memory that cannot be given back while the module lives
     (FBGEMM's unified memory on CUDA) is freed when the model is dropped."""
-    path, fae = _fae_module(model, cold_tier)
-    tensors = _row_tensors(
+    path, fae = fae_module(model, cold_tier)
+    tensors = row_tensors(
         model.state_dict(), model.fused_optimizer.state_dict(), unfused_optimizer, embedding.row_state,
         f"{path}.", fae, cold_tier,
     )  # fmt: skip
     held = [t for keyed in tensors.values() for t in keyed.values()]
     if cold_tier is not None:
         held += [rows for _, _, named in cold_tier.held_rows() for rows in named.values()]
-    for tensor in held:
+    free_tensors(held)
+
+
+def free_tensors(tensors: list[torch.Tensor]) -> None:
+    """Free the memory of ``tensors`` (of a sharded tensor, its local shards): they hold nothing afterwards.
+    Memory that cannot be given back while its module lives (FBGEMM's unified memory on CUDA) is kept."""
+    for tensor in tensors:
         pieces = [s.tensor for s in tensor.local_shards()] if isinstance(tensor, ShardedTensor) else [tensor]
         for piece in pieces:
             try:
@@ -223,7 +229,7 @@ def load_unsplit_state(
     holds, read from ``state``'s files a block at a time; the cold rows into ``cold_tier``, the model's
     planned cold tier, if it has one (its slots emptied). Raises ``KeyError`` naming an entry of the
     model that ``state`` lacks."""
-    path, fae = _fae_module(model, cold_tier)
+    path, fae = fae_module(model, cold_tier)
     if path != state.path:
         raise KeyError(f"the FAE module is at {path!r}, the state's at {state.path!r}")
     names = embedding.row_state
@@ -236,7 +242,7 @@ def load_unsplit_state(
             raise KeyError(f"the state has no entry {name!r}")
         load_full_tensor(value, state.weights[name])
     fused_state = model.fused_optimizer.state_dict()
-    tensors = _row_tensors(local, fused_state, unfused_optimizer, names, prefix, fae, cold_tier)
+    tensors = row_tensors(local, fused_state, unfused_optimizer, names, prefix, fae, cold_tier)
     slots = {} if cold_tier is None else cold_tier.keys
     if cold_tier is not None:
         cold_tier.reset_rows()
@@ -257,7 +263,7 @@ def load_unsplit_state(
     with torch.no_grad():
         for key, parameter in unfused_optimizer.params.items():
             current = unfused_optimizer.state.get(parameter, {})
-            if _is_fae_key(key, prefix):
+            if is_fae_key(key, prefix):
                 if "step" in current and state.step is not None:
                     current["step"].copy_(state.step)
             else:
@@ -267,7 +273,7 @@ def load_unsplit_state(
                     value.copy_(state.unfused[key][name])
 
 
-def _row_tensors(
+def row_tensors(
     local: Mapping[str, torch.Tensor],
     fused_state: Mapping,
     unfused_optimizer: KeyedOptimizer,
@@ -291,14 +297,14 @@ def _row_tensors(
             for entry, value in entries.items():  # keyed "{part table}.{state name}"
                 tensors[entry.rsplit(".", 1)[1]][key] = value
     for key, parameter in unfused_optimizer.params.items():
-        if _is_fae_key(key, prefix):
+        if is_fae_key(key, prefix):
             held = unfused_optimizer.state.get(parameter, {})
             for fused, dense in names.items():
-                tensors[fused][key.removeprefix(_EMBEDDING_KEY).removeprefix(prefix)] = held[dense]
+                tensors[fused][key.removeprefix(EMBEDDING_KEY).removeprefix(prefix)] = held[dense]
     return tensors
 
 
-def _file_shapes(
+def row_shapes(
     tensors: Mapping[str, Mapping[str, torch.Tensor]],
     fae: FAEEmbeddingBagCollection,
     cold_tier: PlannedColdTier | None,
@@ -434,12 +440,14 @@ def _gather_fused_state(model: DistributedModelParallel, prefix: str) -> dict[tu
     }
 
 
-def _is_fae_key(key: str, prefix: str) -> bool:
+def is_fae_key(key: str, prefix: str) -> bool:
     """Whether ``key`` of the unfused optimizer names a table of the FAE module (``prefix``)."""
-    return key.startswith(_EMBEDDING_KEY) and key.removeprefix(_EMBEDDING_KEY).startswith(prefix)
+    return key.startswith(EMBEDDING_KEY) and key.removeprefix(EMBEDDING_KEY).startswith(prefix)
 
 
-def _fae_module(model: nn.Module, cold_tier: PlannedColdTier | None) -> tuple[str, FAEEmbeddingBagCollection]:
+def fae_module(
+    model: nn.Module, cold_tier: PlannedColdTier | None = None
+) -> tuple[str, FAEEmbeddingBagCollection]:
     """The FAE module in ``model`` and its place in the model's state-dict names; ``ValueError`` unless
     ``cold_tier`` is its planned cold tier, where it has one."""
     fae = find_fae_module(model)
