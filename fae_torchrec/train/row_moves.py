@@ -15,8 +15,9 @@ changes no cold table's size and no cold row's place. :func:`move_rows`:
 
 Every value is copied, none recomputed, so training goes on exactly as if the rows had lived in their new
 part from the start. Besides the model a rank holds the hot set's rows with their state, twice at most;
-no table is copied, written or read whole. A re-plan whose new hot set has cold rows in a table the cold
-part lacks, or with a planned cold tier, goes through ``fae_torchrec.train.resplit`` instead.
+no table is copied, written or read whole. A new hot set with cold rows in a table the cold part lacks (one
+entirely hot) is refused: the recipe keeps such a table entirely hot (:func:`kept_in_place`). With a
+planned cold tier, whose host rows are the cold part, a re-plan goes through ``fae_torchrec.train.resplit``.
 """
 
 from __future__ import annotations
