@@ -59,6 +59,11 @@ def part_table_name(table: str, part: str) -> str:
     return f"{table}_{part}"
 
 
+def part_key(table: str, part: str) -> str:
+    """The name of ``table``'s weight in ``part`` in the split module's state dict."""
+    return f"{part}.embedding_bags.{part_table_name(table, part)}.weight"
+
+
 class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
     """A drop-in for ``EmbeddingBagCollection`` whose tables are split by a ``HotSet``.
 
@@ -104,7 +109,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         sizes = {HOT: num_hot, COLD: np.array([cold_sizes.get(t, 0) for t in layout.names], dtype=np.int64)}
         #: Per part weight (its name in this module's state dict), its table.
         self.part_tables = {
-            f"{part}.embedding_bags.{part_table_name(t, part)}.weight": t
+            part_key(t, part): t
             for part, rows in sizes.items()
             for t, n in zip(layout.names, rows, strict=True)
             if n > 0
@@ -211,31 +216,30 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
         those it takes (consecutive part rows: both parts keep the original order). The cold part takes
         every row, hot rows' copies too. The cold rows of a module built with ``cold_slots`` are named
         so too, though a planned cold tier holds them."""
-        hot = self._table_hot_ids[table]
-        low, high = (int(i) for i in torch.searchsorted(hot, torch.tensor([start, stop])))
-        is_hot = torch.zeros(stop - start, dtype=torch.bool)
-        is_hot[hot[low:high] - start] = True
-        ranges = [] if high == low else [(self.part_key(table, HOT), low, is_hot)]
+        low, is_hot = self._hot_within(table, start, stop)
+        ranges = [(part_key(table, HOT), low, is_hot)] if bool(is_hot.any()) else []
         if table in self.cold_rows:
-            ranges.append((self.part_key(table, COLD), start, torch.ones_like(is_hot)))
+            ranges.append((part_key(table, COLD), start, torch.ones_like(is_hot)))
         return ranges
 
     def held_rows(self, key: str, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Of rows ``start:stop`` of the part weight ``key`` (its name in this module's state dict), those
         that hold their row's values (not a hot row's copy in the cold part): their positions among the
         rows, and their original ids (ascending)."""
-        hot = self._table_hot_ids[self.part_tables[key]]
+        table = self.part_tables[key]
         if key.startswith(HOT):
-            return torch.arange(stop - start), hot[start:stop]
-        ids = torch.arange(start, stop)
-        low, high = (int(i) for i in torch.searchsorted(hot, torch.tensor([start, stop])))
-        held = torch.ones(stop - start, dtype=torch.bool)
-        held[hot[low:high] - start] = False
-        return torch.nonzero(held).flatten(), ids[held]
+            return torch.arange(stop - start), self._table_hot_ids[table][start:stop]
+        held = ~self._hot_within(table, start, stop)[1]
+        return torch.nonzero(held).flatten(), torch.arange(start, stop)[held]
 
-    def part_key(self, table: str, part: str) -> str:
-        """The name of ``table``'s weight in ``part`` in this module's state dict."""
-        return f"{part}.embedding_bags.{part_table_name(table, part)}.weight"
+    def _hot_within(self, table: str, start: int, stop: int) -> tuple[int, torch.Tensor]:
+        """Of ``table``'s rows ``start:stop`` (original ids): how many hot rows precede them, and which
+        are hot (a mask)."""
+        hot = self._table_hot_ids[table]
+        low, high = (int(i) for i in torch.searchsorted(hot, torch.tensor([start, stop])))
+        is_hot = torch.zeros(stop - start, dtype=torch.bool)
+        is_hot[hot[low:high] - start] = True
+        return low, is_hot
 
     @cached_property
     def _table_hot_ids(self) -> dict[str, torch.Tensor]:
@@ -289,7 +293,7 @@ class FAEEmbeddingBagCollection(EmbeddingBagCollectionInterface):
                 (
                     ids,
                     getattr(self, part).embedding_bags[part_table_name(config.name, part)].weight,
-                    self.part_key(config.name, part),
+                    part_key(config.name, part),
                 )
                 for part, ids in parts
             ]

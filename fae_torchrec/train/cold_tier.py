@@ -50,6 +50,7 @@ from fae_torchrec.modules.fae_embedding_bag import (
     SLOT_KERNEL,
     SLOT_SHARDING_TYPES,
     FAEEmbeddingBagCollection,
+    part_key,
     part_table_name,
 )
 from fae_torchrec.modules.split_features import SplitFeatures
@@ -248,7 +249,7 @@ class PlannedColdTier:
     @property
     def keys(self) -> dict[str, str]:
         """The cold part's weights in the split module's state dict (its slot tables), by their table."""
-        return {f"{COLD}.embedding_bags.{part_table_name(t, COLD)}.weight": t for t in self.slots}
+        return {part_key(t, COLD): t for t in self.slots}
 
     def load_ebc_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Set the cold rows this rank holds from weights in the original layout (a plain EBC's

@@ -27,14 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 from torchrec.optim.keyed import KeyedOptimizer
 
-from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection
+from fae_torchrec.collectives import rank_and_world
+from fae_torchrec.modules.fae_embedding_bag import FAEEmbeddingBagCollection, part_key
 from fae_torchrec.modules.state import assemble_full_tensor, copy_rows
 from fae_torchrec.stats.hot_set import COLD, HOT, HotSet
 from fae_torchrec.torchrec_compat import ShardedTensor
@@ -156,7 +156,7 @@ def _new_hot_rows(
         # the assembled rows: the old hot part's, then those entering it
         where = np.searchsorted(old, new)
         where[~stays] = len(old) + np.arange(len(comes))
-        hot_key, cold_key = (fae.part_key(config.name, part) for part in (HOT, COLD))
+        hot_key, cold_key = (part_key(config.name, part) for part in (HOT, COLD))
         for name, keyed in tensors.items():
             shape, dtype = shapes[name][config.name]
             pieces = _held_pieces(keyed.get(hot_key), torch.arange(len(old)), 0, shape)
@@ -181,7 +181,7 @@ def _held_pieces(
     if tensor is None or not len(rows):
         return []
     if not isinstance(tensor, ShardedTensor):
-        rank_zero = not dist.is_initialized() or dist.get_rank() == 0
+        rank_zero = rank_and_world()[0] == 0
         return (
             [((slice(first, first + len(rows)),), tensor[rows].reshape(len(rows), *shape))]
             if rank_zero
