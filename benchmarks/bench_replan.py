@@ -14,10 +14,16 @@ measured, whatever the decision.
 
 Peak memory is each rank's peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs`` before
 each phase): training's over the trained steps, the re-plan's over the check and the move; the largest
-rank's is printed. Run on one rank, or under ``torchrun`` for several (gloo on CPU)::
+rank's is printed. The resident set varies by about 0.1 GiB between runs here, more than what a re-plan
+adds; ``--trace-allocations`` counts instead what the re-plan allocates and holds at its peak, by the
+allocators' events (``benchmarks.common.allocations``: torch's profiler for tensors, ``tracemalloc`` for
+numpy and Python), which do not vary between runs: the re-plan's in all and each phase's (the decision,
+the move, the re-partition), the largest rank's; the trace slows the re-plan, so time it in a run
+without. Run on one rank, or under ``torchrun`` for several (gloo on CPU)::
 
     python benchmarks/bench_replan.py                       # ~2 min on 2 cores, ~4 GB
     python benchmarks/bench_replan.py --scale 2.0           # twice the tables
+    python benchmarks/bench_replan.py --trace-allocations   # the bytes the re-plan holds, phase by phase
     python benchmarks/bench_replan.py --scale 0.05          # a small run: seconds
 
 Prints each phase's seconds and bytes and writes them to ``bench_replan.json`` in ``--out``.
@@ -29,6 +35,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from itertools import islice
 from pathlib import Path
@@ -38,7 +46,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common.allocations import AllocationTrace, traced_allocations
 from fae_torchrec.arguments import positive_int
+from fae_torchrec.logs import torchrec_quiet
 from fae_torchrec.recipes import DLRM
 from fae_torchrec.recipes.build import build_training, init_distributed
 from fae_torchrec.recipes.options import parse_args
@@ -54,6 +64,12 @@ def parse_options(argv: list[str] | None = None) -> tuple[argparse.Namespace, ar
         "--watch-steps", type=positive_int, default=200, help="steps trained and watched before the check"
     )
     parser.add_argument("--out", default="runs/bench_replan", help="bench_replan.json and the run's files")
+    parser.add_argument(
+        "--trace-allocations",
+        action="store_true",
+        help="count the re-plan's allocations (torch's profiler, tracemalloc): bytes that do not vary "
+        "between runs, as the resident set does; its seconds are then not comparable",
+    )
     own, rest = parser.parse_known_args(argv)
     example = [
         "--scale", "1.0", "--num-samples", "500000", "--days", "2", "--drift", "0.0001", "--order", "time",
@@ -90,16 +106,28 @@ def main(argv: list[str] | None = None) -> dict:
     training_peak = _peak()
     _reset_peak()
     watched = schedule[:trained]
-    started = time.perf_counter()
-    upcoming, remaining = replanning.upcoming(training.router.partition, schedule[trained:], 0, trained)
-    decision = replanning.replanner.decide(remaining, args.batch_size * world, 0.0, 0.0, 0.0, upcoming)
-    decide_seconds = time.perf_counter() - started
-    replanning.move(trained, training, runner.paused(), watched, decision)
+    with traced_allocations() if own.trace_allocations else nullcontext(AllocationTrace()) as trace:
+        phase = trace.phase if own.trace_allocations else lambda _: nullcontext()
+        for name, method in PHASES.items():  # Replanning.move's own phases, traced apart
+            setattr(replanning, method, _in_phase(getattr(replanning, method), phase, name))
+        started = time.perf_counter()
+        with phase("decision"):
+            upcoming, remaining = replanning.upcoming(
+                training.router.partition, schedule[trained:], 0, trained
+            )
+            decision = replanning.replanner.decide(
+                remaining, args.batch_size * world, 0.0, 0.0, 0.0, upcoming
+            )
+        decide_seconds = time.perf_counter() - started
+        replanning.move(trained, training, runner.paused(), watched, decision)
     replan_peak = _peak()
     move = replanning.last_move
     peaks = [None] * world
     dist.all_gather_object(peaks, (resident, training_peak, replan_peak))
     resident, training_peak, replan_peak = max(peaks, key=lambda p: p[2])
+    traces = [None] * world
+    dist.all_gather_object(traces, trace)
+    trace = max(traces, key=lambda t: t.whole.total_bytes)
     phases = ("plan", "move_rows") if move["path"] == "rows" else ("spill", "shard", "load")
     move_seconds = sum(move[f"{phase}_seconds"] for phase in phases)
     result = {
@@ -124,6 +152,8 @@ def main(argv: list[str] | None = None) -> dict:
         "replan_peak_gib": replan_peak,
         "replan_extra_gib": replan_peak - training_peak,
         "replan_over_training": replan_peak / training_peak,
+        "traced_allocations": own.trace_allocations,
+        "allocations": asdict(trace),
     }
     if rank == 0:
         _report(result)
@@ -131,6 +161,20 @@ def main(argv: list[str] | None = None) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         (out / "bench_replan.json").write_text(json.dumps(result, indent=1, default=str))
     return result
+
+
+#: The phases of ``Replanning.move`` that ``--trace-allocations`` counts apart, by the method that runs each.
+PHASES = {"move": "_move_rows", "re-partition": "_partition_again"}
+
+
+def _in_phase(method: Callable, phase: Callable[[str], AbstractContextManager], name: str) -> Callable:
+    """``method`` run inside ``phase(name)``."""
+
+    def run(*args, **kwargs):
+        with phase(name):
+            return method(*args, **kwargs)
+
+    return run
 
 
 def _status_gib(field: str) -> float:
@@ -187,7 +231,23 @@ def _report(r: dict) -> None:
         f"{r['replan_peak_gib']:.2f} GiB: {r['replan_over_training']:.2f}x, "
         f"{r['replan_extra_gib']:+.2f} GiB (resident before training {r['resident_gib']:.2f} GiB)"
     )
+    if r["traced_allocations"]:
+        held = r["allocations"]
+        parts = [f"{name} {_held(a)}" for name, a in held["phases"].items()]
+        move = held["phases"]["move"]
+        per_row = (move["tensor_bytes"] + move["python_bytes"]) / max(r["rows_moved"], 1)
+        whole = _held(held["whole"])
+        print(
+            f"allocations held at their peak (traced; the trace slows the seconds above), tensors + numpy "
+            f"and Python: {', '.join(parts)} ({per_row:.0f} bytes per moved row); the re-plan {whole}"
+        )
+
+
+def _held(allocations: dict) -> str:
+    """An ``Allocations``' (as a dict) peaks: tensors + numpy and Python."""
+    return f"{format_bytes(allocations['tensor_bytes'])} + {format_bytes(allocations['python_bytes'])}"
 
 
 if __name__ == "__main__":
-    main()
+    with torchrec_quiet():
+        main()

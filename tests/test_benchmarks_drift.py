@@ -5,7 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+
+from benchmarks.common.allocations import traced_allocations
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +46,7 @@ def test_bench_drift_follows_the_drift_that_a_day_0_hot_set_misses(tmp_path):
 def test_bench_replan_times_each_phase(tmp_path):
     out = _run(
         "bench_replan.py", "--scale", "0.02", "--num-samples", "40000", "--batch-size", "512",
-        "--budget", "256KiB", "--watch-steps", "10", "--out", str(tmp_path),
+        "--budget", "256KiB", "--watch-steps", "10", "--out", str(tmp_path), "--trace-allocations",
     )  # fmt: skip
     result = json.loads((tmp_path / "bench_replan.json").read_text())
     assert result["path"] == "rows", "the cold part keeps every table with cold rows: only those rows move"
@@ -55,6 +59,38 @@ def test_bench_replan_times_each_phase(tmp_path):
     assert result["replan_peak_gib"] > 0 and result["trained_steps"] == 10
     assert result["repartitioned_inputs"] > 36_000, "the untrained rest and the full data"
     assert "re-plan in all" in out
+    held = result["allocations"]
+    assert set(held["phases"]) == {"decision", "move", "re-partition"}
+    assert held["phases"]["move"]["tensor_bytes"] > 0, "the move assembles the hot rows as tensors"
+    assert held["phases"]["re-partition"]["python_bytes"] > 0, "the re-partition reads blocks of inputs"
+    for kind in ("tensor_bytes", "python_bytes"):
+        assert held["whole"][kind] >= max(p[kind] for p in held["phases"].values()), kind
+    assert "allocations held at their peak" in out and "bytes per moved row" in out
+
+
+def test_traced_allocations_count_what_a_block_and_each_phase_hold_at_their_peak():
+    """Tensors through the profiler, numpy through tracemalloc; what a block frees of memory it did not
+    allocate is not subtracted; a phase counts from what was held as it began."""
+    before = [torch.zeros(1_000_000) for _ in range(2)]
+    with traced_allocations() as trace:
+        held = torch.zeros(250_000)  # 1 MB, held to the end
+        with trace.phase("a"):
+            array = np.ones(500_000)  # 4 MB of numpy
+            transient = torch.zeros(500_000)  # 2 MB, freed within the phase
+            del transient
+            kept = torch.zeros(125_000)  # 0.5 MB
+        before.pop()  # 4 MB allocated before the block: not counted
+        with trace.phase("b"):
+            del held  # -1 MB
+            grown = torch.ones(500_000)  # +2 MB: 1 MB above where the phase began
+    assert trace.whole.tensor_bytes == 1_000_000 + 2_000_000  # as the transient one lived
+    assert trace.phases["a"].tensor_bytes == 2_000_000
+    assert trace.phases["b"].tensor_bytes == 1_000_000
+    assert 4_000_000 <= trace.phases["a"].python_bytes < 4_500_000  # the array, and Python's own
+    assert trace.phases["b"].python_bytes < 500_000
+    assert 4_000_000 <= trace.whole.python_bytes < 4_500_000
+    assert trace.whole.total_bytes == trace.whole.tensor_bytes + trace.whole.python_bytes
+    assert array.size and kept.numel() and grown.numel()
 
 
 @pytest.mark.benchmark

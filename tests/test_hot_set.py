@@ -1,3 +1,4 @@
+import tracemalloc
 from dataclasses import replace
 
 import numpy as np
@@ -181,6 +182,25 @@ def test_the_bitmap_remap_of_a_block_is_the_search_of_each_table(seed):
     np.testing.assert_array_equal(
         hot_set.all_hot_by_column(ids[:, [0, 6]], columns[[0, 6]]), np.ones(300, bool)
     )
+
+
+def test_the_bitmap_of_a_large_table_costs_a_quarter_byte_a_row_even_as_it_is_built():
+    """A re-plan builds it for its new hot set beside the model: no array of a byte a row (the 64 MiB of
+    a bool mask at twice Kaggle's rows), only the words and the hot rows before each (1/8 byte a row each)."""
+    rows = 1 << 24
+    table = torchrec.EmbeddingBagConfig(name="big", embedding_dim=4, num_embeddings=rows, feature_names=["f"])
+    hot = np.unique(np.random.default_rng(0).integers(0, rows, 5_000))
+    hot_set = HotSet((table,), (hot,))
+    tracemalloc.start()
+    try:
+        words, before, _ = hot_set._row_bits
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 0.3 * rows, peak
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
+    np.testing.assert_array_equal(np.flatnonzero(bits), hot)
+    np.testing.assert_array_equal(before, np.searchsorted(hot, np.arange(0, rows, 64)))
 
 
 @pytest.mark.parametrize("rows, dtype", [(1, np.int32), (1 << 31, np.int32), ((1 << 31) + 1, np.int64)])
