@@ -108,8 +108,9 @@ def main(argv: list[str] | None = None) -> dict:
     watched = schedule[:trained]
     with traced_allocations() if own.trace_allocations else nullcontext(AllocationTrace()) as trace:
         phase = trace.phase if own.trace_allocations else lambda _: nullcontext()
-        for name, method in PHASES.items():  # Replanning.move's own phases, traced apart
-            setattr(replanning, method, _in_phase(getattr(replanning, method), phase, name))
+        if own.trace_allocations:  # Replanning.move's own phases, traced apart
+            for name, method in PHASES.items():
+                setattr(replanning, method, _in_phase(getattr(replanning, method), phase, name))
         started = time.perf_counter()
         with phase("decision"):
             upcoming, remaining = replanning.upcoming(
